@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh Debian 12 machine for bootseer: system packages, uv,
+# the project's virtual environment (locked by uv.lock) and torch (CPU build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman runc skopeo buildah
+              busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The packaged servers must not run as daemons behind our back: tests start their own.
+for svc in nginx docker-registry; do
+    pkill -x "$svc" 2>/dev/null || true
+done
+
+if ! command -v uv >/dev/null 2>&1; then
+    echo "setup: installing uv"
+    python3 -m pip install -q uv
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    uv venv -q --python "$(command -v python3)" --seed .venv
+fi
+uv sync -q --frozen --inexact --group dev
+
+# torch CPU: pip takes the wheel that lies on this machine's disk (uv does not look there).
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+    echo "setup: installing torch (CPU build)"
+    .venv/bin/python -m pip install -q "torch==2.13.0" \
+        || echo "setup: torch unavailable; torch tests will be skipped"
+fi
+echo "setup: ready (.venv)"

@@ -1,0 +1,5 @@
+import sys
+
+from bootseer.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Command line: argument parsing only. Each module here adds one command group."""

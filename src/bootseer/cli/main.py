@@ -1,0 +1,67 @@
+"""``bootseer`` entry point.
+
+Every module of this package that defines ``register(subparsers)`` adds one command
+group. Modules parse arguments, build a :class:`~bootseer.config.BootseerConfig`, and call
+the package that owns the verb; heavy imports happen inside the handlers so that
+``bootseer --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+import bootseer
+from bootseer.errors import BootseerError
+
+# Group order in --help; modules not listed come after, alphabetically.
+_ORDER = ["run", "demo", "image", "deps", "ckpt", "trace", "report", "analyze", "simulate",
+          "store"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bootseer",
+        description="Make large training jobs start fast: trace startup, prefetch hot image "
+                    "blocks, restore dependency snapshots, stripe checkpoint reads.")
+    parser.add_argument("--version", action="version", version=f"bootseer {bootseer.__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    import bootseer.cli as pkg
+    names = [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "main"
+             and not m.name.startswith("_")]
+    names.sort(key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+    for name in names:
+        module = importlib.import_module(f"bootseer.cli.{name}")
+        if hasattr(module, "register"):
+            module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="bootseer: %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except BootseerError as e:
+        print(f"bootseer: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""One settings object for all of bootseer.
+
+Each subsystem owns a frozen ``Config`` dataclass; ``BootseerConfig`` composes them.
+The environment is read only here, in :meth:`BootseerConfig.from_env`:
+
+* ``BOOTSEER_<SECTION>_<FIELD>`` sets one field, e.g. ``BOOTSEER_FETCH_RETRIES=3``;
+* ``BOOTSEER_CONFIG`` names a TOML file with one table per section (``[fetch] retries = 3``);
+  without it, ``$XDG_CONFIG_HOME/bootseer/config.toml`` is read when present.
+
+Precedence: explicit overrides > environment > TOML file > defaults. Every variable is
+listed in docs/configuration.md. Sizes accept suffixes (``64MiB``, ``10G``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from bootseer.errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(value: str | int, field_name: str = "size") -> int:
+    """``"64MiB"`` -> 67108864. Plain integers are bytes."""
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(field_name, f"{value!r} is not a size (try 512MiB or 10GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _default_data_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/bootseer")
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "bootseer"
+
+
+def _default_cache_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/cache/bootseer")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bootseer"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreConfig:
+    url: str = field(default_factory=lambda: str(_default_data_dir() / "store"))
+    """Where blobs live: a directory path (the embedded default), ``oci://host:port/repo``
+    or ``registry+https://...``, or any fsspec URL (``s3://``, ``hdfs://``, ``http://``...)."""
+    username: str | None = None
+    """Registry user for basic/token auth (never logged)."""
+    password: str | None = field(default=None, repr=False)
+    """Registry password or token (never logged)."""
+    insecure: bool = False
+    """Allow plain http to a registry that is not on loopback."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CacheConfig:
+    dir: str = field(default_factory=lambda: str(_default_cache_dir() / "blobs"))
+    """Node-local cache directory, shared by every bootseer process on the node."""
+    budget_bytes: int = 20 * 1024**3
+    """Hard byte budget of the node cache; LRU eviction keeps it under (pinned excepted)."""
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes <= 0:
+            raise ConfigError("cache.budget_bytes", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchConfig:
+    max_inflight: int = 64
+    """Requests in flight per fetcher, all hosts together."""
+    connections_per_host: int = 16
+    """Cap on concurrent connections to one storage host."""
+    part_bytes: int = 8 * 1024**2
+    """Large reads are split into parts of this size (stripes)."""
+    coalesce_gap_bytes: int = 64 * 1024
+    """Adjacent queued ranges of one blob closer than this are fetched as one request."""
+    max_coalesced_bytes: int = 16 * 1024**2
+    """Upper bound on one coalesced request."""
+    retries: int = 5
+    """Attempts after the first one before a read fails."""
+    backoff_s: float = 0.1
+    """First retry delay in seconds; doubles per attempt, with jitter."""
+    backoff_max_s: float = 5.0
+    """Largest retry delay in seconds."""
+    timeout_s: float = 30.0
+    """Socket timeout of one request, seconds."""
+    deadline_s: float = 300.0
+    """A read that has not succeeded after this many seconds fails."""
+    verify: bool = True
+    """Verify every whole blob against its digest before returning it."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_inflight", "connections_per_host", "part_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"fetch.{name}", "must be > 0")
+        if self.retries < 0:
+            raise ConfigError("fetch.retries", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceConfig:
+    location: str | None = None
+    """Where trace events go (directory or store URL); unset disables tracing."""
+    job_id: str | None = None
+    """Job identifier shared by every node of one job."""
+    attempt: int = 0
+    """Restart number of the job (0 = first start)."""
+    node: str | None = None
+    """Node name; defaults to the host name."""
+    gpus: int = 0
+    """GPUs on this node (used for GPU-seconds lost)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BootseerConfig:
+    store: StoreConfig = field(default_factory=StoreConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *,
+                 overrides: Mapping[str, Mapping[str, Any]] | None = None) -> "BootseerConfig":
+        env = os.environ if env is None else env
+        layered: dict[str, dict[str, Any]] = {}
+        path = env.get("BOOTSEER_CONFIG")
+        if path is None:
+            xdg = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+            candidate = Path(xdg) / "bootseer" / "config.toml"
+            path = str(candidate) if candidate.is_file() else None
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    data = tomllib.load(f)
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise ConfigError("BOOTSEER_CONFIG", f"cannot read {path}: {e}") from e
+            for section, values in data.items():
+                if not isinstance(values, dict):
+                    raise ConfigError(section, f"expected a [{section}] table in {path}")
+                layered.setdefault(section, {}).update(values)
+        for f in dataclasses.fields(cls):
+            sub = typing.get_type_hints(cls)[f.name]
+            for sf in dataclasses.fields(sub):
+                var = f"BOOTSEER_{f.name.upper()}_{sf.name.upper()}"
+                if var in env:
+                    layered.setdefault(f.name, {})[sf.name] = env[var]
+        for section, values in (overrides or {}).items():
+            layered.setdefault(section, {}).update({k: v for k, v in values.items()
+                                                    if v is not None})
+        return cls.from_dict(layered)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> "BootseerConfig":
+        hints = typing.get_type_hints(cls)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for section in data:
+            if section not in known:
+                raise ConfigError(section, f"unknown section (known: {', '.join(sorted(known))})")
+        kwargs = {}
+        for name in known:
+            sub = hints[name]
+            kwargs[name] = _build(sub, name, data.get(name, {}))
+        return cls(**kwargs)
+
+    def replace(self, **sections: Any) -> "BootseerConfig":
+        """A copy with whole sections or ``section={"field": value}`` dicts replaced."""
+        new = {}
+        for name, value in sections.items():
+            current = getattr(self, name)
+            new[name] = (dataclasses.replace(current, **value) if isinstance(value, dict)
+                         else value)
+        return dataclasses.replace(self, **new)
+
+
+def _build(cls: type, section: str, values: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, raw in values.items():
+        if key not in names:
+            raise ConfigError(f"{section}.{key}",
+                              f"unknown field (known: {', '.join(sorted(names))})")
+        kwargs[key] = _coerce(raw, hints[key], f"{section}.{key}")
+    return cls(**kwargs)
+
+
+def _coerce(raw: Any, typ: Any, name: str) -> Any:
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        if raw is None or (isinstance(raw, str) and raw == ""):
+            return None
+        typ = next(a for a in args if a is not type(None))
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if typ is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if typ is int:
+            return parse_size(raw, name) if name.endswith("bytes") else int(raw)
+        if typ is float:
+            return float(raw)
+    except ValueError as e:
+        raise ConfigError(name, f"{raw!r} is not a valid {typ.__name__}") from e
+    return raw

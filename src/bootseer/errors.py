@@ -1,0 +1,73 @@
+"""The whole exception tree of bootseer.
+
+    BootseerError
+    ├── ConfigError(ValueError)             a setting is invalid; names the field
+    ├── StoreError(OSError)                 anything the store layer raises
+    │   ├── BlobNotFound(FileNotFoundError) unknown digest (or ref)
+    │   ├── DigestMismatch                  bytes do not hash to their digest
+    │   ├── InvalidDigest(ValueError)       not "sha256:<64 hex>"
+    │   ├── RangeError                      range outside the blob (HTTP 416)
+    │   ├── FetchError                      the source failed after retries/deadline
+    │   ├── ReadOnlyStore                   write to a read-only backend (http)
+    │   └── CacheError                      node cache unusable (budget, disk full)
+    └── TraceError                          a trace location cannot be read/written
+
+Leaves also inherit the builtins callers already catch (OSError, FileNotFoundError,
+ValueError). Errors carry fields (digest, url, offset) and say what to check.
+"""
+
+from __future__ import annotations
+
+
+class BootseerError(Exception):
+    """Root of every error bootseer raises on purpose."""
+
+
+class ConfigError(BootseerError, ValueError):
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"invalid setting {field}: {message}")
+
+
+class StoreError(BootseerError, OSError):
+    def __init__(self, message: str, *, digest: str | None = None, url: str | None = None,
+                 offset: int | None = None):
+        self.digest = digest
+        self.url = url
+        self.offset = offset
+        super().__init__(message)
+
+    def __str__(self) -> str:  # OSError's default __str__ hides the message when args differ
+        return self.args[0] if self.args else ""
+
+
+class BlobNotFound(StoreError, FileNotFoundError):
+    pass
+
+
+class DigestMismatch(StoreError):
+    pass
+
+
+class InvalidDigest(StoreError, ValueError):
+    pass
+
+
+class RangeError(StoreError):
+    pass
+
+
+class FetchError(StoreError):
+    pass
+
+
+class ReadOnlyStore(StoreError):
+    pass
+
+
+class CacheError(StoreError):
+    pass
+
+
+class TraceError(BootseerError, OSError):
+    pass

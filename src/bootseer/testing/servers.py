@@ -1,0 +1,201 @@
+"""Start real servers (nginx, the Debian ``docker-registry``) on free loopback ports, each
+with its own config in a directory of ours, and stop them by PID.
+
+Used by the pytest fixtures and by every benchmark. ``netns`` runs the server inside a
+network namespace (see :mod:`bootseer.testing.netns`), where it listens on that
+namespace's loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ns_prefix(netns: str | None) -> list[str]:
+    return ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
+
+
+def wait_port(port: int, *, netns: str | None = None, timeout: float = 15.0,
+              proc: subprocess.Popen | None = None, what: str = "server") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ServerError(f"{what} exited with status {proc.returncode} before listening")
+        if netns:
+            r = subprocess.run(_ns_prefix(netns) + ["bash", "-c", f"echo > /dev/tcp/127.0.0.1/{port}"],
+                               capture_output=True)
+            if r.returncode == 0:
+                return
+        else:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise ServerError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    proc: subprocess.Popen
+    workdir: Path
+    log: Path
+    netns: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        """Kill hard, as a crash would (used by fault tests)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def nginx_available() -> bool:
+    return shutil.which("nginx") is not None or Path("/usr/sbin/nginx").exists()
+
+
+def registry_available() -> bool:
+    return shutil.which("docker-registry") is not None
+
+
+def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: int | None = None,
+                limit_rate: str | None = None, autoindex: bool = True,
+                netns: str | None = None, workers: int = 2) -> Server:
+    """Serve ``root`` read-only over HTTP/1.1 with range support and a JSON listing.
+
+    ``limit_rate`` (e.g. ``"15m"`` bytes/s) caps each connection: one storage node's stream.
+    """
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    rate = f"limit_rate {limit_rate};" if limit_rate else ""
+    index = "autoindex on; autoindex_format json;" if autoindex else ""
+    conf = workdir / "nginx.conf"
+    # Workers read files of ours (often in 0700 temp dirs): run them as ourselves.
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf.write_text(f"""
+{user}
+daemon off;
+master_process on;
+worker_processes {workers};
+pid {workdir}/nginx.pid;
+error_log {workdir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    keepalive_timeout 120s;
+    client_body_temp_path {workdir}/body;
+    proxy_temp_path {workdir}/proxy;
+    fastcgi_temp_path {workdir}/fastcgi;
+    uwsgi_temp_path {workdir}/uwsgi;
+    scgi_temp_path {workdir}/scgi;
+    types {{ application/octet-stream bin; application/json json; }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        root {Path(root).resolve()};
+        {rate}
+        location / {{ {index} }}
+    }}
+}}
+""")
+    log = workdir / "nginx.out"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(_ns_prefix(netns) + [nginx, "-c", str(conf), "-p", str(workdir)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server("nginx", port, proc, workdir, log, netns)
+    try:
+        wait_port(port, netns=netns, proc=proc, what="nginx")
+    except ServerError as e:
+        server.stop()
+        raise ServerError(f"{e}; log: {log.read_text()[-2000:]}") from None
+    return server
+
+
+def start_registry(storage: str | os.PathLike, workdir: str | os.PathLike, *,
+                   port: int | None = None, netns: str | None = None,
+                   htpasswd: str | None = None) -> Server:
+    """Run the Debian ``docker-registry`` (distribution 2.8) with filesystem storage.
+
+    ``htpasswd`` is the path of a bcrypt htpasswd file to require basic auth.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    auth = (f"auth:\n  htpasswd:\n    realm: bootseer-test\n    path: {htpasswd}\n"
+            if htpasswd else "")
+    conf = workdir / "registry.yml"
+    conf.write_text(f"""version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: {Path(storage).resolve()}
+  delete:
+    enabled: true
+  maintenance:
+    uploadpurging:
+      enabled: false
+http:
+  addr: 127.0.0.1:{port}
+{auth}""")
+    log = workdir / "registry.out"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(_ns_prefix(netns) + ["docker-registry", "serve", str(conf)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
+    server = Server("registry", port, proc, workdir, log, netns)
+    try:
+        wait_port(port, netns=netns, proc=proc, what="docker-registry")
+    except ServerError as e:
+        server.stop()
+        raise ServerError(f"{e}; log: {log.read_text()[-2000:]}") from None
+    return server

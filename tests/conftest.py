@@ -1,0 +1,94 @@
+"""Shared fixtures: real servers on loopback, started per test (or module) and stopped by PID.
+
+When ``BOOTSEER_TEST_REQUIRE_ALL=1`` (set by .ci/run, which runs as root with FUSE), a
+test that would skip for a missing capability fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bootseer.testing import servers
+
+REQUIRE_ALL = os.environ.get("BOOTSEER_TEST_REQUIRE_ALL") == "1"
+
+
+def need(condition: bool, why: str) -> None:
+    """Skip (or, in CI, fail) unless ``condition`` holds."""
+    if condition:
+        return
+    if REQUIRE_ALL:
+        pytest.fail(f"required capability missing in CI: {why}")
+    pytest.skip(why)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def has_fuse() -> bool:
+    return os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
+
+
+@pytest.fixture
+def need_root():
+    need(is_root(), "needs root")
+
+
+@pytest.fixture
+def need_fuse():
+    need(is_root() and has_fuse(), "needs root, /dev/fuse and fusermount3")
+
+
+@pytest.fixture
+def nginx_factory(tmp_path_factory):
+    """``start(root, **kw)`` -> Server serving ``root``; all stopped at teardown."""
+    need(servers.nginx_available(), "nginx is not installed (apt-get install nginx-light)")
+    started: list[servers.Server] = []
+
+    def start(root, **kw) -> servers.Server:
+        s = servers.start_nginx(root, tmp_path_factory.mktemp("nginx"), **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def www(tmp_path) -> Path:
+    d = tmp_path / "www"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def nginx(nginx_factory, www):
+    """nginx serving the (initially empty) ``www`` directory."""
+    return nginx_factory(www)
+
+
+@pytest.fixture
+def registry_factory(tmp_path_factory):
+    need(servers.registry_available(), "docker-registry is not installed")
+    started: list[servers.Server] = []
+
+    def start(**kw) -> servers.Server:
+        s = servers.start_registry(tmp_path_factory.mktemp("regdata"),
+                                   tmp_path_factory.mktemp("regwork"), **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def registry(registry_factory):
+    return registry_factory()

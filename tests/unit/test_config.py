@@ -1,0 +1,39 @@
+import pytest
+
+from bootseer.config import BootseerConfig, parse_size
+from bootseer.errors import ConfigError
+
+
+def test_defaults_are_valid():
+    cfg = BootseerConfig.from_env({})
+    assert cfg.fetch.retries >= 0
+    assert cfg.cache.budget_bytes > 0
+
+
+def test_env_overrides_toml(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[fetch]\nretries = 2\ntimeout_s = 1.5\n[cache]\nbudget_bytes = "1MiB"\n')
+    cfg = BootseerConfig.from_env({"BOOTSEER_CONFIG": str(toml), "BOOTSEER_FETCH_RETRIES": "7",
+                                   "BOOTSEER_FETCH_VERIFY": "off"})
+    assert cfg.fetch.retries == 7
+    assert cfg.fetch.timeout_s == 1.5
+    assert cfg.fetch.verify is False
+    assert cfg.cache.budget_bytes == 1024 * 1024
+
+
+def test_bad_values_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="fetch.retries"):
+        BootseerConfig.from_env({"BOOTSEER_FETCH_RETRIES": "many"})
+    with pytest.raises(ConfigError, match="cache.budget_bytes"):
+        BootseerConfig.from_env({"BOOTSEER_CACHE_BUDGET_BYTES": "lots"})
+    toml = tmp_path / "c.toml"
+    toml.write_text("[fetch]\nnope = 1\n")
+    with pytest.raises(ConfigError, match="fetch.nope"):
+        BootseerConfig.from_env({"BOOTSEER_CONFIG": str(toml)})
+
+
+def test_parse_size():
+    assert parse_size("64MiB") == 64 * 2**20
+    assert parse_size("1.5G") == 1_500_000_000
+    with pytest.raises(ConfigError):
+        parse_size("x")
