@@ -135,7 +135,7 @@ http {{
     fastcgi_temp_path {workdir}/fastcgi;
     uwsgi_temp_path {workdir}/uwsgi;
     scgi_temp_path {workdir}/scgi;
-    types {{ application/octet-stream bin; application/json json; }}
+    types {{ application/octet-stream bin; application/json json; text/html html; }}
     default_type application/octet-stream;
     server {{
         listen 127.0.0.1:{port};

@@ -1,0 +1,97 @@
+"""The conventional startup path, kept as a mode of ``bootseer run`` so that every
+technique can be switched off and measured against what people do today:
+
+* image: ``podman pull`` of the whole image into private storage, then ``podman image
+  mount`` of the unpacked layers (what a container engine does before any process starts);
+* dependencies: ``python -m venv`` + ``pip install -r`` against the package index;
+* checkpoint: one sequential stream per file into a local directory (the fuse-dfs way).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bootseer.errors import BootseerError
+
+log = logging.getLogger(__name__)
+
+
+class BaselineError(BootseerError):
+    pass
+
+
+def _check(cmd: list[str], what: str, **kw) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise BaselineError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail))
+    return proc.stdout
+
+
+class PulledImage:
+    """An image pulled and unpacked by podman into private storage under ``state_dir``."""
+
+    def __init__(self, ref: str, state_dir: str):
+        self.ref, self.state_dir = ref, state_dir
+        self._podman = ["podman", "--root", f"{state_dir}/r", "--runroot", f"{state_dir}/rr",
+                        "--cgroup-manager", "cgroupfs", "--events-backend", "file",
+                        "--storage-driver", "overlay"]
+        self.rootfs: str | None = None
+
+    def pull(self) -> str:
+        """Pull every layer, unpack, mount; return the rootfs directory."""
+        os.makedirs(self.state_dir, exist_ok=True)
+        host = self.ref.split("/", 1)[0]
+        # Plain http is allowed only to a registry on loopback (tests, the demo).
+        tls = ["--tls-verify=false"] if host.startswith(("127.", "localhost", "[::1]")) else []
+        _check([*self._podman, "pull", "-q", *tls, self.ref], f"podman pull {self.ref}")
+        self.rootfs = _check([*self._podman, "image", "mount", self.ref],
+                             f"podman image mount {self.ref}").strip()
+        return self.rootfs
+
+    def close(self) -> None:
+        if self.rootfs:
+            subprocess.run([*self._podman, "image", "unmount", "--all", "--force"],
+                           capture_output=True)
+        subprocess.run(["umount", "-R", "-l", f"{self.state_dir}/r"], capture_output=True)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def pip_install(spec: str, prefix: str, *, python: str | None = None,
+                index_urls: list[str] | None = None) -> None:
+    """``python -m venv PREFIX`` then ``PREFIX/bin/pip install -r SPEC``, no pip cache
+    (a fresh node has none)."""
+    python = python or sys.executable
+    if Path(prefix).exists():
+        shutil.rmtree(prefix)
+    _check([python, "-m", "venv", prefix], f"python -m venv {prefix}")
+    cmd = [f"{prefix}/bin/python", "-m", "pip", "install", "-q", "--no-cache-dir",
+           "--disable-pip-version-check", "-r", spec]
+    for i, url in enumerate(index_urls or []):
+        cmd += ["--index-url" if i == 0 else "--extra-index-url", url]
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    _check(cmd, f"pip install -r {spec}", env=env)
+
+
+def single_stream_copy(url: str, dest: str, *, block: int = 1024**2) -> int:
+    """Copy every file under ``url`` (any fsspec URL) into ``dest``, one stream at a time,
+    sequentially. Returns bytes copied."""
+    import fsspec
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    total = 0
+    files = [p for p in fs.find(root)] if fs.isdir(root) else [root]
+    for path in files:
+        rel = os.path.relpath(path, root) if path != root else os.path.basename(path)
+        out = Path(dest) / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with fs.open(path, "rb", block_size=block) as src, open(out, "wb") as dst:
+            while chunk := src.read(block):
+                dst.write(chunk)
+                total += len(chunk)
+    return total
