@@ -1,0 +1,131 @@
+"""``bootseer run``: start one node of a training job fast."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+examples:
+  # one node of a job: lazy image with hot-block prefetch, snapshot env, striped checkpoint
+  bootseer run --image 10.0.0.5:5000/team/train:v3 --deps requirements.txt \\
+      --prefix /opt/envs/train --ckpt s3://bucket/run7/step-12000 --trace /shared/traces \\
+      -- torchrun --nnodes 64 --node-rank $NODE_RANK train.py
+
+  # the conventional path, to measure what bootseer buys
+  bootseer run --baseline --image ... --deps ... --ckpt ... -- CMD
+
+The command finds its environment prefix in $BOOTSEER_ENV_PREFIX, the checkpoint in
+$BOOTSEER_CKPT_DIR, and signals that the job is ready (first training step done) by
+creating the file named in $BOOTSEER_READY_FILE; that closes the hot-block recording
+window and publishes the profile the next start prefetches.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="start one node of a job: overlap image, deps and "
+                       "checkpoint, then run CMD in the image",
+                       description="Start one node of a training job: image hot-block "
+                       "prefetch, dependency restore and checkpoint plan prefetch run at "
+                       "once; then CMD runs with the image as its root filesystem. CMD's "
+                       "exit status is passed through.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("image")
+    g.add_argument("--image", metavar="REF",
+                   help="image to run CMD in (registry reference host:port/repo:tag); "
+                        "without it CMD runs on the host")
+    g.add_argument("--no-prefetch", action="store_true",
+                   help="lazy image without hot-block prefetch")
+    g.add_argument("--pull", action="store_true",
+                   help="pull and unpack the whole image first (podman), no lazy loading")
+    g = p.add_argument_group("dependencies")
+    g.add_argument("--deps", metavar="SPEC|KEY",
+                   help="requirements file, pyproject.toml or uv.lock (or a key from "
+                        "'bootseer deps key')")
+    g.add_argument("--prefix", metavar="PATH",
+                   help="where the environment lives (the same path on every node)")
+    g.add_argument("--python", metavar="PY", help="interpreter of the environment")
+    g.add_argument("--index-url", action="append", default=[], metavar="URL",
+                   help="package index (repeatable)")
+    g.add_argument("--no-snapshot", action="store_true",
+                   help="pip install on this node instead of restoring a snapshot")
+    g = p.add_argument_group("checkpoint")
+    g.add_argument("--ckpt", metavar="URL", help="checkpoint directory (any fsspec URL)")
+    g.add_argument("--ckpt-target", default="/ckpt", metavar="PATH",
+                   help="where CMD sees the checkpoint inside the container (default /ckpt)")
+    g.add_argument("--no-stripe", action="store_true",
+                   help="read the checkpoint as one sequential stream per file")
+    g.add_argument("--rank", type=int, help="this node's rank, for the prefetch plan")
+    g.add_argument("--world", type=int, help="number of ranks, for the prefetch plan")
+    g = p.add_argument_group("job")
+    g.add_argument("--baseline", action="store_true",
+                   help="the conventional start: --pull --no-snapshot --no-stripe")
+    g.add_argument("--trace", metavar="LOCATION", help="trace location (dir or store URL)")
+    g.add_argument("--job-id", help="job id shared by every node (trace)")
+    g.add_argument("--attempt", type=int, help="restart number (trace)")
+    g.add_argument("--node", help="node name (trace; default: host name)")
+    g.add_argument("--store", metavar="URL", help="bootseer store (default: settings)")
+    g.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:rw]",
+                   help="extra bind mount into the container (repeatable)")
+    g.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
+                   help="environment variable for CMD (repeatable)")
+    g.add_argument("-w", "--workdir", default="/", help="working directory of CMD")
+    g.add_argument("--runtime", choices=["auto", "podman", "chroot"], default="auto",
+                   help="container runtime (default: podman, else unshare+chroot)")
+    g.add_argument("--summary", metavar="FILE", help="write per-phase timings (JSON) here")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                   help="the command to run")
+    p.set_defaults(func=_run)
+
+
+def _parse_bind(text: str):
+    from bootseer.errors import ConfigError
+    from bootseer.run.container import Bind
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ConfigError("--bind", f"{text!r} is not SRC:DST[:ro|rw]")
+    return Bind(parts[0], parts[1], readonly=len(parts) == 2 or parts[2] == "ro")
+
+
+def spec_from_args(args):
+    from bootseer.errors import ConfigError
+    from bootseer.run.node import RunSpec
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise ConfigError("CMD", "no command given: bootseer run [options] -- CMD...")
+    env = {}
+    for item in args.env:
+        if "=" not in item:
+            raise ConfigError("--env", f"{item!r} is not K=V")
+        k, v = item.split("=", 1)
+        env[k] = v
+    return RunSpec(argv=argv, image=args.image,
+                   image_mode="pull" if (args.pull or args.baseline) else "lazy",
+                   prefetch=not args.no_prefetch, deps=args.deps, prefix=args.prefix,
+                   python=args.python, index_urls=args.index_url,
+                   snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
+                   ckpt_target=args.ckpt_target, stripe=not (args.no_stripe or args.baseline),
+                   rank=args.rank, world=args.world,
+                   binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
+                   runtime=args.runtime, summary=args.summary)
+
+
+def _run(args) -> int:
+    from bootseer.config import BootseerConfig
+    from bootseer.run.node import NodeRun
+    spec = spec_from_args(args)
+    overrides = {"store": {"url": args.store},
+                 "trace": {"location": args.trace, "job_id": args.job_id,
+                           "attempt": args.attempt, "node": args.node}}
+    config = BootseerConfig.from_env(overrides=overrides)
+    _export_trace_settings(config)
+    return NodeRun(spec, config).run()
+
+
+def _export_trace_settings(config) -> None:
+    """The profiler reads its settings from the environment (so that the command's own
+    processes, which inherit it, record into the same trace)."""
+    import os
+    for name in ("location", "job_id", "attempt", "node", "gpus"):
+        value = getattr(config.trace, name)
+        if value is not None:
+            os.environ[f"BOOTSEER_TRACE_{name.upper()}"] = str(value)

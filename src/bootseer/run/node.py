@@ -1,0 +1,295 @@
+"""One node's start: overlap the three pipelines, run the command, watch for ready.
+
+    image  ─┐
+    deps   ─┼─> container(CMD) ──> ready file touched ──> close recording, publish profile
+    ckpt   ─┘
+
+Each pipeline has a bootseer path and the conventional path (``--no-prefetch``,
+``--no-snapshot``, ``--no-stripe``, or ``--baseline`` for all three). When the bootseer
+path fails before the command starts (the store is down, say), the pipeline falls back to
+the conventional path where one exists and says so: a start that works slowly beats a
+start that fails. Every phase goes to the trace; the per-phase timings also go to a small
+JSON summary that the demo and the e2e benchmark read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootseer.config import BootseerConfig
+from bootseer.errors import BootseerError
+from bootseer.run import container as C
+from bootseer.run import pipelines as P
+from bootseer.run import tracing
+
+log = logging.getLogger(__name__)
+
+READY_DIR = "/run/bootseer"
+
+
+@dataclass
+class RunSpec:
+    argv: list[str]
+    image: str | None = None
+    """Image to run CMD in: a registry reference (``host:port/repo:tag``) or a tree ref."""
+    image_mode: str = "lazy"
+    """``lazy``: FUSE mount of the converted tree; ``pull``: podman pull + unpack."""
+    prefetch: bool = True
+    """Prefetch the image's recorded hot blocks (lazy mode)."""
+    deps: str | None = None
+    prefix: str | None = None
+    python: str | None = None
+    index_urls: list[str] = field(default_factory=list)
+    snapshot: bool = True
+    ckpt: str | None = None
+    ckpt_target: str = "/ckpt"
+    stripe: bool = True
+    rank: int | None = None
+    world: int | None = None
+    binds: list[C.Bind] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+    runtime: str = "auto"
+    ready_timeout_s: float | None = None
+    summary: str | None = None
+    """Write per-phase timings (JSON) here when the run ends."""
+    state_dir: str | None = None
+
+
+class Timeline:
+    """Per-phase wall-clock offsets from the node's start, for the summary file."""
+
+    def __init__(self) -> None:
+        self.t0 = time.time()
+        self.phases: dict[str, dict] = {}
+        self.lock = threading.Lock()
+
+    def phase(self, name: str, **attrs):
+        timeline = self
+
+        class _Span:
+            def __enter__(self_inner):
+                self_inner.start = time.time()
+                self_inner.cm = tracing.phase(name, **attrs)
+                self_inner.span = self_inner.cm.__enter__()
+                return self_inner
+
+            def set(self_inner, **more):
+                attrs.update(more)
+                tracing.set_attrs(self_inner.span, **more)
+
+            def __exit__(self_inner, et, ev, tb):
+                end = time.time()
+                with timeline.lock:
+                    timeline.phases[name] = {"start": self_inner.start - timeline.t0,
+                                             "end": end - timeline.t0,
+                                             "status": "ok" if et is None else "failed",
+                                             **{k: v for k, v in attrs.items()
+                                                if isinstance(v, (int, float, str, bool))}}
+                return self_inner.cm.__exit__(et, ev, tb)
+
+        return _Span()
+
+    def to_json(self) -> dict:
+        return {"t0": self.t0, "phases": self.phases}
+
+
+class NodeRun:
+    def __init__(self, spec: RunSpec, config: BootseerConfig | None = None):
+        self.spec = spec
+        self.config = config or BootseerConfig.from_env()
+        self.timeline = Timeline()
+        self._owns_state = spec.state_dir is None
+        self.state = Path(spec.state_dir or tempfile.mkdtemp(prefix="bsn-", dir="/tmp"))
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.pipelines: list[P.Pipeline] = []
+        self.ready_at: float | None = None
+        self._running: C.Running | None = None
+        self._proc = None
+
+    # -- pipelines ---------------------------------------------------------------------------
+    def _make_pipelines(self) -> dict[str, P.Pipeline]:
+        s, made = self.spec, {}
+        if s.image:
+            made["image"] = P.image_pipeline(s, self.config, self.state / "image")
+        if s.deps:
+            made["deps"] = P.deps_pipeline(s, self.config, self.state / "deps")
+        if s.ckpt:
+            made["ckpt"] = P.ckpt_pipeline(s, self.config, self.state / "ckpt")
+        return made
+
+    def _prepare(self) -> dict[str, P.Prepared]:
+        pipelines = self._make_pipelines()
+        self.pipelines = list(pipelines.values())
+        if not pipelines:
+            return {}
+        results: dict[str, P.Prepared] = {}
+        with ThreadPoolExecutor(len(pipelines), thread_name_prefix="bootseer-run") as pool:
+            futures = {name: pool.submit(self._prepare_one, name, p)
+                       for name, p in pipelines.items()}
+            errors = []
+            for name, fut in futures.items():
+                try:
+                    results[name] = fut.result()
+                except BaseException as e:  # noqa: BLE001 - reported together below
+                    errors.append((name, e))
+        if errors:
+            name, err = errors[0]
+            raise RunError(f"{name} pipeline failed: {err}") from err
+        return results
+
+    def _prepare_one(self, name: str, pipeline: P.Pipeline) -> P.Prepared:
+        with self.timeline.phase(f"{name}.{pipeline.kind}", mode=pipeline.mode) as span:
+            try:
+                prepared = pipeline.prepare(self.timeline)
+            except P.FallbackPossible as e:
+                log.warning("%s: %s; falling back to the conventional path", name, e)
+                span.set(fallback=str(e)[:200])
+                replacement = pipeline.fallback()
+                self.pipelines[self.pipelines.index(pipeline)] = replacement
+                prepared = replacement.prepare(self.timeline)
+            span.set(**prepared.attrs)
+            return prepared
+
+    # -- the command -------------------------------------------------------------------------
+    def _command_env(self, prepared: dict[str, P.Prepared], ready_file: str,
+                     in_container: bool) -> dict[str, str]:
+        env = {"BOOTSEER_READY_FILE": ready_file}
+        for p in prepared.values():
+            if p.env_var:
+                env[p.env_var] = p.target if (in_container and p.target) else p.path
+        env.update(self.spec.env)
+        return env
+
+    def _watch_ready(self, ready_host_path: Path, stop: threading.Event) -> None:
+        while True:  # one last look after stop: a command may signal ready and exit at once
+            done = stop.is_set()
+            if ready_host_path.exists():
+                self.ready_at = time.time()
+                tracing.mark("ready")
+                with self.timeline.lock:
+                    self.timeline.phases["ready"] = {"start": self.ready_at - self.timeline.t0,
+                                                     "end": self.ready_at - self.timeline.t0,
+                                                     "status": "ok"}
+                for p in self.pipelines:
+                    try:
+                        p.on_ready()
+                    except Exception as e:  # noqa: BLE001 - never fails the job
+                        log.warning("after ready: %s", e)
+                return
+            if done:
+                return
+            stop.wait(0.05)
+
+    def _launch(self, prepared: dict[str, P.Prepared]) -> int:
+        s = self.spec
+        signal_dir = self.state / "signal"
+        signal_dir.mkdir(exist_ok=True)
+        image = prepared.get("image")
+        if image is not None:
+            if not C.rootfs_has(image.path, s.argv[0]):
+                print(f"bootseer: error: command {s.argv[0]!r} not found in image {s.image}",
+                      file=sys.stderr)
+                return C.EXIT_NOT_FOUND
+            binds = [C.Bind(str(signal_dir), READY_DIR, readonly=False)]
+            binds += [C.Bind(p.path, p.target) for p in prepared.values() if p.target]
+            binds += s.binds
+            env = self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)
+            container = C.Container(rootfs=image.path, argv=s.argv, workdir=s.workdir,
+                                    env=env, binds=binds)
+            self._running = C.start(container, runtime=s.runtime)
+            waiter, forward = self._running.wait, self._running.send_signal
+        else:
+            import subprocess
+            env = {**os.environ, **self._command_env(prepared, str(signal_dir / "ready"),
+                                                     in_container=False)}
+            try:
+                self._proc = subprocess.Popen(s.argv, env=env, cwd=None if s.workdir == "/" else s.workdir)
+            except FileNotFoundError:
+                print(f"bootseer: error: command {s.argv[0]!r} not found", file=sys.stderr)
+                return C.EXIT_NOT_FOUND
+            proc = self._proc
+            waiter = lambda: (lambda rc: 128 - rc if rc < 0 else rc)(proc.wait())  # noqa: E731
+            forward = proc.send_signal
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch_ready, args=(signal_dir / "ready", stop),
+                                   daemon=True)
+        watcher.start()
+        forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {sg: signal.signal(sg, lambda n, _f: forward(n)) for sg in forwarded}
+        try:
+            with self.timeline.phase("job.run"):
+                rc = waiter()
+        finally:
+            for sg, h in previous.items():
+                signal.signal(sg, h)
+            stop.set()
+            watcher.join(5)
+            if self._running is not None:
+                self._running.kill()
+        return rc
+
+    # -- the whole start ---------------------------------------------------------------------
+    def run(self) -> int:
+        """Prepare, run CMD, clean up (unmount, stop helpers) whatever happens."""
+        stop_on_term = _TermToInterrupt()
+        try:
+            with stop_on_term, self.timeline.phase("startup.prepare"):
+                prepared = self._prepare()
+            return self._launch(prepared)
+        finally:
+            for p in reversed(self.pipelines):
+                try:
+                    p.close()
+                except Exception as e:  # noqa: BLE001 - cleanup goes on
+                    log.warning("cleanup: %s", e)
+            self._write_summary()
+            if self._owns_state:
+                shutil.rmtree(self.state, ignore_errors=True)
+
+    def _write_summary(self) -> None:
+        if not self.spec.summary:
+            return
+        data = self.timeline.to_json()
+        data["ready_s"] = (self.ready_at - self.timeline.t0) if self.ready_at else None
+        tmp = f"{self.spec.summary}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, self.spec.summary)
+
+
+class RunError(BootseerError):
+    pass
+
+
+class _TermToInterrupt:
+    """While preparing, SIGTERM raises KeyboardInterrupt so the ``finally`` that unmounts
+    runs (Python's default SIGTERM action would skip it)."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
