@@ -78,14 +78,47 @@ def pip_install(spec: str, prefix: str, *, python: str | None = None,
     _check(cmd, f"pip install -r {spec}", env=env)
 
 
+def _http_exists(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD")):
+            return True
+    except urllib.error.URLError:
+        return False
+
+
+def _http_listing(url: str) -> list[str]:
+    """Files under an nginx ``autoindex_format json`` directory URL, recursively."""
+    import json
+    import urllib.request
+    with urllib.request.urlopen(url) as r:
+        entries = json.load(r)
+    files = []
+    # nginx listings hide dotfiles, but a DCP checkpoint's index is ".metadata": probe it.
+    if not any(e["name"] == ".metadata" for e in entries) and _http_exists(f"{url}.metadata"):
+        files.append(f"{url}.metadata")
+    for e in entries:
+        if e["type"] == "directory":
+            files += _http_listing(f"{url}{e['name']}/")
+        else:
+            files.append(f"{url}{e['name']}")
+    return files
+
+
 def single_stream_copy(url: str, dest: str, *, block: int = 1024**2) -> int:
-    """Copy every file under ``url`` (any fsspec URL) into ``dest``, one stream at a time,
-    sequentially. Returns bytes copied."""
+    """Copy every file under ``url`` (any fsspec URL; for http, a directory URL ending in
+    ``/`` with a JSON listing) into ``dest``, one stream at a time, sequentially.
+    Returns bytes copied."""
     import fsspec
-    fs, root = fsspec.core.url_to_fs(url)
-    root = root.rstrip("/")
+    if url.startswith(("http://", "https://")) and url.endswith("/"):
+        fs, root = fsspec.filesystem("http"), url.rstrip("/")
+        files = _http_listing(url)
+    else:
+        fs, root = fsspec.core.url_to_fs(url)
+        root = root.rstrip("/")
+        files = [p for p in fs.find(root)] if fs.isdir(root) else [root]
     total = 0
-    files = [p for p in fs.find(root)] if fs.isdir(root) else [root]
     for path in files:
         rel = os.path.relpath(path, root) if path != root else os.path.basename(path)
         out = Path(dest) / rel

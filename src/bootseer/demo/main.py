@@ -1,0 +1,157 @@
+"""The demo: build a small real training setup, serve it over a shaped link, start a job of
+N node-processes three times (conventional, bootseer recording, bootseer prefetching on
+fresh nodes), print what each start cost and which node and phase gated it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bootseer.demo import assets as A
+from bootseer.demo import scenario as S
+from bootseer.demo import tables
+
+DEFAULT_ASSETS = "/var/tmp/bootseer-demo/assets"
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.t0 = time.time()
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{time.time() - self.t0:6.1f}s] {msg}", flush=True)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=4, help="node-processes per start (default 4)")
+    p.add_argument("--rate", default="1gbit",
+                   help="link shared by all nodes, tc rate syntax (default 1gbit; 'none': "
+                        "no namespace, no shaping)")
+    p.add_argument("--per-connection", default="250m",
+                   help="nginx limit_rate per connection in bits (one storage node's "
+                        "stream; default 250m = 250 Mbit/s)")
+    p.add_argument("--assets", default=DEFAULT_ASSETS,
+                   help=f"where the built image, wheelhouse and checkpoint are kept "
+                        f"(default {DEFAULT_ASSETS})")
+    p.add_argument("--out", default="bootseer-demo",
+                   help="directory for the trace and the HTML report (default ./bootseer-demo)")
+    p.add_argument("--scratch-size", default="12g", help="tmpfs size for this run's scratch")
+    p.add_argument("--only", choices=["baseline", "bootseer"], help=argparse.SUPPRESS)
+
+
+def _bytes_per_s(bits: str) -> str:
+    """'250m' bits/s -> nginx limit_rate in bytes/s."""
+    units = {"k": 1e3, "m": 1e6, "g": 1e9}
+    n = float(bits[:-1]) * units[bits[-1].lower()] if bits[-1].isalpha() else float(bits)
+    return str(int(n / 8))
+
+
+@contextlib.contextmanager
+def scratch_tmpfs(size: str):
+    """A fresh tmpfs for stores, caches, environments and podman roots: the root disk
+    slows down after repeated GB-scale write/delete cycles and skews the numbers."""
+    path = Path(tempfile.mkdtemp(prefix="bsdemo-", dir="/var/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def shaped_link(rate: str):
+    """A private network namespace whose loopback is shaped to ``rate`` (``none``: no
+    namespace, no shaping)."""
+    if rate == "none":
+        yield None
+        return
+    from bootseer.testing.netns import shaped_namespace
+    with shaped_namespace(rate=rate) as ns:
+        yield ns.name
+
+
+def run_demo(args) -> int:
+    say = Progress()
+    if os.geteuid() != 0:
+        print("bootseer demo: needs root (FUSE mounts, network namespaces, containers)",
+              file=sys.stderr)
+        return 1
+    say("building the demo's training setup (cached after the first run)")
+    assets = A.build_all(args.assets, say=lambda m: say("  " + m))
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(scratch_tmpfs(args.scratch_size))
+        netns = stack.enter_context(shaped_link(args.rate))
+        say(f"link: {args.rate} shared by {args.nodes} nodes, {args.per_connection}bit/s per "
+            f"connection (network namespace {netns})")
+        from bootseer.demo.servers import DemoServers
+        servers = stack.enter_context(DemoServers(scratch, assets, netns,
+                                                  _bytes_per_s(args.per_connection), say))
+        trace_dir = out / "trace"
+        shutil.rmtree(trace_dir, ignore_errors=True)
+        base_env = {"BOOTSEER_TRACE_LOCATION": str(trace_dir),
+                    "BOOTSEER_TRACE_JOB_ID": "demo", "BOOTSEER_STORE_URL": servers.store_url,
+                    "OMP_NUM_THREADS": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        run_args = ["--image", servers.image_ref, "--deps", str(assets.requirements),
+                    "--prefix", f"{S.NODE_ROOT}/env", "--python", A.IMAGE_PYTHON,
+                    "--index-url", servers.index_url, "--ckpt", servers.ckpt_url,
+                    "--bind", f"{assets.train_script.parent}:/demo",
+                    "-e", f"PYTHONPATH={S.NODE_ROOT}/env/lib/python3.11/site-packages",
+                    "-e", f"DEMO_IMPORTS={A.IMPORTS}", "-e", "OMP_NUM_THREADS=1"]
+        cmd = ["python3", "/demo/train.py", *A.TRAIN_ARGS]
+        starts = [S.Start("conventional", ["--baseline"], attempt=0),
+                  S.Start("bootseer 1st (records)", [], attempt=1),
+                  S.Start("bootseer 2nd (prefetches)", [], attempt=2)]
+        if args.only == "baseline":
+            starts = starts[:1]
+        elif args.only == "bootseer":
+            starts = starts[1:]
+        done = []
+        for start in starts:
+            say(f"start '{start.name}': {args.nodes} nodes resume the job ...")
+            results = S.start_nodes(start, nodes=args.nodes, work=scratch, netns=netns,
+                                    run_args=run_args, cmd=cmd, base_env=base_env)
+            S.cleanup_nodes(scratch, start)
+            ready = [r.ready_s for r in results if r.ready_s is not None]
+            say(f"  {len(ready)}/{len(results)} nodes ready"
+                + (f", slowest at {max(ready):.1f} s" if ready else ""))
+            for r in results:
+                if r.rc != 0:
+                    tail = r.log.read_text(errors="replace").strip().splitlines()[-8:]
+                    say(f"  {r.node} exited {r.rc}: " + "\n      ".join(tail))
+            done.append((start.name, results))
+        print()
+        print(tables.render(done))
+        print()
+        _report(trace_dir, out, say)
+    return 0 if all(r.rc == 0 for _, rs in done for r in rs) else 1
+
+
+def _report(trace_dir: Path, out: Path, say) -> None:
+    if not trace_dir.exists():
+        return
+    html = out / "report.html"
+    proc = subprocess.run([sys.executable, "-m", "bootseer", "report", str(trace_dir),
+                           "--html", str(html)], capture_output=True, text=True)
+    if proc.returncode == 0:
+        print(proc.stdout)
+        say(f"HTML report: {html}")
+    else:
+        say(f"report failed: {proc.stderr.strip()[-500:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bootseer demo", description=__doc__)
+    add_arguments(p)
+    return run_demo(p.parse_args(argv))

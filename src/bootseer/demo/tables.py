@@ -1,0 +1,73 @@
+"""Terminal tables for the demo and the e2e benchmark, from ``bootseer run --summary``."""
+
+from __future__ import annotations
+
+import statistics
+
+from bootseer.demo.scenario import NodeResult
+
+PIPELINES = ("image", "deps", "ckpt")
+
+
+def pipeline_s(r: NodeResult, pipeline: str) -> float | None:
+    for name, p in r.summary.get("phases", {}).items():
+        if name.split(".")[0] == pipeline:
+            return p["end"] - p["start"]
+    return None
+
+
+def to_ready_in_job(r: NodeResult) -> float | None:
+    """From the command's start to ready: interpreter, imports, checkpoint load, one step."""
+    run = r.summary.get("phases", {}).get("job.run")
+    if run is None or r.ready_s is None:
+        return None
+    return r.ready_s - run["start"]
+
+
+def columns(results: list[NodeResult]) -> dict[str, float | None]:
+    def worst(values):
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
+    row = {p: worst(pipeline_s(r, p) for r in results) for p in PIPELINES}
+    row["job"] = worst(to_ready_in_job(r) for r in results)
+    readies = [r.ready_s for r in results if r.ready_s is not None]
+    row["ready"] = max(readies) if len(readies) == len(results) else None
+    row["spread"] = (max(readies) / statistics.median(readies)) if readies else None
+    return row
+
+
+def gating(results: list[NodeResult]) -> str:
+    """Which node gated the start and which of its phases took longest."""
+    done = [r for r in results if r.ready_s is not None]
+    if len(done) < len(results):
+        failed = ", ".join(f"{r.node} (exit {r.rc})" for r in results if r.ready_s is None)
+        return f"not ready: {failed}"
+    slowest = max(done, key=lambda r: r.ready_s)
+    parts = {p: pipeline_s(slowest, p) for p in PIPELINES}
+    parts["job"] = to_ready_in_job(slowest)
+    phase = max((k for k in parts if parts[k] is not None), key=lambda k: parts[k])
+    return f"{slowest.node}, {phase} ({parts[phase]:.1f} s)"
+
+
+def fmt(v: float | None, unit: str = "s") -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if unit == "x" else f"{v:.1f}"
+
+
+def render(starts: list[tuple[str, list[NodeResult]]]) -> str:
+    """One row per start: slowest node per pipeline (they overlap), time to ready, ratio."""
+    head = ["start", "image s", "deps s", "ckpt s", "job->ready s", "ready (max) s",
+            "vs first", "slowest/median", "gated by"]
+    rows = []
+    base = None
+    for name, results in starts:
+        c = columns(results)
+        if base is None:
+            base = c["ready"]
+        ratio = (c["ready"] / base) if (c["ready"] and base) else None
+        rows.append([name, fmt(c["image"]), fmt(c["deps"]), fmt(c["ckpt"]), fmt(c["job"]),
+                     fmt(c["ready"]), fmt(ratio, "x"), fmt(c["spread"], "x"), gating(results)])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
