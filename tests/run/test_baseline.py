@@ -54,7 +54,8 @@ def test_pip_install_from_a_real_index(nginx_factory, tmp_path):
         baseline.pip_install(str(spec), str(tmp_path / "env2"), index_urls=[f"{server.url}/simple"])
 
 
-def test_podman_pull_and_run(registry, busybox_rootfs, tmp_path):
+def push_busybox(registry, busybox_rootfs, tmp_path) -> str:
+    """Commit the busybox root as a one-layer image and push it to the real registry."""
     need(is_root() and "podman" in C.available_runtimes(), "podman pull needs root and podman")
     need(shutil.which("buildah") is not None, "buildah is not installed")
     ref = f"127.0.0.1:{registry.port}/test/busybox:1"
@@ -69,6 +70,11 @@ def test_podman_pull_and_run(registry, busybox_rootfs, tmp_path):
     finally:
         subprocess.run(["umount", "-R", "-l", f"{state}/r"], capture_output=True)
         shutil.rmtree(state, ignore_errors=True)
+    return ref
+
+
+def test_podman_pull_and_run(registry, busybox_rootfs, tmp_path):
+    ref = push_busybox(registry, busybox_rootfs, tmp_path)
     image = baseline.PulledImage(ref, f"/tmp/bsp-t{tmp_path.name[-6:]}")
     try:
         root = image.pull()

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from bootseer.errors import BootseerError
@@ -25,19 +26,46 @@ class BaselineError(BootseerError):
     pass
 
 
-def _check(cmd: list[str], what: str, **kw) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+class Cancel:
+    """Lets another thread stop a baseline step: kills its subprocess, ends its copy loop."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+
+    def track(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.append(proc)
+            if self.cancelled.is_set():
+                proc.kill()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled.set()
+            for p in self._procs:
+                if p.poll() is None:
+                    p.kill()
+
+
+def _check(cmd: list[str], what: str, cancel: Cancel | None = None, **kw) -> str:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    if cancel is not None:
+        cancel.track(proc)
+    out, err = proc.communicate()
+    if cancel is not None and cancel.cancelled.is_set():
+        raise BaselineError(f"{what}: cancelled")
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        tail = (err or out).strip().splitlines()[-5:]
         raise BaselineError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail))
-    return proc.stdout
+    return out
 
 
 class PulledImage:
     """An image pulled and unpacked by podman into private storage under ``state_dir``."""
 
-    def __init__(self, ref: str, state_dir: str):
-        self.ref, self.state_dir = ref, state_dir
+    def __init__(self, ref: str, state_dir: str, cancel: Cancel | None = None):
+        self.ref, self.state_dir, self.cancel = ref, state_dir, cancel
         self._podman = ["podman", "--root", f"{state_dir}/r", "--runroot", f"{state_dir}/rr",
                         "--cgroup-manager", "cgroupfs", "--events-backend", "file",
                         "--storage-driver", "overlay"]
@@ -49,7 +77,8 @@ class PulledImage:
         host = self.ref.split("/", 1)[0]
         # Plain http is allowed only to a registry on loopback (tests, the demo).
         tls = ["--tls-verify=false"] if host.startswith(("127.", "localhost", "[::1]")) else []
-        _check([*self._podman, "pull", "-q", *tls, self.ref], f"podman pull {self.ref}")
+        _check([*self._podman, "pull", "-q", *tls, self.ref], f"podman pull {self.ref}",
+               self.cancel)
         self.rootfs = _check([*self._podman, "image", "mount", self.ref],
                              f"podman image mount {self.ref}").strip()
         return self.rootfs
@@ -63,19 +92,19 @@ class PulledImage:
 
 
 def pip_install(spec: str, prefix: str, *, python: str | None = None,
-                index_urls: list[str] | None = None) -> None:
+                index_urls: list[str] | None = None, cancel: Cancel | None = None) -> None:
     """``python -m venv PREFIX`` then ``PREFIX/bin/pip install -r SPEC``, no pip cache
     (a fresh node has none)."""
     python = python or sys.executable
     if Path(prefix).exists():
         shutil.rmtree(prefix)
-    _check([python, "-m", "venv", prefix], f"python -m venv {prefix}")
+    _check([python, "-m", "venv", prefix], f"python -m venv {prefix}", cancel)
     cmd = [f"{prefix}/bin/python", "-m", "pip", "install", "-q", "--no-cache-dir",
            "--disable-pip-version-check", "-r", spec]
     for i, url in enumerate(index_urls or []):
         cmd += ["--index-url" if i == 0 else "--extra-index-url", url]
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
-    _check(cmd, f"pip install -r {spec}", env=env)
+    _check(cmd, f"pip install -r {spec}", cancel, env=env)
 
 
 def _http_exists(url: str) -> bool:
@@ -106,7 +135,8 @@ def _http_listing(url: str) -> list[str]:
     return files
 
 
-def single_stream_copy(url: str, dest: str, *, block: int = 1024**2) -> int:
+def single_stream_copy(url: str, dest: str, *, block: int = 1024**2,
+                       cancel: Cancel | None = None) -> int:
     """Copy every file under ``url`` (any fsspec URL; for http, a directory URL ending in
     ``/`` with a JSON listing) into ``dest``, one stream at a time, sequentially.
     Returns bytes copied."""
@@ -125,6 +155,8 @@ def single_stream_copy(url: str, dest: str, *, block: int = 1024**2) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         with fs.open(path, "rb", block_size=block) as src, open(out, "wb") as dst:
             while chunk := src.read(block):
+                if cancel is not None and cancel.cancelled.is_set():
+                    raise BaselineError(f"copy of {url}: cancelled")
                 dst.write(chunk)
                 total += len(chunk)
     return total

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,20 +129,31 @@ class NodeRun:
         return made
 
     def _prepare(self) -> dict[str, P.Prepared]:
+        """Run the pipelines at once, each in a daemon thread: on SIGTERM the main thread
+        stops waiting, cancels them and cleans up without joining a stuck download."""
         pipelines = self._make_pipelines()
         self.pipelines = list(pipelines.values())
-        if not pipelines:
-            return {}
         results: dict[str, P.Prepared] = {}
-        with ThreadPoolExecutor(len(pipelines), thread_name_prefix="bootseer-run") as pool:
-            futures = {name: pool.submit(self._prepare_one, name, p)
-                       for name, p in pipelines.items()}
-            errors = []
-            for name, fut in futures.items():
-                try:
-                    results[name] = fut.result()
-                except BaseException as e:  # noqa: BLE001 - reported together below
-                    errors.append((name, e))
+        errors: list[tuple[str, BaseException]] = []
+
+        def work(name: str, pipeline: P.Pipeline) -> None:
+            try:
+                results[name] = self._prepare_one(name, pipeline)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                errors.append((name, e))
+
+        threads = [threading.Thread(target=work, args=item, daemon=True,
+                                    name=f"bootseer-{item[0]}") for item in pipelines.items()]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.1)
+        except BaseException:
+            for p in self.pipelines:
+                p.cancel()
+            raise
         if errors:
             name, err = errors[0]
             raise RunError(f"{name} pipeline failed: {err}") from err

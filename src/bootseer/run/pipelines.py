@@ -39,6 +39,9 @@ class Pipeline:
     kind = "?"
     mode = "bootseer"
 
+    def cancel(self) -> None:
+        """Stop ``prepare`` early (called from another thread on SIGTERM/SIGINT)."""
+
     def prepare(self, timeline) -> Prepared:
         raise NotImplementedError
 
@@ -60,7 +63,11 @@ class PullImage(Pipeline):
     kind, mode = "pull", "baseline"
 
     def __init__(self, ref: str, state: Path):
-        self.image = baseline.PulledImage(ref, _short_state(state, "bsp"))
+        self._cancel = baseline.Cancel()
+        self.image = baseline.PulledImage(ref, _short_state("bsp"), self._cancel)
+
+    def cancel(self) -> None:
+        self._cancel.cancel()
 
     def prepare(self, timeline) -> Prepared:
         return Prepared(path=self.image.pull(), attrs={"image": self.image.ref})
@@ -75,10 +82,14 @@ class PipInstall(Pipeline):
 
     def __init__(self, spec: str, prefix: str, python: str | None, index_urls: list[str]):
         self.spec, self.prefix, self.python, self.index_urls = spec, prefix, python, index_urls
+        self._cancel = baseline.Cancel()
+
+    def cancel(self) -> None:
+        self._cancel.cancel()
 
     def prepare(self, timeline) -> Prepared:
         baseline.pip_install(self.spec, self.prefix, python=self.python,
-                             index_urls=self.index_urls)
+                             index_urls=self.index_urls, cancel=self._cancel)
         return Prepared(path=self.prefix, target=self.prefix, env_var="BOOTSEER_ENV_PREFIX")
 
 
@@ -88,10 +99,14 @@ class SingleStreamCheckpoint(Pipeline):
 
     def __init__(self, url: str, state: Path, target: str):
         self.url, self.dir, self.target = url, state / "local", target
+        self._cancel = baseline.Cancel()
+
+    def cancel(self) -> None:
+        self._cancel.cancel()
 
     def prepare(self, timeline) -> Prepared:
         self.dir.mkdir(parents=True, exist_ok=True)
-        n = baseline.single_stream_copy(self.url, str(self.dir))
+        n = baseline.single_stream_copy(self.url, str(self.dir), cancel=self._cancel)
         return Prepared(path=str(self.dir), target=self.target, env_var="BOOTSEER_CKPT_DIR",
                         attrs={"bytes": n})
 
@@ -99,7 +114,7 @@ class SingleStreamCheckpoint(Pipeline):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _short_state(state: Path, prefix: str) -> str:
+def _short_state(prefix: str) -> str:
     # podman refuses a --runroot longer than ~50 characters: keep its state under /tmp.
     import tempfile
     return tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp")

@@ -1,0 +1,115 @@
+"""``bootseer run`` end to end on the conventional path (real registry, podman, nginx, pip)
+and its fault handling: missing command, SIGTERM during startup, failing pipelines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bootseer.demo.assets import write_simple_index
+from tests.conftest import need, is_root
+from tests.run.test_baseline import make_wheel
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def bootseer(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "bootseer", *args], capture_output=True,
+                          text=True, **kw)
+
+
+@pytest.fixture
+def index(nginx_factory, tmp_path):
+    root = tmp_path / "index"
+    (root / "wheels").mkdir(parents=True)
+    make_wheel(root / "wheels", "bsrun_beta", "2.0", "NAME = 'beta'\n")
+    write_simple_index(root)
+    server = nginx_factory(root)
+    spec = tmp_path / "requirements.txt"
+    spec.write_text("bsrun-beta==2.0\n")
+    return f"{server.url}/simple", spec
+
+
+@pytest.fixture
+def ckpt_dir(tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "shard0.bin").write_bytes(os.urandom(300_000))
+    (d / ".metadata").write_bytes(b"meta")
+    return d
+
+
+def test_host_mode_all_conventional_pipelines(index, ckpt_dir, nginx_factory, tmp_path):
+    index_url, spec = index
+    ck = nginx_factory(ckpt_dir)
+    summary = tmp_path / "summary.json"
+    script = ('import os, bsrun_beta; d = os.environ["BOOTSEER_CKPT_DIR"]; '
+              'assert sorted(os.listdir(d)) == [".metadata", "shard0.bin"], os.listdir(d); '
+              'open(os.environ["BOOTSEER_READY_FILE"], "w").close(); '
+              'print("ok", bsrun_beta.NAME, os.environ["BOOTSEER_ENV_PREFIX"] != "")')
+    prefix = tmp_path / "env"
+    r = bootseer("run", "--baseline", "--deps", str(spec), "--prefix", str(prefix),
+                 "--index-url", index_url, "--ckpt", f"{ck.url}/", "--summary", str(summary),
+                 "--", str(prefix / "bin/python"), "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert "ok beta True" in r.stdout
+    data = json.loads(summary.read_text())
+    assert {"deps.install", "ckpt.fetch", "job.run", "ready"} <= set(data["phases"])
+    # overlapped: both pipelines started before either ended
+    d, c = data["phases"]["deps.install"], data["phases"]["ckpt.fetch"]
+    assert d["start"] < c["end"] and c["start"] < d["end"]
+    assert data["ready_s"] is not None and data["phases"]["ckpt.fetch"]["bytes"] == 300_004
+
+
+def test_exit_status_and_missing_command_on_host():
+    assert bootseer("run", "--", sys.executable, "-c", "raise SystemExit(9)").returncode == 9
+    r = bootseer("run", "--", "no-such-command-bootseer")
+    assert r.returncode == 127 and "not found" in r.stderr
+    r = bootseer("run")
+    assert r.returncode == 1 and "no command given" in r.stderr
+
+
+def test_failed_pipeline_is_a_clear_error(index, tmp_path):
+    index_url, spec = index
+    spec.write_text("bsrun-beta==7.7\n")
+    r = bootseer("run", "--no-snapshot", "--deps", str(spec), "--prefix", str(tmp_path / "e"),
+                 "--index-url", index_url, "--", "true")
+    assert r.returncode == 1
+    assert "deps pipeline failed" in r.stderr and "bsrun-beta==7.7" in r.stderr
+
+
+def test_sigterm_during_startup_leaves_nothing(nginx_factory, tmp_path):
+    big = tmp_path / "slow"
+    big.mkdir()
+    (big / "blob").write_bytes(os.urandom(4_000_000))
+    slow = nginx_factory(big, limit_rate="100k")   # ~40 s to read: still preparing
+    proc = subprocess.Popen([sys.executable, "-m", "bootseer", "run", "--no-stripe",
+                             "--ckpt", f"{slow.url}/", "--", "true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.5)
+    before = set(os.listdir("/tmp"))
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert not [p for p in os.listdir("/tmp") if p.startswith("bsn-") and p in before
+                and os.path.exists(f"/tmp/{p}/ckpt")], "node state left behind"
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    assert children.stdout.strip() == ""
+
+
+def test_pulled_image_run_passes_status_and_127(registry, busybox_rootfs, tmp_path):
+    need(is_root(), "containers need root")
+    from tests.run.test_baseline import push_busybox
+    ref = push_busybox(registry, busybox_rootfs, tmp_path)
+    r = bootseer("run", "--pull", "--image", ref, "--", "sh", "-c",
+                 "touch $BOOTSEER_READY_FILE; exit 4")
+    assert r.returncode == 4, r.stderr
+    r = bootseer("run", "--pull", "--image", ref, "--", "python3", "-c", "pass")
+    assert r.returncode == 127
+    assert "'python3' not found in image" in r.stderr
