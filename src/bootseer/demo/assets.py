@@ -153,21 +153,23 @@ def write_simple_index(root: Path) -> None:
         "<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
 
 
-def build_checkpoint(a: Assets, say) -> None:
+def build_checkpoint(a: Assets, say, train_args: list[str]) -> None:
     if (a.checkpoint / ".metadata").exists():
         return
     say("train a small transformer for a few steps and save a DCP checkpoint")
     tmp = a.root / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    _run([sys.executable, str(a.train_script), "--init", str(tmp), *TRAIN_ARGS],
+    _run([sys.executable, str(a.train_script), "--init", str(tmp), *train_args],
          "train.py --init")
     tmp.rename(a.checkpoint)
 
 
-def build_all(root: str | Path, say=print) -> Assets:
+def build_all(root: str | Path, say=print, train_args: list[str] = TRAIN_ARGS) -> Assets:
+    """Build what is missing under ``root``. ``train_args`` size the model (and so the
+    checkpoint); keep one ``root`` per size."""
     a = Assets(Path(root))
     a.root.mkdir(parents=True, exist_ok=True)
     build_index(a, say)
-    build_checkpoint(a, say)
+    build_checkpoint(a, say, train_args)
     build_image(a, say)
     return a

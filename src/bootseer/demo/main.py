@@ -79,21 +79,25 @@ def shaped_link(rate: str):
         yield ns.name
 
 
-def run_demo(args) -> int:
-    say = Progress()
-    if os.geteuid() != 0:
-        print("bootseer demo: needs root (FUSE mounts, network namespaces, containers)",
-              file=sys.stderr)
-        return 1
-    say("building the demo's training setup (cached after the first run)")
-    assets = A.build_all(args.assets, say=lambda m: say("  " + m))
+DEMO_STARTS = [S.Start("conventional", ["--baseline"], attempt=0),
+               S.Start("bootseer 1st (records)", [], attempt=1),
+               S.Start("bootseer 2nd (prefetches)", [], attempt=2)]
+
+
+def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: list[str],
+               say: Progress) -> list[tuple[str, list[S.NodeResult]]]:
+    """Serve the assets over the shaped link and run each start with ``args.nodes`` fresh
+    node-processes; return each start's per-node results. Used by the demo and bench/e2e."""
+    say("building the training setup (cached after the first run)")
+    assets = A.build_all(assets_root, say=lambda m: say("  " + m), train_args=train_args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    done: list[tuple[str, list[S.NodeResult]]] = []
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(scratch_tmpfs(args.scratch_size))
         netns = stack.enter_context(shaped_link(args.rate))
         say(f"link: {args.rate} shared by {args.nodes} nodes, {args.per_connection}bit/s per "
-            f"connection (network namespace {netns})")
+            f"connection" + (f" (network namespace {netns})" if netns else ""))
         from bootseer.demo.servers import DemoServers
         servers = stack.enter_context(DemoServers(scratch, assets, netns,
                                                   _bytes_per_s(args.per_connection), say))
@@ -109,15 +113,7 @@ def run_demo(args) -> int:
                     "--bind", f"{assets.train_script.parent}:/demo",
                     "-e", f"PYTHONPATH={S.NODE_ROOT}/env/lib/python3.11/site-packages",
                     "-e", f"DEMO_IMPORTS={A.IMPORTS}", "-e", "OMP_NUM_THREADS=1"]
-        cmd = ["python3", "/demo/train.py", *A.TRAIN_ARGS]
-        starts = [S.Start("conventional", ["--baseline"], attempt=0),
-                  S.Start("bootseer 1st (records)", [], attempt=1),
-                  S.Start("bootseer 2nd (prefetches)", [], attempt=2)]
-        if args.only == "baseline":
-            starts = starts[:1]
-        elif args.only == "bootseer":
-            starts = starts[1:]
-        done = []
+        cmd = ["python3", "/demo/train.py", *train_args]
         for start in starts:
             say(f"start '{start.name}': {args.nodes} nodes resume the job ...")
             results = S.start_nodes(start, nodes=args.nodes, work=scratch, netns=netns,
@@ -131,10 +127,25 @@ def run_demo(args) -> int:
                     tail = r.log.read_text(errors="replace").strip().splitlines()[-8:]
                     say(f"  {r.node} exited {r.rc}: " + "\n      ".join(tail))
             done.append((start.name, results))
-        print()
-        print(tables.render(done))
-        print()
-        _report(trace_dir, out, say)
+    return done
+
+
+def run_demo(args) -> int:
+    say = Progress()
+    if os.geteuid() != 0:
+        print("bootseer demo: needs root (FUSE mounts, network namespaces, containers)",
+              file=sys.stderr)
+        return 1
+    starts = DEMO_STARTS
+    if args.only == "baseline":
+        starts = starts[:1]
+    elif args.only == "bootseer":
+        starts = starts[1:]
+    done = run_starts(args, starts, assets_root=args.assets, train_args=A.TRAIN_ARGS, say=say)
+    print()
+    print(tables.render(done))
+    print()
+    _report(Path(args.out).resolve() / "trace", Path(args.out).resolve(), say)
     return 0 if all(r.rc == 0 for _, rs in done for r in rs) else 1
 
 
