@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman runc skopeo buildah
-              busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs debootstrap)
+              busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs debootstrap
+              apache2-utils)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -1,0 +1,1 @@
+"""Store backends, one module each; ``bootseer.store.urls`` picks one by URL."""

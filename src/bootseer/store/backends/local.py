@@ -1,0 +1,155 @@
+"""A store in a local directory: the embedded default (no server).
+
+Layout (also served read-only over HTTP by nginx, see ``http.py``)::
+
+    <root>/blobs/sha256/<hex[:2]>/<hex>
+    <root>/refs/<name>            a text file holding one digest
+
+Writes go to a temp file in the same directory, are verified, fsynced and renamed, so a
+killed writer never leaves a partial blob visible. Exclusive refs use O_EXCL (atomic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from bootseer.errors import BlobNotFound, DigestMismatch, RangeError, StoreError
+from bootseer.store.digest import Digest, hex_of, parse
+
+
+def _check_ref_name(name: str) -> str:
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise StoreError(f"invalid ref name {name!r}: use a/b/c without '.', '..' or '//'")
+    return name
+
+
+class LocalBackend:
+    host = "local"
+    writable = True
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.url = str(self.root)
+        try:
+            (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+            (self.root / "refs").mkdir(exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create store at {self.root}: {e}", url=self.url) from e
+
+    def path(self, digest: Digest) -> Path:
+        h = hex_of(digest)
+        return self.root / "blobs" / "sha256" / h[:2] / h
+
+    def stat(self, digest: Digest) -> int:
+        try:
+            return self.path(digest).stat().st_size
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
+                               url=self.url) from None
+
+    def exists(self, digest: Digest) -> bool:
+        return self.path(digest).exists()
+
+    def read(self, digest: Digest, start: int = 0, end: int | None = None) -> bytes:
+        try:
+            with open(self.path(digest), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if start > size or (start == size and size > 0 and end != start):
+                    raise RangeError(f"range {start}-{end} outside blob {digest} of {size} bytes",
+                                     digest=digest, url=self.url, offset=start)
+                end = size if end is None else min(end, size)
+                return os.pread(f.fileno(), end - start, start)
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
+                               url=self.url) from None
+
+    def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
+        parse(digest)
+        final = self.path(digest)
+        if final.exists():
+            return False
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
+        try:
+            h = hashlib.sha256()
+            with os.fdopen(fd, "wb") as out:
+                if isinstance(data, (bytes, bytearray, memoryview)):
+                    h.update(data)
+                    out.write(data)
+                else:
+                    while chunk := data.read(1 << 20):
+                        h.update(chunk)
+                        out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if "sha256:" + h.hexdigest() != digest:
+                raise DigestMismatch(f"refusing to store {digest}: the bytes hash to "
+                                     f"sha256:{h.hexdigest()}", digest=digest, url=self.url)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, final)
+            return True
+        except OSError as e:
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"cannot write blob {digest} to {self.url}: {e}", digest=digest,
+                             url=self.url) from e
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def list(self) -> Iterator[Digest]:
+        for d in sorted((self.root / "blobs" / "sha256").glob("??")):
+            for f in d.iterdir():
+                if not f.name.startswith("."):
+                    yield "sha256:" + f.name
+
+    def _ref_path(self, name: str) -> Path:
+        return self.root / "refs" / _check_ref_name(name)
+
+    def get_ref(self, name: str) -> Digest | None:
+        try:
+            return parse(self._ref_path(name).read_text().strip())
+        except FileNotFoundError:
+            return None
+
+    def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
+        parse(digest)
+        path = self._ref_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            f.write(digest + "\n")
+        try:
+            if exclusive:
+                try:
+                    os.link(tmp, path)  # atomic create-if-absent with full contents
+                except FileExistsError:
+                    return False
+                return True
+            os.replace(tmp, path)
+            return True
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def delete_ref(self, name: str) -> None:
+        try:
+            self._ref_path(name).unlink()
+        except FileNotFoundError:
+            pass
+
+    def list_refs(self, prefix: str = "") -> Iterator[str]:
+        base = self.root / "refs"
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and not p.name.startswith(".tmp-"):
+                name = str(p.relative_to(base))
+                if name.startswith(prefix):
+                    yield name
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,239 @@
+"""The one fetcher: every network read (demand, prefetch, striped reads) goes through it.
+
+* priorities: a DEMAND read is served before queued PREFETCH/BACKGROUND work, and a demand
+  for a range already queued as prefetch promotes it (never fetched twice);
+* a cap on requests in flight overall and per storage host;
+* coalescing: queued ranges of one source that touch (gap <= coalesce_gap_bytes) become
+  one request of at most max_coalesced_bytes;
+* retries with exponential backoff and jitter on transient errors, a per-read deadline;
+* counters for the trace: bytes, requests, retries, errors, coalesced, stall seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+import threading
+import time
+from concurrent.futures import Future
+from enum import IntEnum
+
+from bootseer.config import FetchConfig
+from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class Priority(IntEnum):
+    DEMAND = 0
+    PREFETCH = 10
+    BACKGROUND = 20
+
+
+class _Task:
+    __slots__ = ("source", "start", "end", "priority", "future", "seq", "queued", "deadline")
+
+    def __init__(self, source, start, end, priority, seq, deadline):
+        self.source, self.start, self.end = source, start, end
+        self.priority, self.seq, self.deadline = priority, seq, deadline
+        self.future: Future = Future()
+        self.queued = True
+
+    def __lt__(self, other):
+        return (self.priority, self.seq) < (other.priority, other.seq)
+
+
+class Fetcher:
+    def __init__(self, config: FetchConfig | None = None):
+        self.config = config or FetchConfig()
+        self._lock = threading.Condition()
+        self._heap: list[_Task] = []
+        self._by_range: dict[tuple, _Task] = {}
+        self._host_busy: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._closed = False
+        self._counters = dict(bytes=0, requests=0, retries=0, errors=0, coalesced=0,
+                              stall_s=0.0, promoted=0, deduplicated=0)
+        self._workers = [threading.Thread(target=self._work, daemon=True,
+                                          name=f"bootseer-fetch-{i}")
+                         for i in range(self.config.max_inflight)]
+        for w in self._workers:
+            w.start()
+
+    # -- public -------------------------------------------------------------------------------
+    def submit(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND
+               ) -> Future:
+        """Queue ``[start, end)`` of ``source``; the future resolves to the bytes."""
+        key = (source.key, start, end)
+        with self._lock:
+            if self._closed:
+                raise FetchError("fetcher is closed")
+            existing = self._by_range.get(key)
+            if existing is not None:
+                self._counters["deduplicated"] += 1
+                if existing.queued and priority < existing.priority:
+                    existing.priority = priority  # promote: re-heapify below
+                    heapq.heapify(self._heap)
+                    self._counters["promoted"] += 1
+                    self._lock.notify_all()
+                return existing.future
+            task = _Task(source, start, end, priority, next(self._seq),
+                         time.monotonic() + self.config.deadline_s)
+            self._by_range[key] = task
+            heapq.heappush(self._heap, task)
+            self._lock.notify()
+            return task.future
+
+    def read(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND
+             ) -> bytes:
+        """Blocking read; ranges larger than part_bytes go out as parallel parts.
+        The time spent waiting counts as stall time."""
+        t0 = time.monotonic()
+        part = self.config.part_bytes
+        futures = [self.submit(source, s, min(s + part, end), priority=priority)
+                   for s in range(start, end, part)] or [None]
+        try:
+            if futures == [None]:
+                return b""
+            return b"".join(f.result() for f in futures)
+        finally:
+            with self._lock:
+                self._counters["stall_s"] += time.monotonic() - t0
+
+    def counters(self) -> dict:
+        with self._lock:
+            return dict(self._counters)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for t in self._heap:
+                if t.queued:
+                    t.future.set_exception(FetchError("fetcher closed before the read ran"))
+            self._heap.clear()
+            self._lock.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- workers ------------------------------------------------------------------------------
+    def _take(self) -> list[_Task] | None:
+        """Pop the most urgent task whose host has a free connection, plus queued tasks of
+        the same source that extend it contiguously (coalescing)."""
+        with self._lock:
+            while True:
+                if self._closed:
+                    return None
+                cap = self.config.connections_per_host
+                skipped = []
+                task = None
+                while self._heap:
+                    t = heapq.heappop(self._heap)
+                    if not t.queued:
+                        continue
+                    if self._host_busy.get(t.source.host, 0) < cap:
+                        task = t
+                        break
+                    skipped.append(t)
+                for t in skipped:
+                    heapq.heappush(self._heap, t)
+                if task is None:
+                    self._lock.wait()
+                    continue
+                group = [task]
+                task.queued = False
+                end = task.end
+                # Merge small neighbours only: the parts of one large read stay separate
+                # requests (that is the striping).
+                gap = self.config.coalesce_gap_bytes
+                limit = min(self.config.max_coalesced_bytes, self.config.part_bytes)
+                while True:  # extend forward with queued neighbours of the same source
+                    nxt = min((t for t in self._heap if t.queued and t.source.key == task.source.key
+                               and 0 <= t.start - end <= gap and t.end - task.start <= limit),
+                              key=lambda t: t.start, default=None)
+                    if nxt is None or len(self._heap) > 4096:
+                        break
+                    nxt.queued = False
+                    group.append(nxt)
+                    end = nxt.end
+                if len(group) > 1:
+                    self._counters["coalesced"] += len(group) - 1
+                self._host_busy[task.source.host] = self._host_busy.get(task.source.host, 0) + 1
+                return group
+
+    def _work(self) -> None:
+        while True:
+            group = self._take()
+            if group is None:
+                return
+            head = group[0]
+            start, end = head.start, max(t.end for t in group)
+            try:
+                data = self._fetch(head.source, start, end, head.deadline)
+            except BaseException as e:  # noqa: BLE001 - delivered to the waiters
+                self._finish(group, error=e)
+            else:
+                self._finish(group, data=data, base=start)
+            finally:
+                with self._lock:
+                    self._host_busy[head.source.host] -= 1
+                    self._lock.notify_all()
+
+    def _finish(self, group, *, data=None, base=0, error=None) -> None:
+        with self._lock:
+            for t in group:
+                self._by_range.pop((t.source.key, t.start, t.end), None)
+        for t in group:
+            if error is not None:
+                t.future.set_exception(error)
+            else:
+                t.future.set_result(data[t.start - base:t.end - base])
+
+    def _fetch(self, source, start: int, end: int, deadline: float) -> bytes:
+        attempt = 0
+        while True:
+            try:
+                with self._lock:
+                    self._counters["requests"] += 1
+                data = source.read_range(start, end)
+                with self._lock:
+                    self._counters["bytes"] += len(data)
+                return data
+            except (BlobNotFound, RangeError):
+                with self._lock:
+                    self._counters["errors"] += 1
+                raise
+            except (FetchError, OSError) as e:
+                with self._lock:
+                    self._counters["errors"] += 1
+                if isinstance(e, StoreError) and not isinstance(e, FetchError):
+                    raise
+                attempt += 1
+                delay = min(self.config.backoff_max_s,
+                            self.config.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random())
+                if attempt > self.config.retries or time.monotonic() + delay > deadline:
+                    raise FetchError(f"reading {source!r} bytes {start}-{end} failed after "
+                                     f"{attempt} attempts: {e}", url=getattr(e, "url", None),
+                                     digest=getattr(e, "digest", None), offset=start) from e
+                with self._lock:
+                    self._counters["retries"] += 1
+                log.info("retry %d of %r [%d,%d) in %.2fs: %s", attempt, source, start, end,
+                         delay, e)
+                time.sleep(delay)
+
+
+def fetch_blob(fetcher: Fetcher, backend, digest: str, *, priority: Priority = Priority.DEMAND,
+               size: int | None = None, verify: bool = True) -> bytes:
+    """A whole blob through the fetcher (parallel parts), verified against its digest."""
+    from bootseer.store.digest import verify as check
+    from bootseer.store.source import BlobSource
+    size = backend.stat(digest) if size is None else size
+    data = fetcher.read(BlobSource(backend, digest, size), 0, size, priority=priority)
+    if verify:
+        check(digest, data, source=backend.url)
+    return data

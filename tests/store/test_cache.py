@@ -1,0 +1,118 @@
+"""The node cache: budget + LRU + pins, verification, crash safety, single-flight across
+threads and real processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+
+import pytest
+
+from bootseer.config import CacheConfig
+from bootseer.errors import CacheError, DigestMismatch
+from bootseer.store import sha256_digest
+from bootseer.store.cache import NodeCache
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def blob(i: int, size: int = 1000) -> tuple[str, bytes]:
+    data = bytes([i % 256]) * size
+    return sha256_digest(data), data
+
+
+def test_lru_under_budget_never_evicts_pinned(tmp_path):
+    c = NodeCache(CacheConfig(dir=str(tmp_path), budget_bytes=3500))
+    (d0, b0), (d1, b1), (d2, b2), (d3, b3) = [blob(i) for i in range(4)]
+    c.put(d0, b0)
+    c.pin(d0)
+    c.put(d1, b1)
+    time.sleep(0.01)
+    c.put(d2, b2)
+    time.sleep(0.01)
+    assert c.get(d1) == b1          # d1 now more recent than d2
+    c.put(d3, b3)                   # over budget: evict LRU unpinned = d2
+    assert c.contains(d0) and c.contains(d1) and c.contains(d3) and not c.contains(d2)
+    assert c.stats()["bytes"] <= 3500 and c.stats()["evictions"] == 1
+    c.unpin(d0)
+
+
+def test_all_pinned_is_a_clear_error(tmp_path):
+    c = NodeCache(CacheConfig(dir=str(tmp_path), budget_bytes=2000))
+    for i in range(2):
+        d, b = blob(i)
+        c.put(d, b)
+        c.pin(d)
+    d, b = blob(9)
+    with pytest.raises(CacheError, match="pinned"):
+        c.put(d, b)
+    with pytest.raises(CacheError, match="exceeds the cache budget"):
+        c.put(*blob(7, 5000))
+
+
+def test_corrupt_bytes_never_stored(tmp_path):
+    c = NodeCache(CacheConfig(dir=str(tmp_path), budget_bytes=10_000))
+    d, _ = blob(1)
+    with pytest.raises(DigestMismatch):
+        c.put(d, b"garbage")
+    assert not c.contains(d) and c.get(d) is None
+    with pytest.raises(DigestMismatch):
+        c.get_or_fill(d, lambda: b"garbage")
+    assert not c.contains(d)
+
+
+def _fill_in_process(cache_dir, counter_path, digest, data, start_evt):
+    c = NodeCache(CacheConfig(dir=cache_dir, budget_bytes=10**7))
+    start_evt.wait()
+
+    def fill():
+        with open(counter_path, "a") as f:
+            f.write("x")
+        time.sleep(0.3)
+        return data
+    assert c.get_or_fill(digest, fill) == data
+
+
+def test_single_flight_across_threads_and_processes(tmp_path):
+    d, b = blob(5, 100_000)
+    counter = tmp_path / "fills"
+    counter.touch()
+    ctx = multiprocessing.get_context("fork")
+    evt = ctx.Event()
+    procs = [ctx.Process(target=_fill_in_process, args=(str(tmp_path / "c"), str(counter), d, b, evt))
+             for _ in range(3)]
+    [p.start() for p in procs]
+    c = NodeCache(CacheConfig(dir=str(tmp_path / "c"), budget_bytes=10**7))
+    fills = []
+
+    def fill():
+        fills.append(1)
+        with open(counter, "a") as f:
+            f.write("x")
+        time.sleep(0.3)
+        return b
+    evt.set()
+    threads = [threading.Thread(target=lambda: c.get_or_fill(d, fill)) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    [p.join(30) for p in procs]
+    assert all(p.exitcode == 0 for p in procs)
+    assert counter.read_text() == "x"  # exactly one fetch among 7 readers
+
+
+def _killed_writer(cache_dir, digest, data):
+    c = NodeCache(CacheConfig(dir=cache_dir, budget_bytes=10**8))
+    c.get_or_fill(digest, lambda: (os.kill(os.getpid(), 9), data)[1])
+
+
+def test_killed_filler_leaves_nothing_visible(tmp_path):
+    d, b = blob(3, 50_000)
+    p = multiprocessing.get_context("fork").Process(target=_killed_writer, args=(str(tmp_path), d, b))
+    p.start()
+    p.join(20)
+    assert p.exitcode == -9
+    c = NodeCache(CacheConfig(dir=str(tmp_path), budget_bytes=10**8))
+    assert not c.contains(d)
+    assert c.get_or_fill(d, lambda: b) == b  # the lock was released by the kernel
