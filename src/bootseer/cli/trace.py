@@ -1,0 +1,47 @@
+"""``bootseer trace``: record phases from the shell."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("trace", help="record a command as a traced phase",
+                       description="Record startup phases. Events go to BOOTSEER_TRACE_LOCATION "
+                                   "(or --location) as JSON lines, one file per process.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    v = verbs.add_parser("exec", help="run CMD and record it as phase NAME")
+    v.add_argument("--phase", required=True, help="phase name, e.g. deps.install")
+    v.add_argument("--location", help="trace location (default BOOTSEER_TRACE_LOCATION)")
+    v.add_argument("argv", nargs="+", metavar="-- CMD")
+    v.set_defaults(func=_exec)
+    v = verbs.add_parser("mark", help="record an instant (e.g. ready, rendezvous)")
+    v.add_argument("name")
+    v.add_argument("--location", help="trace location (default BOOTSEER_TRACE_LOCATION)")
+    v.set_defaults(func=_mark)
+
+
+def _setloc(args) -> None:
+    import os
+    if args.location:
+        os.environ["BOOTSEER_TRACE_LOCATION"] = args.location
+
+
+def _exec(args) -> int:
+    import subprocess
+    from bootseer import trace
+    _setloc(args)
+    argv = args.argv[1:] if args.argv[0] == "--" else args.argv
+    with trace.phase(args.phase, cmd=argv[0]) as span:
+        try:
+            rc = subprocess.call(argv)
+        except FileNotFoundError:
+            span.set(error=f"{argv[0]}: not found")
+            rc = 127
+        span.set(exit=rc)
+    return rc
+
+
+def _mark(args) -> int:
+    from bootseer import trace
+    _setloc(args)
+    trace.mark(args.name)
+    return 0

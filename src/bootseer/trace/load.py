@@ -1,0 +1,50 @@
+"""Reading traces: every ``*.jsonl`` under a directory; torn or garbage lines are
+skipped and counted, never fatal."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootseer.errors import TraceError
+
+REQUIRED = ("job", "attempt", "node", "phase", "start", "end")
+
+
+@dataclass
+class Trace:
+    events: list[dict] = field(default_factory=list)
+    skipped_lines: int = 0
+    files: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def load(path: str | Path) -> Trace:
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"no trace at {p}: check the path (a trace is a directory of "
+                         f".jsonl files written by 'bootseer run --trace' or BOOTSEER_TRACE_LOCATION)")
+    files = [p] if p.is_file() else sorted(p.rglob("*.jsonl"))
+    if not files:
+        raise TraceError(f"{p} holds no trace files (*.jsonl)")
+    t = Trace(files=len(files))
+    for f in files:
+        with open(f, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    ev = json.loads(raw)
+                    if not isinstance(ev, dict) or any(k not in ev for k in REQUIRED):
+                        raise ValueError("missing fields")
+                    if ev["end"] < ev["start"]:
+                        t.problems.append(f"{f.name}:{lineno}: phase {ev['phase']} ends before "
+                                          f"it starts; clamped")
+                        ev["end"] = ev["start"]
+                    t.events.append(ev)
+                except (ValueError, TypeError):
+                    t.skipped_lines += 1
+    jobs = {e["job"] for e in t.events}
+    if len(jobs) > 1:
+        t.problems.append(f"trace mixes {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}"
+                          f"); report the job directory instead")
+    return t

@@ -1,0 +1,175 @@
+"""Recording: one JSON line per event, one file per process, append-only.
+
+File: ``<location>/<job>/<attempt>/<node>-<pid>.jsonl``. Each event is written with one
+``os.write`` of a whole line to an ``O_APPEND`` descriptor, so concurrent threads never
+interleave and a crash can tear at most the last line (the reader skips and counts it).
+
+Event fields (format version 1, see docs/trace.md): ``v, job, attempt, node, rank, gpus,
+pid, kind (span|mark), phase, parent, start, end (wall clock, s), mono_start, mono_end
+(monotonic, s), status (ok|failed), attrs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+FORMAT_VERSION = 1
+_SECRET_KEYS = ("password", "token", "secret", "authorization", "credential")
+
+
+class Recorder:
+    def __init__(self, location: str | None, job: str, attempt: int, node: str,
+                 rank: int | None, gpus: int):
+        self.location, self.job, self.attempt, self.node = location, job, attempt, node
+        self.rank, self.gpus = rank, gpus
+        self.enabled = bool(location)
+        self._fd: int | None = None
+        self._pid = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    @classmethod
+    def from_env(cls, env=None) -> "Recorder":
+        env = os.environ if env is None else env
+        rank = env.get("RANK") or env.get("GROUP_RANK")
+        return cls(env.get("BOOTSEER_TRACE_LOCATION") or None,
+                   env.get("BOOTSEER_TRACE_JOB_ID") or "job",
+                   int(env.get("BOOTSEER_TRACE_ATTEMPT") or 0),
+                   env.get("BOOTSEER_TRACE_NODE") or socket.gethostname(),
+                   int(rank) if rank and rank.isdigit() else None,
+                   int(env.get("BOOTSEER_TRACE_GPUS") or 0))
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.location, self.job, str(self.attempt),
+                            f"{self.node}-{os.getpid()}.jsonl")
+
+    def _open(self) -> int:
+        pid = os.getpid()
+        if self._fd is None or self._pid != pid:  # a forked child gets its own file
+            path = self.path
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._pid = pid
+        return self._fd
+
+    def write(self, event: dict) -> None:
+        if not self.enabled:
+            return
+        line = (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+        try:
+            with self._lock:
+                os.write(self._open(), line)
+        except OSError:
+            self.enabled = False  # tracing must never fail the job
+
+    def event(self, kind: str, name: str, start: float, end: float, mono_start: float,
+              mono_end: float, status: str, attrs: dict, parent: str | None) -> dict:
+        return {"v": FORMAT_VERSION, "job": self.job, "attempt": self.attempt,
+                "node": self.node, "rank": self.rank, "gpus": self.gpus, "pid": os.getpid(),
+                "kind": kind, "phase": name, "parent": parent, "start": start, "end": end,
+                "mono_start": mono_start, "mono_end": mono_end, "status": status,
+                "attrs": _clean(attrs)}
+
+    def stack(self) -> list[str]:
+        s = getattr(self._local, "stack", None)
+        if s is None:
+            s = self._local.stack = []
+        return s
+
+
+def _clean(attrs: dict) -> dict:
+    return {k: ("<redacted>" if any(s in k.lower() for s in _SECRET_KEYS) else v)
+            for k, v in attrs.items()}
+
+
+_recorder: Recorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def recorder() -> Recorder:
+    """The process-wide recorder, configured from the environment on first use (and again
+    if the environment's trace settings changed, e.g. set by ``bootseer run``)."""
+    global _recorder
+    key = (os.environ.get("BOOTSEER_TRACE_LOCATION"), os.environ.get("BOOTSEER_TRACE_JOB_ID"),
+           os.environ.get("BOOTSEER_TRACE_ATTEMPT"), os.environ.get("BOOTSEER_TRACE_NODE"))
+    r = _recorder
+    if r is None or getattr(r, "_key", None) != key:
+        with _recorder_lock:
+            r = Recorder.from_env()
+            r._key = key
+            _recorder = r
+    return r
+
+
+class Span:
+    __slots__ = ("name", "attrs", "start", "mono")
+
+    def __init__(self, name: str, attrs: dict):
+        self.name, self.attrs = name, attrs
+        self.start, self.mono = time.time(), time.monotonic()
+
+    def set(self, **attrs: Any) -> None:
+        self.attrs.update(attrs)
+
+
+@contextlib.contextmanager
+def phase(name: str, **attrs: Any):
+    """Record the block as a phase; nested phases name their parent. An exception marks
+    the phase failed (with its text) and propagates."""
+    r = recorder()
+    span = Span(name, attrs)
+    if not r.enabled:
+        yield span
+        return
+    stack = r.stack()
+    parent = stack[-1] if stack else None
+    stack.append(name)
+    status = "ok"
+    try:
+        yield span
+    except BaseException as e:
+        status = "failed"
+        span.attrs["error"] = f"{type(e).__name__}: {e}"[:500]
+        raise
+    finally:
+        stack.pop()
+        r.write(r.event("span", name, span.start, time.time(), span.mono, time.monotonic(),
+                        status, span.attrs, parent))
+
+
+def mark(name: str, **attrs: Any) -> None:
+    """An instant: ``ready`` (the job can train), ``rendezvous`` (for clock alignment)..."""
+    r = recorder()
+    if not r.enabled:
+        return
+    now, mono = time.time(), time.monotonic()
+    stack = r.stack()
+    r.write(r.event("mark", name, now, now, mono, mono, "ok", attrs, stack[-1] if stack else None))
+
+
+def emit(name: str, start: float, end: float, *, status: str = "ok", **attrs: Any) -> None:
+    """A finished phase with explicit wall-clock start and end (e.g. measured elsewhere)."""
+    r = recorder()
+    if not r.enabled:
+        return
+    mono = time.monotonic() - (time.time() - start)
+    r.write(r.event("span", name, start, end, mono, mono + (end - start), status, attrs, None))
+
+
+def traced(name: str):
+    """Decorator form of :func:`phase`."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*a, **kw):
+            with phase(name):
+                return fn(*a, **kw)
+        return inner
+    return wrap
