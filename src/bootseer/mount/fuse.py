@@ -1,0 +1,223 @@
+"""Serve a TreeView as a read-only FUSE mount from a child process.
+
+The FUSE loop runs in a forked child so that the caller stays free (and tests can kill
+the server to see what clients get). The child builds its view with ``view_factory()``
+after the fork (fetcher threads do not survive a fork). Options: ``ro,nosuid,nodev``,
+``allow_other`` (the container's processes are other users' too); the
+mount's ``/sys/class/bdi/<major:minor>/read_ahead_kb`` is raised so the kernel sends
+1 MiB reads instead of 128 KiB ones.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import multiprocessing
+import os
+import signal
+import stat
+import subprocess
+import time
+from typing import Callable
+
+from bootseer.errors import BootseerError
+from bootseer.mount.errno_map import to_errno
+from bootseer.mount.view import TreeView
+
+log = logging.getLogger("bootseer.mount")
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+class MountError(BootseerError):
+    pass
+
+
+def operations(view: TreeView):
+    import mfusepy
+
+    class Ops(mfusepy.Operations):
+        use_ns = False
+
+        def _call(self, path, fn, *args):
+            try:
+                return fn(*args)
+            except mfusepy.FuseOSError:
+                raise
+            except BaseException as e:  # noqa: BLE001 - every error becomes an errno
+                raise mfusepy.FuseOSError(to_errno(e, path)) from None
+
+        def getattr(self, path, fh=None):
+            a = self._call(path, view.getattr, path)
+            return {"st_mode": a.mode, "st_size": a.size, "st_uid": a.uid, "st_gid": a.gid,
+                    "st_mtime": a.mtime, "st_atime": a.mtime, "st_ctime": a.mtime,
+                    "st_nlink": a.nlink, "st_rdev": a.rdev,
+                    "st_blocks": (a.size + 511) // 512, "st_blksize": 1 << 20}
+
+        def readdir(self, path, fh):
+            return [".", "..", *self._call(path, view.readdir, path)]
+
+        def readlink(self, path):
+            return self._call(path, view.readlink, path)
+
+        def open(self, path, flags):
+            if flags & WRITE_FLAGS:
+                raise mfusepy.FuseOSError(errno.EROFS)
+            a = self._call(path, view.getattr, path)
+            if stat.S_ISDIR(a.mode):
+                raise mfusepy.FuseOSError(errno.EISDIR)
+            if hasattr(view, "open"):
+                self._call(path, view.open, path)
+            return 0
+
+        def release(self, path, fh):
+            if hasattr(view, "release"):
+                self._call(path, view.release, path)
+            return 0
+
+        def read(self, path, size, offset, fh):
+            return self._call(path, view.read, path, size, offset)
+
+        def statfs(self, path):
+            if hasattr(view, "statfs"):
+                return view.statfs()
+            return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_namemax": 255}
+
+        def listxattr(self, path):
+            return self._call(path, view.listxattr, path) if hasattr(view, "listxattr") else []
+
+        def getxattr(self, path, name, position=0):
+            if not hasattr(view, "getxattr"):
+                raise mfusepy.FuseOSError(errno.ENODATA)
+            value = self._call(path, view.getxattr, path, name)
+            if value is None:
+                raise mfusepy.FuseOSError(errno.ENODATA)
+            return value
+
+        def access(self, path, amode):
+            if amode & os.W_OK:
+                raise mfusepy.FuseOSError(errno.EROFS)
+            self._call(path, view.getattr, path)
+            return 0
+
+        def destroy(self, path):
+            if hasattr(view, "close"):
+                view.close()
+
+    return Ops()
+
+
+def _serve(view_factory, mountpoint: str, name: str, ready_fd: int) -> None:
+    import mfusepy
+    os.setsid()
+    try:
+        view = view_factory()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        os.write(ready_fd, f"error: {type(e).__name__}: {e}".encode()[:4000])
+        os._exit(3)
+    os.write(ready_fd, b"ok")
+    os.close(ready_fd)
+    # SIGTERM/SIGINT/SIGHUP: libfuse installs its own handlers (only over SIG_DFL) that end
+    # the loop and unmount; a Python handler would never run while fuse_main blocks in C.
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    mfusepy.FUSE(operations(view), mountpoint, foreground=True, ro=True, nosuid=True,
+                 nodev=True, allow_other=True, default_permissions=True, fsname=name)
+    os._exit(0)
+
+
+def _lazy_unmount(mountpoint: str) -> None:
+    subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
+
+
+def set_read_ahead(mountpoint: str, kb: int) -> bool:
+    dev = os.stat(mountpoint).st_dev
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(kb))
+        return True
+    except OSError as e:
+        log.info("cannot raise %s: %s (kernel reads stay at 128 KiB)", path, e)
+        return False
+
+
+class MountHandle:
+    def __init__(self, proc, mountpoint: str):
+        self.proc, self.mountpoint = proc, mountpoint
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def unmount(self, timeout: float = 20) -> None:
+        """Idempotent: unmount, wait for the server, kill it if it hangs."""
+        if os.path.ismount(self.mountpoint):
+            r = subprocess.run(["fusermount3", "-u", self.mountpoint], capture_output=True)
+            if r.returncode != 0:
+                _lazy_unmount(self.mountpoint)
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        if os.path.ismount(self.mountpoint):
+            _lazy_unmount(self.mountpoint)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.unmount()
+
+
+def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_kb: int = 1024,
+          name: str = "bootseer", timeout: float = 30) -> MountHandle:
+    """Mount ``view_factory()`` at ``mountpoint`` in a child process; return when it is
+    serving. Errors building the view are raised here, before anything is mounted."""
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"mount point {mountpoint} is not a directory")
+    if os.path.ismount(mountpoint):
+        raise MountError(f"{mountpoint} is already a mount point")
+    if not os.path.exists("/dev/fuse"):
+        raise MountError("/dev/fuse is missing: FUSE is not available here")
+    ctx = multiprocessing.get_context("fork")
+    rfd, wfd = os.pipe()
+    proc = ctx.Process(target=_serve, args=(view_factory, mountpoint, name, wfd), daemon=False,
+                       name=f"bootseer-fuse-{name}")
+    proc.start()
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as r:
+        status = r.read(4096).decode(errors="replace")
+    if status != "ok":
+        proc.join(5)
+        raise MountError(f"cannot serve {name} at {mountpoint}: "
+                         f"{status.removeprefix('error: ') or 'server died'}")
+    deadline = time.time() + timeout
+    while not os.path.ismount(mountpoint):
+        if not proc.is_alive() or time.time() > deadline:
+            proc.kill()
+            proc.join(5)
+            raise MountError(f"FUSE server for {name} did not mount {mountpoint} "
+                             f"(exit {proc.exitcode})")
+        time.sleep(0.02)
+    set_read_ahead(mountpoint, read_ahead_kb)
+    return MountHandle(proc, mountpoint)
+
+
+def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,
+                   name: str = "bootseer") -> int:
+    """For the CLI: mount, wait for SIGINT/SIGTERM, unmount."""
+    handle = mount(view_factory, mountpoint, name=name)
+    stop = {"sig": None}
+
+    def on_signal(signum, _frame):
+        stop["sig"] = signum
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"mounted {name} at {mountpoint} (Ctrl-C or SIGTERM to unmount)", flush=True)
+        while stop["sig"] is None and handle.proc.is_alive():
+            time.sleep(0.2)
+    finally:
+        handle.unmount()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0
