@@ -1,0 +1,145 @@
+"""Read a tree lazily: the TOC once, then chunks on demand through the fetcher, verified
+and kept in the node cache. Demand reads and prefetch share the fetcher, so a demand for
+a chunk that prefetch has queued promotes it instead of fetching it twice."""
+
+from __future__ import annotations
+
+import logging
+import stat
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+from bootseer.errors import BlobNotFound
+from bootseer.store.digest import verify
+from bootseer.store.fetch import Fetcher, Priority, fetch_blob
+from bootseer.store.source import BlobSource
+from bootseer.tree import format as fmt
+
+log = logging.getLogger(__name__)
+
+TYPE_BITS = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "h": stat.S_IFREG,
+             "c": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}
+
+
+def load_toc(store, digest: str, fetcher: Fetcher, cache=None) -> dict:
+    if cache is not None:
+        blob = cache.get(digest)
+        if blob is None:
+            blob = fetch_blob(fetcher, store, digest)
+            cache.put(digest, blob)
+    else:
+        blob = fetch_blob(fetcher, store, digest)
+    return fmt.decode(blob, digest)
+
+
+class TreeReader:
+    def __init__(self, store, digest: str, fetcher: Fetcher, cache=None):
+        self.store, self.digest, self.fetcher, self.cache = store, digest, fetcher, cache
+        try:
+            self.toc = load_toc(store, digest, fetcher, cache)
+        except BlobNotFound:
+            raise BlobNotFound(f"no tree {digest} in {store.url}: convert or publish it first",
+                               digest=digest, url=store.url) from None
+        self.packs = self.toc["packs"]
+        self.entries: dict[str, dict] = {e["path"]: e for e in self.toc["entries"]}
+        self.children: dict[str, list[str]] = {}
+        for p in self.entries:
+            if p != "/":
+                parent, name = p.rsplit("/", 1)
+                self.children.setdefault(parent or "/", []).append(name)
+        self._sources = [BlobSource(store, d) for d in self.packs]
+        self.on_chunk: Callable[[str, str, int], None] | None = None  # access recorder hook
+        self._zd = threading.local()
+        self.counters = {"chunks_local": 0, "chunks_fetched": 0, "bytes_fetched": 0,
+                         "stall_s": 0.0}
+        self._lock = threading.Lock()
+
+    # -- metadata -----------------------------------------------------------------------------
+    def entry(self, path: str) -> dict:
+        e = self.entries.get(path)
+        if e is None:
+            raise FileNotFoundError(f"{path}: not in tree {self.digest[:19]}")
+        if e["type"] == "h":
+            return {**self.entries[e["target"]], "path": path}
+        return e
+
+    def mode(self, e: dict) -> int:
+        return TYPE_BITS[e["type"]] | e["mode"]
+
+    def total_bytes(self) -> int:
+        return sum(c[4] for e in self.entries.values() if e["type"] == "f" for c in e["chunks"])
+
+    def all_chunks(self) -> list[list]:
+        seen, out = set(), []
+        for e in self.toc["entries"]:
+            for c in e.get("chunks", ()):
+                if c[0] not in seen:
+                    seen.add(c[0])
+                    out.append(c)
+        return out
+
+    # -- chunks -------------------------------------------------------------------------------
+    def _decompress(self, data: bytes, ref: list) -> bytes:
+        import zstandard
+        zd = getattr(self._zd, "d", None)
+        if zd is None:
+            zd = self._zd.d = zstandard.ZstdDecompressor()
+        try:
+            out = zd.decompress(data, max_output_size=ref[4])
+        except zstandard.ZstdError as e:
+            from bootseer.errors import DigestMismatch
+            raise DigestMismatch(f"chunk {ref[0]} in pack {self.packs[ref[1]]} does not "
+                                 f"decompress: {e}", digest=ref[0], url=self.store.url) from e
+        verify(ref[0], out, source=f"{self.store.url} pack {self.packs[ref[1]]}")
+        return out
+
+    def submit_chunk(self, ref: list, priority: Priority) -> Future:
+        return self.fetcher.submit(self._sources[ref[1]], ref[2], ref[2] + ref[3],
+                                   priority=priority)
+
+    def has_chunk(self, ref: list) -> bool:
+        return self.cache is not None and self.cache.contains(ref[0])
+
+    def chunk(self, ref: list, path: str = "") -> bytes:
+        """Uncompressed, verified bytes of one chunk (node cache first)."""
+        if self.on_chunk is not None:
+            self.on_chunk(ref[0], path, ref[4])
+        if self.cache is not None:
+            data = self.cache.get(ref[0])
+            if data is not None:
+                with self._lock:
+                    self.counters["chunks_local"] += 1
+                return data
+        t0 = time.monotonic()
+        raw = self.submit_chunk(ref, Priority.DEMAND).result()
+        data = self._decompress(raw, ref)
+        with self._lock:
+            self.counters["chunks_fetched"] += 1
+            self.counters["bytes_fetched"] += len(raw)
+            self.counters["stall_s"] += time.monotonic() - t0
+        if self.cache is not None:
+            self.cache.put(ref[0], data)
+        return data
+
+    def store_chunk(self, ref: list, raw: bytes) -> None:
+        """Verify and cache a chunk fetched by prefetch."""
+        data = self._decompress(raw, ref)
+        if self.cache is not None:
+            self.cache.put(ref[0], data)
+
+    def read(self, path: str, size: int, offset: int) -> bytes:
+        e = self.entry(path)
+        if e["type"] != "f":
+            raise IsADirectoryError(path) if e["type"] == "d" else OSError(22, "not a file", path)
+        end = min(offset + size, e["size"])
+        if offset >= end:
+            return b""
+        csize = self.toc["chunk_size"]
+        out = []
+        for i in range(offset // csize, (end - 1) // csize + 1):
+            data = self.chunk(e["chunks"][i], path)
+            base = i * csize
+            out.append(data[max(offset - base, 0):end - base])
+        return b"".join(out)

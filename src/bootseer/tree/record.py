@@ -1,0 +1,56 @@
+"""Access recording on the read path: for each chunk, when it was first read (seconds
+since the window opened), how often, and by which path. The window closes on an explicit
+call, when a trigger file appears, or at a timeout; later reads are not recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+
+class AccessRecorder:
+    def __init__(self, tree: str, *, timeout_s: float | None = 600.0,
+                 trigger_file: str | None = None):
+        self.tree, self.timeout_s, self.trigger_file = tree, timeout_s, trigger_file
+        self.t0 = time.monotonic()
+        self.closed = False
+        self.closed_by: str | None = None
+        self.chunks: dict[str, list] = {}   # digest -> [first_s, count, path, bytes]
+        self._lock = threading.Lock()
+        self._checks = 0
+
+    def __call__(self, digest: str, path: str, size: int) -> None:
+        if self.closed:
+            return
+        now = time.monotonic() - self.t0
+        if self.timeout_s is not None and now > self.timeout_s:
+            self.close("timeout")
+            return
+        self._checks += 1
+        if self.trigger_file and self._checks % 64 == 0 and os.path.exists(self.trigger_file):
+            self.close("trigger file")
+            return
+        with self._lock:
+            rec = self.chunks.get(digest)
+            if rec is None:
+                self.chunks[digest] = [round(now, 4), 1, path, size]
+            else:
+                rec[1] += 1
+
+    def close(self, why: str = "api") -> None:
+        if not self.closed:
+            self.closed, self.closed_by = True, why
+
+    def profile(self) -> dict:
+        with self._lock:
+            rows = sorted(([d, *r] for d, r in self.chunks.items()), key=lambda r: r[1])
+        return {"v": 1, "kind": "bootseer.profile", "tree": self.tree, "runs": 1,
+                "closed_by": self.closed_by, "chunks": rows}
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.profile(), f)
+        os.replace(tmp, path)

@@ -1,0 +1,116 @@
+"""The tree format: build from a directory, read lazily, extract, mount; dedup; faults."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from bootseer.config import CacheConfig, FetchConfig
+from bootseer.errors import BlobNotFound, DigestMismatch
+from bootseer.store import open_store
+from bootseer.store.cache import NodeCache
+from bootseer.store.fetch import Fetcher
+from bootseer.tree import format as fmt
+from bootseer.tree.build import TreeBuilder, TreeBuildError, add_directory
+from bootseer.tree.extract import extract
+from bootseer.tree.reader import TreeReader
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def src(tmp_path):
+    root = tmp_path / "src"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/lib").mkdir()
+    big = os.urandom(3 * 1024 * 1024 + 17)
+    (root / "usr/lib/libbig.so").write_bytes(big)
+    (root / "usr/lib/copy.so").write_bytes(big)          # identical chunks: stored once
+    (root / "usr/bin/tool").write_bytes(b"#!/bin/sh\necho hi\n")
+    os.chmod(root / "usr/bin/tool", 0o4755)
+    os.symlink("tool", root / "usr/bin/alias")
+    os.link(root / "usr/bin/tool", root / "usr/bin/hard")
+    (root / "empty").write_bytes(b"")
+    os.setxattr(root / "usr/bin/tool", "user.bootseer", b"x1")
+    return root
+
+
+def build(store, src, **kw):
+    b = TreeBuilder(store, chunk_size=1 << 20, pack_size=2 << 20, **kw)
+    add_directory(b, src)
+    return b.finish(), b
+
+
+def reader(store, digest, tmp_path, **kw):
+    return TreeReader(store, digest, Fetcher(FetchConfig(max_inflight=8)),
+                      NodeCache(CacheConfig(dir=str(tmp_path / "cache"), budget_bytes=1 << 30)), **kw)
+
+
+def test_roundtrip_read_extract_dedup(tmp_path, src):
+    store = open_store(str(tmp_path / "store"))
+    digest, b = build(store, src)
+    assert b.stats["dedup_chunks"] == 4 and len(b.packs) >= 2
+    r = reader(store, digest, tmp_path)
+    big = (src / "usr/lib/libbig.so").read_bytes()
+    assert r.read("/usr/lib/libbig.so", 100, 1024 * 1024 - 50) == big[1024 * 1024 - 50:][:100]
+    assert r.read("/usr/lib/copy.so", 10**8, 0) == big
+    e = r.entry("/usr/bin/tool")
+    assert e["mode"] == 0o4755 and r.entry("/usr/bin/hard")["size"] == e["size"]
+    assert r.entry("/usr/bin/alias")["target"] == "tool"
+    out = tmp_path / "out"
+    extract(r, out)
+    assert (out / "usr/lib/libbig.so").read_bytes() == big
+    assert os.readlink(out / "usr/bin/alias") == "tool"
+    assert os.stat(out / "usr/bin/hard").st_ino == os.stat(out / "usr/bin/tool").st_ino
+    assert stat.S_IMODE(os.stat(out / "usr/bin/tool").st_mode) == 0o4755
+    assert os.getxattr(out / "usr/bin/tool", "user.bootseer") == b"x1"
+    assert (out / "empty").read_bytes() == b""
+
+
+def test_corrupt_pack_is_detected_never_cached(tmp_path, src):
+    store = open_store(str(tmp_path / "store"))
+    digest, b = build(store, src)
+    pack = store.path(b.packs[0])
+    os.chmod(pack, 0o644)
+    data = bytearray(pack.read_bytes())
+    data[10] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    r = reader(store, digest, tmp_path)
+    first = next(e for e in r.toc["entries"] if e.get("chunks"))  # its chunk is at offset 0
+    with pytest.raises(DigestMismatch):
+        r.read(first["path"], 100, 0)
+    assert r.cache.stats()["entries"] == 1  # only the TOC
+
+
+def test_unknown_tree_and_garbage_toc(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    with pytest.raises(BlobNotFound, match="no tree"):
+        reader(store, "sha256:" + "3" * 64, tmp_path)
+    from bootseer.store import sha256_digest
+    junk = b"not a toc"
+    store.write(sha256_digest(junk), junk)
+    with pytest.raises(fmt.TreeFormatError, match="not a bootseer tree"):
+        reader(store, sha256_digest(junk), tmp_path)
+
+
+def test_path_traversal_refused(tmp_path):
+    b = TreeBuilder(open_store(str(tmp_path / "s")))
+    with pytest.raises(TreeBuildError, match="escapes"):
+        b.add_file("/a/../../etc/passwd", b"x")
+
+
+def test_mounted_tree(need_fuse, tmp_path, src):
+    from bootseer.mount.fuse import mount
+    from bootseer.tree.view import TreeMountView
+    store = open_store(str(tmp_path / "store"))
+    digest, _ = build(store, src)
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with mount(lambda: TreeMountView(reader(store, digest, tmp_path)), str(mp)):
+        assert (mp / "usr/lib/libbig.so").read_bytes() == (src / "usr/lib/libbig.so").read_bytes()
+        assert os.readlink(mp / "usr/bin/alias") == "tool"
+        assert sorted(os.listdir(mp / "usr/bin")) == ["alias", "hard", "tool"]
+        assert os.getxattr(mp / "usr/bin/tool", "user.bootseer") == b"x1"
+        assert stat.S_IMODE(os.stat(mp / "usr/bin/tool").st_mode) == 0o4755
