@@ -50,7 +50,8 @@ class TreeReader:
                 parent, name = p.rsplit("/", 1)
                 self.children.setdefault(parent or "/", []).append(name)
         self._sources = [BlobSource(store, d) for d in self.packs]
-        self.on_chunk: Callable[[str, str, int], None] | None = None  # access recorder hook
+        # access recorder hook: (chunk digest, path, bytes, was it local when read)
+        self.on_chunk: Callable[[str, str, int, bool], None] | None = None
         self._zd = threading.local()
         self.counters = {"chunks_local": 0, "chunks_fetched": 0, "bytes_fetched": 0,
                          "stall_s": 0.0}
@@ -104,14 +105,16 @@ class TreeReader:
 
     def chunk(self, ref: list, path: str = "") -> bytes:
         """Uncompressed, verified bytes of one chunk (node cache first)."""
-        if self.on_chunk is not None:
-            self.on_chunk(ref[0], path, ref[4])
         if self.cache is not None:
             data = self.cache.get(ref[0])
             if data is not None:
                 with self._lock:
                     self.counters["chunks_local"] += 1
+                if self.on_chunk is not None:
+                    self.on_chunk(ref[0], path, ref[4], True)
                 return data
+        if self.on_chunk is not None:
+            self.on_chunk(ref[0], path, ref[4], False)
         t0 = time.monotonic()
         raw = self.submit_chunk(ref, Priority.DEMAND).result()
         data = self._decompress(raw, ref)

@@ -18,10 +18,12 @@ class AccessRecorder:
         self.closed = False
         self.closed_by: str | None = None
         self.chunks: dict[str, list] = {}   # digest -> [first_s, count, path, bytes]
+        self.local_first_bytes = 0          # bytes already local at their first read
+        self.first_bytes = 0
         self._lock = threading.Lock()
         self._checks = 0
 
-    def __call__(self, digest: str, path: str, size: int) -> None:
+    def __call__(self, digest: str, path: str, size: int, local: bool = False) -> None:
         if self.closed:
             return
         now = time.monotonic() - self.t0
@@ -36,12 +38,20 @@ class AccessRecorder:
             rec = self.chunks.get(digest)
             if rec is None:
                 self.chunks[digest] = [round(now, 4), 1, path, size]
+                self.first_bytes += size
+                self.local_first_bytes += size if local else 0
             else:
                 rec[1] += 1
 
     def close(self, why: str = "api") -> None:
         if not self.closed:
             self.closed, self.closed_by = True, why
+            self.window_s = time.monotonic() - self.t0
+
+    @property
+    def coverage(self) -> float | None:
+        """Share of the window's read bytes that were already local when first read."""
+        return self.local_first_bytes / self.first_bytes if self.first_bytes else None
 
     def profile(self) -> dict:
         with self._lock:

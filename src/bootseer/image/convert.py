@@ -1,0 +1,166 @@
+"""``bootseer image convert``: OCI image -> one flattened tree in the store.
+
+Sources: a registry reference (``host:port/repo:tag``, via skopeo), an OCI layout
+directory, or a docker-archive tar (``podman save``). Layers are applied in order with
+their whiteouts (``.wh.NAME`` removes, ``.wh..wh..opq`` hides what lower layers put in a
+directory); hard links, symlinks, modes, owners and xattrs (PAX ``SCHILY.xattr.*``) are
+kept; device nodes are recorded (the mount is nodev); a member whose path escapes the
+root is refused. The tree's digest is published under refs so mounts can name the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from bootseer.errors import BootseerError
+from bootseer.tree.build import TreeBuilder, TreeBuildError
+
+
+class ConvertError(BootseerError):
+    pass
+
+
+def ref_name(image: str) -> str:
+    """Store ref under which the tree of ``image`` is published."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "_", image.removeprefix("docker://"))
+    return f"images/by-name/{clean}"
+
+
+def _skopeo_to_layout(src: str, dest: str) -> None:
+    host = src.removeprefix("docker://").split("/", 1)[0]
+    tls = ["--src-tls-verify=false"] if host.startswith(("127.", "localhost")) else []
+    transport = src if src.startswith(("docker://", "docker-archive:", "oci-archive:")) else f"docker://{src}"
+    proc = subprocess.run(["skopeo", "copy", "-q", *tls, transport, f"oci:{dest}:src"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ConvertError(f"cannot read image {src}: {proc.stderr.strip()[-500:]}")
+
+
+def _layout_layers(layout: Path) -> tuple[str, list[Path], dict]:
+    try:
+        index = json.loads((layout / "index.json").read_text())
+        mdesc = index["manifests"][0]
+        manifest = json.loads(_blob(layout, mdesc["digest"]).read_text())
+        if manifest.get("mediaType", mdesc.get("mediaType", "")).endswith("index.v1+json") or "manifests" in manifest:
+            mdesc = next(m for m in manifest["manifests"]
+                         if m.get("platform", {}).get("architecture", "amd64") == "amd64")
+            manifest = json.loads(_blob(layout, mdesc["digest"]).read_text())
+        layers = [_blob(layout, l["digest"]) for l in manifest["layers"]]
+        config = json.loads(_blob(layout, manifest["config"]["digest"]).read_text())
+    except (OSError, KeyError, ValueError, StopIteration) as e:
+        raise ConvertError(f"{layout} is not a readable OCI image layout: {e}") from e
+    return mdesc["digest"], layers, config
+
+
+def _blob(layout: Path, digest: str) -> Path:
+    algo, hexd = digest.split(":", 1)
+    return layout / "blobs" / algo / hexd
+
+
+def _member_path(name: str) -> str:
+    """Tar member name relative to the root; '..' is kept so the builder refuses it."""
+    while name.startswith("./"):
+        name = name[2:]
+    return name.lstrip("/")
+
+
+def apply_layer(builder: TreeBuilder, layer: Path, progress=None) -> None:
+    added: set[str] = set()
+    try:
+        with tarfile.open(layer, "r|*") as tar:
+            for m in tar:
+                name = "/" + _member_path(m.name)
+                try:
+                    norm = builder._norm(name)
+                except TreeBuildError as e:
+                    raise ConvertError(f"layer {layer.name[:12]}: member {m.name!r} escapes the "
+                                       f"image root; refusing the image") from e
+                base = os.path.basename(norm)
+                parent = os.path.dirname(norm)
+                if base == ".wh..wh..opq":
+                    prefix = parent.rstrip("/") + "/"
+                    for p in [p for p in builder.entries if p.startswith(prefix) and p not in added]:
+                        del builder.entries[p]
+                    continue
+                if base.startswith(".wh."):
+                    builder.remove(os.path.join(parent, base[4:]))
+                    continue
+                kw = dict(uid=m.uid, gid=m.gid, mtime=float(m.mtime))
+                xattrs = {k[len("SCHILY.xattr."):]: __import__("base64").b64encode(
+                    v.encode("utf-8", "surrogateescape")).decode()
+                    for k, v in (m.pax_headers or {}).items() if k.startswith("SCHILY.xattr.")}
+                if m.isdir():
+                    existing = builder.entries.get(norm)
+                    builder.add_dir(norm, m.mode, xattrs=xattrs or None, **kw)
+                elif m.issym():
+                    builder.remove(norm)
+                    builder.add_symlink(norm, m.linkname, **kw)
+                elif m.islnk():
+                    builder.remove(norm)
+                    builder.add_hardlink(norm, builder._norm("/" + _member_path(m.linkname)))
+                elif m.isfile():
+                    builder.remove(norm)
+                    f = tar.extractfile(m)
+                    builder.add_file(norm, f, m.mode, xattrs=xattrs or None, **kw)
+                    if progress:
+                        progress(m.size)
+                elif m.ischr() or m.isblk() or m.isfifo():
+                    kind = "c" if m.ischr() else "b" if m.isblk() else "p"
+                    builder.add_special(norm, kind, m.mode, os.makedev(m.devmajor, m.devminor), **kw)
+                added.add(norm)
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ConvertError(f"layer {layer} is not a readable tar: {e}") from e
+
+
+def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
+            progress=None) -> str:
+    """Convert ``src`` and publish it; return the tree digest."""
+    tmp = None
+    path = Path(src)
+    try:
+        if path.is_dir():
+            layout = path
+        else:
+            tmp = tempfile.mkdtemp(prefix="bsconv-", dir=os.environ.get("TMPDIR", "/var/tmp"))
+            spec = f"docker-archive:{src}" if path.is_file() else src
+            _skopeo_to_layout(spec, tmp)
+            layout = Path(tmp)
+        manifest_digest, layers, config = _layout_layers(layout)
+        builder = TreeBuilder(store, chunk_size=chunk_size, pack_size=pack_size)
+        for layer in layers:
+            apply_layer(builder, layer, progress)
+        cfg = config.get("config") or {}
+        digest = builder.finish(meta={"source": src, "manifest": manifest_digest,
+                                      "env": cfg.get("Env"), "cmd": cfg.get("Cmd"),
+                                      "workdir": cfg.get("WorkingDir"),
+                                      "entrypoint": cfg.get("Entrypoint")})
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if store.writable:
+        store.set_ref(ref_name(src), digest)
+        store.set_ref(f"images/by-manifest/{manifest_digest.replace(':', '-')}", digest)
+    return digest
+
+
+def resolve(ref: str, store) -> str:
+    """A tree digest from a digest, a store ref name, or a converted image's reference."""
+    from bootseer.errors import BlobNotFound
+    if ref.startswith("sha256:"):
+        return ref
+    for name in (ref, ref_name(ref)):
+        try:
+            d = store.get_ref(name)
+        except Exception:  # noqa: BLE001 - not a valid ref name: try the next form
+            d = None
+        if d:
+            return d
+    raise BlobNotFound(f"no converted image for {ref!r} in {store.url}: run "
+                       f"'bootseer image convert {ref} --to {store.url}' first", url=store.url)

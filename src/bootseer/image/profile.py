@@ -1,0 +1,90 @@
+"""Hot-block profiles: which chunks a start reads, in what order.
+
+A recorded profile lists ``[digest, first_s, count, path, bytes]`` per chunk. ``merge``
+combines runs (and nodes): a chunk's support is the share of runs that read it; chunks
+below ``min_support`` are dropped; the rest are ordered by median first access and cut
+at ``byte_budget``. A profile names its tree and is refused for any other tree.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from bootseer.errors import BootseerError
+from bootseer.store.digest import sha256_digest
+
+
+class ProfileError(BootseerError, ValueError):
+    pass
+
+
+def ref_for(tree: str) -> str:
+    return f"images/profile/{tree.removeprefix('sha256:')}"
+
+
+def merge(profiles: list[dict], *, min_support: float = 0.0, byte_budget: int | None = None
+          ) -> dict:
+    if not profiles:
+        raise ProfileError("nothing to merge")
+    trees = {p.get("tree") for p in profiles}
+    if len(trees) != 1:
+        raise ProfileError(f"profiles of different trees cannot be merged: {sorted(map(str, trees))}")
+    runs = sum(int(p.get("runs", 1)) for p in profiles)
+    seen: dict[str, dict] = {}
+    for p in profiles:
+        for d, first, count, path, size in p["chunks"]:
+            s = seen.setdefault(d, {"firsts": [], "count": 0, "path": path, "bytes": size,
+                                    "support": 0})
+            s["firsts"].append(first)
+            s["count"] += count
+            s["support"] += int(p.get("runs", 1)) if p.get("runs", 1) > 1 else 1
+    rows = []
+    for d, s in seen.items():
+        support = min(s["support"] / runs, 1.0)
+        if support + 1e-9 < min_support:
+            continue
+        rows.append([d, statistics.median(s["firsts"]), s["count"], s["path"], s["bytes"], support])
+    rows.sort(key=lambda r: (r[1], -r[5]))
+    if byte_budget is not None:
+        kept, total = [], 0
+        for r in rows:
+            if total + r[4] > byte_budget:
+                break
+            kept.append(r)
+            total += r[4]
+        rows = kept
+    return {"v": 1, "kind": "bootseer.profile", "tree": trees.pop(), "runs": runs,
+            "chunks": [r[:5] for r in rows]}
+
+
+def check(profile: dict, tree: str) -> None:
+    if profile.get("kind") != "bootseer.profile":
+        raise ProfileError("not a bootseer hot-block profile")
+    if profile.get("tree") != tree:
+        raise ProfileError(f"profile was recorded for tree {profile.get('tree')}, not {tree}: "
+                           f"refusing to prefetch another image's blocks")
+
+
+def push(store, profile: dict) -> str:
+    """Store the profile as its own blob and point the tree's profile ref at it."""
+    blob = json.dumps(profile, separators=(",", ":")).encode()
+    digest = sha256_digest(blob)
+    store.write(digest, blob)
+    store.set_ref(ref_for(profile["tree"]), digest)
+    return digest
+
+
+def load(store, digest: str) -> dict:
+    from bootseer.store.digest import verify
+    blob = store.read(digest)
+    verify(digest, blob, source=store.url)
+    try:
+        return json.loads(blob)
+    except ValueError as e:
+        raise ProfileError(f"profile {digest} is not JSON: {e}") from e
+
+
+def latest(store, tree: str) -> dict | None:
+    d = store.get_ref(ref_for(tree))
+    return None if d is None else load(store, d)

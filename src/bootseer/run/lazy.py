@@ -1,0 +1,122 @@
+"""The bootseer flavours of the three pipelines: lazy image with hot-block record and
+prefetch, dependency snapshot restore, striped checkpoint reads with plan prefetch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from bootseer.config import BootseerConfig
+from bootseer.errors import StoreError
+from bootseer.run import tracing
+from bootseer.run.pipelines import FallbackPossible, Pipeline, Prepared, PullImage
+
+log = logging.getLogger(__name__)
+
+
+class LazyImage(Pipeline):
+    kind = "lazy"
+
+    def __init__(self, ref: str, config: BootseerConfig, state: Path, *, prefetch: bool = True):
+        self.ref, self.config, self.state, self.prefetch = ref, config, state, prefetch
+        self.handle = None
+        self.rec_dir = state / "recording"
+        self.tree = None
+        self.published = None
+
+    def prepare(self, timeline) -> Prepared:
+        from bootseer.image.session import mount_image
+        rootfs = self.state / "rootfs"
+        rootfs.mkdir(parents=True, exist_ok=True)
+        try:
+            self.handle, self.tree, profile = mount_image(
+                self.config, self.ref, str(rootfs), str(self.rec_dir), record=True,
+                prefetch=self.prefetch)
+        except StoreError as e:
+            raise FallbackPossible(f"lazy image unavailable ({e})") from e
+        return Prepared(path=str(rootfs), attrs={
+            "tree": self.tree, "prefetch_chunks": len(profile["chunks"]) if profile else 0})
+
+    def fallback(self) -> Pipeline:
+        return PullImage(self.ref, self.state)
+
+    def on_ready(self) -> None:
+        """Close the recording window; publish this start's profile (merged with the
+        previous one) so the next start prefetches."""
+        (self.rec_dir / "close-window").touch()
+        figures = self.rec_dir / "figures.json"
+        deadline = time.time() + 15
+        while not figures.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        if figures.exists():
+            data = json.loads(figures.read_text())
+            tracing.mark("image.window", **{k: v for k, v in data.items()
+                                            if isinstance(v, (int, float, str)) or v is None})
+            (self.state.parent / "image-figures.json").write_text(json.dumps(data))
+        self._publish()
+
+    def _publish(self) -> None:
+        from bootseer.image import profile as prof
+        from bootseer.store import open_store
+        path = self.rec_dir / "profile.json"
+        if not path.exists():
+            return
+        store = open_store(self.config.store.url, self.config)
+        if not store.writable:
+            log.info("store %s is read-only: the hot-block profile is not published", store.url)
+            return
+        new = json.loads(path.read_text())
+        old = prof.latest(store, new["tree"])
+        self.published = prof.push(store, prof.merge([new] + ([old] if old else [])))
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.unmount()
+
+
+class SnapshotDeps(Pipeline):
+    kind = "restore"
+
+    def __init__(self, spec: str, prefix: str, python: str | None, index_urls: list[str],
+                 config: BootseerConfig):
+        self.spec, self.prefix, self.python = spec, prefix, python
+        self.index_urls, self.config = index_urls, config
+
+    def prepare(self, timeline) -> Prepared:
+        from bootseer.deps.ensure import ensure
+        try:
+            result = ensure(self.spec, self.prefix, python=self.python,
+                            index_urls=self.index_urls, config=self.config)
+        except StoreError as e:
+            raise FallbackPossible(f"dependency snapshot unavailable ({e})") from e
+        return Prepared(path=self.prefix, target=self.prefix, env_var="BOOTSEER_ENV_PREFIX",
+                        attrs={"how": result.how, "key": result.key[:19]})
+
+    def fallback(self) -> Pipeline:
+        from bootseer.run.pipelines import PipInstall
+        return PipInstall(self.spec, self.prefix, self.python, self.index_urls)
+
+
+class StripedCheckpoint(Pipeline):
+    kind = "stripe"
+
+    def __init__(self, url: str, config: BootseerConfig, state: Path, target: str, *,
+                 rank: int | None = None, world: int | None = None):
+        self.url, self.config, self.state, self.target = url, config, state, target
+        self.rank, self.world = rank, world
+        self.handle = None
+
+    def prepare(self, timeline) -> Prepared:
+        from bootseer.ckpt.mount import mount_checkpoint
+        mp = self.state / "mnt"
+        mp.mkdir(parents=True, exist_ok=True)
+        self.handle = mount_checkpoint(self.url, str(mp), self.config, prefetch=True,
+                                       rank=self.rank, world=self.world)
+        return Prepared(path=str(mp), target=self.target, env_var="BOOTSEER_CKPT_DIR")
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.unmount()
+

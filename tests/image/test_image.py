@@ -1,0 +1,182 @@
+"""Images end to end: convert (OCI layout with whiteouts, real registry via skopeo),
+lazy mount, record -> profile -> prefetch, run in a container; faults."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from bootseer.config import BootseerConfig
+from bootseer.image import convert, profile as prof
+from bootseer.store import open_store
+from tests.conftest import need, is_root
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def tar_layer(members: list[tuple[str, bytes | None, str]]) -> bytes:
+    """members: (name, data or None for dir, kind 'f'|'d'|'l:target'|'h:target')."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data, kind in members:
+            ti = tarfile.TarInfo(name)
+            if kind == "d":
+                ti.type, ti.mode = tarfile.DIRTYPE, 0o755
+            elif kind.startswith("l:"):
+                ti.type, ti.linkname = tarfile.SYMTYPE, kind[2:]
+            elif kind.startswith("h:"):
+                ti.type, ti.linkname = tarfile.LNKTYPE, kind[2:]
+            else:
+                ti.size, ti.mode = len(data), 0o644
+            t.addfile(ti, io.BytesIO(data) if kind == "f" else None)
+    return buf.getvalue()
+
+
+def oci_layout(root, layers: list[bytes]):
+    blobs = root / "blobs/sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> dict:
+        h = hashlib.sha256(data).hexdigest()
+        (blobs / h).write_bytes(data)
+        return {"digest": f"sha256:{h}", "size": len(data)}
+    config = put(json.dumps({"architecture": "amd64", "os": "linux",
+                             "config": {"Env": ["PATH=/bin"]}}).encode())
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **put(l)}
+                           for l in layers]}
+    m = put(json.dumps(manifest).encode())
+    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **m}]}))
+    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    return root
+
+
+def test_flatten_whiteouts_opaque_links(tmp_path):
+    l1 = tar_layer([("etc", None, "d"), ("etc/a", b"A", "f"), ("etc/b", b"B", "f"),
+                    ("opt", None, "d"), ("opt/old", b"O", "f"), ("bin", None, "d"),
+                    ("bin/tool", b"T" * 3000, "f"), ("bin/hard", None, "h:bin/tool")])
+    l2 = tar_layer([("etc/.wh.a", b"", "f"), ("opt/.wh..wh..opq", b"", "f"),
+                    ("opt/new", b"N", "f"), ("etc/b", b"B2", "f"), ("bin/sh", None, "l:tool")])
+    layout = oci_layout(tmp_path / "img", [l1, l2])
+    store = open_store(str(tmp_path / "store"))
+    digest = convert.convert(str(layout), store)
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.reader import TreeReader
+    r = TreeReader(store, digest, Fetcher())
+    assert "/etc/a" not in r.entries and r.read("/etc/b", 10, 0) == b"B2"
+    assert "/opt/old" not in r.entries and r.read("/opt/new", 10, 0) == b"N"
+    assert r.entries["/bin/sh"]["target"] == "tool" and r.entries["/bin/hard"]["type"] == "h"
+    assert r.toc["meta"]["env"] == ["PATH=/bin"]
+    assert convert.resolve(str(layout), store) == digest
+
+
+def test_path_traversal_refused(tmp_path):
+    layout = oci_layout(tmp_path / "img", [tar_layer([("../../etc/evil", b"x", "f")])])
+    with pytest.raises(convert.ConvertError, match="escapes"):
+        convert.convert(str(layout), open_store(str(tmp_path / "store")))
+
+
+def test_malformed_layout_and_unknown_image(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad/index.json").write_text("{not json")
+    with pytest.raises(convert.ConvertError, match="not a readable OCI image layout"):
+        convert.convert(str(tmp_path / "bad"), open_store(str(tmp_path / "s")))
+    from bootseer.errors import BlobNotFound
+    with pytest.raises(BlobNotFound, match="bootseer image convert"):
+        convert.resolve("127.0.0.1:1/none:1", open_store(str(tmp_path / "s")))
+
+
+def test_profiles_merge_and_refuse_other_trees():
+    a = {"kind": "bootseer.profile", "tree": "t1", "runs": 1,
+         "chunks": [["c1", 0.1, 1, "/a", 10], ["c2", 0.5, 1, "/b", 10]]}
+    b = {"kind": "bootseer.profile", "tree": "t1", "runs": 1,
+         "chunks": [["c2", 0.3, 2, "/b", 10], ["c3", 0.9, 1, "/c", 10]]}
+    m = prof.merge([a, b], min_support=0.75)
+    assert [r[0] for r in m["chunks"]] == ["c2"] and m["runs"] == 2
+    m = prof.merge([a, b], byte_budget=20)
+    assert [r[0] for r in m["chunks"]] == ["c1", "c2"]
+    with pytest.raises(prof.ProfileError, match="different trees"):
+        prof.merge([a, {**b, "tree": "t2"}])
+    with pytest.raises(prof.ProfileError, match="another image"):
+        prof.check(a, "t2")
+
+
+@pytest.fixture
+def busybox_image(registry, busybox_rootfs, tmp_path):
+    need(is_root(), "containers need root")
+    from tests.run.test_baseline import push_busybox
+    (busybox_rootfs / "data").mkdir(exist_ok=True)
+    (busybox_rootfs / "data/payload.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    (busybox_rootfs / "data/cold.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    return push_busybox(registry, busybox_rootfs, tmp_path)
+
+
+def bootseer(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "bootseer", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})})
+
+
+def test_record_then_prefetch_through_bootseer_run(need_fuse, busybox_image, tmp_path):
+    store = str(tmp_path / "store")
+    r = bootseer("image", "convert", busybox_image, "--to", store)
+    assert r.returncode == 0, r.stderr
+    tree = r.stdout.strip()
+    assert convert.resolve(busybox_image, open_store(store)) == tree
+    env1 = {"BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache1")}
+    cmd = ["--", "sh", "-c", "cat /data/payload.bin > /dev/null; touch $BOOTSEER_READY_FILE; "
+                             "sleep 0.3; exit 6"]
+    r = bootseer("run", "--image", busybox_image, "--summary", str(tmp_path / "s1.json"), *cmd,
+                 env=env1)
+    assert r.returncode == 6, r.stderr
+    p = prof.latest(open_store(store), tree)
+    assert p is not None and sum(c[4] for c in p["chunks"]) >= 3 * 1024 * 1024
+    assert not any(c[3] == "/data/cold.bin" for c in p["chunks"])
+    # second start on a fresh node: prefetches the hot blocks
+    env2 = {"BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache2")}
+    r = bootseer("run", "--image", busybox_image, "--summary", str(tmp_path / "s2.json"), *cmd,
+                 env=env2)
+    assert r.returncode == 6, r.stderr
+    s2 = json.loads((tmp_path / "s2.json").read_text())
+    assert s2["phases"]["image.lazy"]["prefetch_chunks"] >= 3
+    # missing command: 127 with a clear message; nothing left mounted
+    r = bootseer("run", "--image", busybox_image, "--", "python3", "-c", "1", env=env2)
+    assert r.returncode == 127 and "not found in image" in r.stderr
+    assert not [l for l in open("/proc/mounts") if "bootseer-image" in l]
+
+
+def test_corrupt_chunk_is_eio_in_the_container(need_fuse, busybox_image, tmp_path):
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    tree = convert.convert(busybox_image, store)
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.reader import TreeReader
+    r = TreeReader(store, tree, Fetcher())
+    ref = r.entries["/data/payload.bin"]["chunks"][0]
+    pack = store.path(r.packs[ref[1]])
+    os.chmod(pack, 0o644)
+    with open(pack, "r+b") as f:
+        f.seek(ref[2] + 5)
+        b = f.read(1)
+        f.seek(ref[2] + 5)
+        f.write(bytes([b[0] ^ 0xFF]))
+    res = bootseer("run", "--image", tree, "--", "sh", "-c",
+                   "cat /data/payload.bin > /dev/null && exit 0 || exit 5",
+                   env={"BOOTSEER_STORE_URL": str(store_dir),
+                        "BOOTSEER_CACHE_DIR": str(tmp_path / "c")})
+    assert res.returncode == 5, res.stderr
+
+
+def test_unknown_image_is_refused_before_mounting(need_fuse, tmp_path):
+    r = bootseer("image", "mount", "sha256:" + "4" * 64, str(tmp_path),
+                 env={"BOOTSEER_STORE_URL": str(tmp_path / "s")})
+    assert r.returncode == 1 and "not found" in r.stderr
+    assert not os.path.ismount(tmp_path)
