@@ -1,0 +1,6 @@
+"""Striped checkpoint reads: a FUSE mount, a Python file API and a torch DCP reader over one
+engine (stripes in flight under one node-wide memory budget, growing read-ahead)."""
+
+from bootseer.ckpt.api import CkptFile, default_engine, open  # noqa: A004
+
+__all__ = ["CkptFile", "default_engine", "open"]

@@ -1,0 +1,73 @@
+"""``bootseer ckpt mount``: a remote checkpoint directory as a read-only FUSE view, so
+torch.load, safetensors and torch.distributed.checkpoint work unchanged on it."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from bootseer.config import BootseerConfig
+from bootseer.mount.view import Attr
+
+from bootseer.ckpt.engine import Engine
+
+
+def staging_dir(config: BootseerConfig) -> Path:
+    return Path(config.cache.dir).parent / "ckpt"
+
+
+class CkptView:
+    def __init__(self, engine: Engine, stats_path: str | None = None):
+        self.engine, self.stats_path = engine, stats_path
+        self.dirs = {"/"}
+        for p in engine.files:
+            parts = p.split("/")[1:-1]
+            for i in range(1, len(parts) + 1):
+                self.dirs.add("/" + "/".join(parts[:i]))
+
+    def getattr(self, path: str) -> Attr:
+        if path in self.dirs:
+            return Attr(mode=stat.S_IFDIR | 0o555, size=0, nlink=2)
+        f = self.engine.files.get(path)
+        if f is None:
+            raise FileNotFoundError(path)
+        return Attr(mode=stat.S_IFREG | 0o444, size=f.size)
+
+    def readdir(self, path: str) -> list[str]:
+        if path not in self.dirs:
+            raise NotADirectoryError(path)
+        prefix = path.rstrip("/") + "/"
+        names = {p[len(prefix):].split("/")[0] for p in [*self.engine.files, *self.dirs]
+                 if p.startswith(prefix) and p != path}
+        return sorted(names)
+
+    def readlink(self, path: str) -> str:
+        raise OSError(22, "not a symlink", path)
+
+    def read(self, path: str, size: int, offset: int) -> bytes:
+        return self.engine.file(path).pread(size, offset)
+
+    def close(self) -> None:
+        if self.stats_path:
+            Path(self.stats_path).write_text(json.dumps(self.engine.stats(), default=str))
+        self.engine.close()
+
+
+def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefetch: bool = True,
+                     mode: str = "striped", rank: int | None = None, world: int | None = None,
+                     stats_path: str | None = None, memory_budget: int = 1 << 30):
+    """Serve ``url`` at ``mountpoint``; with ``prefetch`` stream every file into the node's
+    staging area right away (the plan: small files first, so DCP's .metadata and
+    safetensors headers land first). Listing errors surface here, before mounting."""
+    from bootseer.ckpt.remote import list_files
+    from bootseer.mount.fuse import mount
+    list_files(url)  # a wrong URL or a dead server fails here, clearly
+
+    def factory():
+        engine = Engine(url, fetch=config.fetch, staging=staging_dir(config),
+                        memory_budget=memory_budget, mode=mode)
+        if prefetch and mode == "striped":
+            engine.prefetch()
+        return CkptView(engine, stats_path)
+    return mount(factory, mountpoint, name="bootseer-ckpt")
