@@ -125,11 +125,33 @@ class TraceConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CkptConfig:
+    stripe_bytes: int = 8 * 1024**2
+    """Checkpoint files are fetched in stripes of this many bytes."""
+    memory_budget_bytes: int = 2 * 1024**3
+    """Bytes of stripes held in memory by one process, all open files together."""
+    max_stripes_in_flight: int = 32
+    """Stripe requests in flight per process, all files together."""
+    per_host: int = 16
+    """Concurrent connections to one storage host."""
+    readahead_max_bytes: int = 256 * 1024**2
+    """Largest read-ahead window of one sequential cursor."""
+    hedge_factor: float = 3.0
+    """A stripe slower than this multiple of the median is re-issued (where replicas exist)."""
+
+    def __post_init__(self) -> None:
+        for name in ("stripe_bytes", "memory_budget_bytes", "max_stripes_in_flight", "per_host"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ckpt.{name}", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BootseerConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     fetch: FetchConfig = field(default_factory=FetchConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    ckpt: CkptConfig = field(default_factory=CkptConfig)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
