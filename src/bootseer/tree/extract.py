@@ -67,6 +67,6 @@ def extract(reader: TreeReader, dest: str | Path, *, progress=None, chown: bool 
     for target, e in reversed(dirs):  # after the files: modes may remove write permission
         if chown:
             os.lchown(target, e["uid"], e["gid"])
-        os.chmod(target, e["mode"] & (~0o222 if readonly else 0o7777))
+        os.chmod(target, e["mode"] & 0o7777)   # read-only applies to files
         os.utime(target, (e["mtime"], e["mtime"]))
     return total

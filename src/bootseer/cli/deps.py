@@ -1,0 +1,98 @@
+"""``bootseer deps``: dependency snapshots."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("deps", help="dependency snapshots: build once, restore everywhere")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    v = verbs.add_parser("ensure", help="make PREFIX hold SPEC's environment (warm, restore, or build once)")
+    v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
+    v.add_argument("--prefix", required=True, help="where the environment lives (same on every node)")
+    v.add_argument("--python", help="interpreter (default: this one)")
+    v.add_argument("--index-url", action="append", default=[], metavar="URL")
+    v.add_argument("--key", help="key from 'bootseer deps key' (skips resolving on a warm node)")
+    v.add_argument("--store", metavar="URL")
+    v.add_argument("--wait", type=float, default=600.0, help="seconds to wait for another builder")
+    v.set_defaults(func=_ensure)
+    v = verbs.add_parser("key", help="resolve SPEC and print the environment key")
+    v.add_argument("spec")
+    v.add_argument("--prefix", required=True)
+    v.add_argument("--python")
+    v.add_argument("--index-url", action="append", default=[], metavar="URL")
+    v.set_defaults(func=_key)
+    v = verbs.add_parser("ls", help="environments published in the store")
+    v.add_argument("--store", metavar="URL")
+    v.set_defaults(func=_ls)
+    v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
+    v.add_argument("prefix")
+    v.add_argument("--store", metavar="URL")
+    v.set_defaults(func=_verify)
+
+
+def _config(url):
+    from bootseer.config import BootseerConfig
+    return BootseerConfig.from_env(overrides={"store": {"url": url}})
+
+
+def _ensure(args) -> int:
+    from bootseer.deps.ensure import ensure
+    r = ensure(args.spec, args.prefix, python=args.python, index_urls=args.index_url,
+               key=args.key, config=_config(args.store), wait_s=args.wait)
+    print(f"{r.how} {r.key} {r.prefix}")
+    return 0
+
+
+def _key(args) -> int:
+    import os
+    from bootseer.deps.resolve import resolve_key
+    print(resolve_key(args.spec, os.path.abspath(args.prefix), args.python or sys.executable,
+                      args.index_url).key)
+    return 0
+
+
+def _ls(args) -> int:
+    from bootseer.store import open_store
+    store = open_store(args.store, _config(args.store))
+    for name in store.list_refs("deps/env/"):
+        m = json.loads(store.read(store.get_ref(name)))
+        print(f"sha256:{name.rsplit('/', 1)[1]}\t{m['prefix']}\t{m['tree']}")
+    return 0
+
+
+def _verify(args) -> int:
+    import hashlib
+    import os
+    from bootseer.deps.ensure import read_marker
+    from bootseer.errors import BootseerError
+    from bootseer.store import open_store
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.reader import load_toc
+    m = read_marker(args.prefix)
+    if not m or not m.get("tree"):
+        raise BootseerError(f"{args.prefix} is not a restored bootseer environment")
+    store = open_store(args.store, _config(args.store))
+    with Fetcher() as f:
+        toc = load_toc(store, m["tree"], f)
+    bad = 0
+    for e in toc["entries"]:
+        if e["type"] != "f":
+            continue
+        path = os.path.join(args.prefix, e["path"].lstrip("/"))
+        try:
+            data = open(path, "rb").read()
+        except OSError:
+            print(f"missing {e['path']}")
+            bad += 1
+            continue
+        cs = toc["chunk_size"]
+        for i, c in enumerate(e["chunks"]):
+            if "sha256:" + hashlib.sha256(data[i * cs:(i + 1) * cs]).hexdigest() != c[0]:
+                print(f"modified {e['path']}")
+                bad += 1
+                break
+    print(f"{'OK' if not bad else 'FAILED'}: {bad} problem(s)")
+    return 1 if bad else 0

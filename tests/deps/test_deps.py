@@ -1,0 +1,140 @@
+"""Dependency snapshots against a real package index (nginx) and real uv: build once,
+restore elsewhere, warm nodes, one builder, and the faults."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bootseer.config import BootseerConfig
+from bootseer.demo.assets import write_simple_index
+from bootseer.deps import ensure as E
+from bootseer.deps.resolve import DepsError
+from tests.run.test_baseline import make_wheel
+
+pytestmark = pytest.mark.timeout(240)
+PY = sys.executable
+
+
+@pytest.fixture
+def index(nginx_factory, tmp_path):
+    root = tmp_path / "index"
+    (root / "wheels").mkdir(parents=True)
+    make_wheel(root / "wheels", "bsdeps_one", "1.0", "X = 1\n")
+    make_wheel(root / "wheels", "bsdeps_two", "2.0", "Y = 2\n")
+    write_simple_index(root)
+    server = nginx_factory(root)
+    spec = tmp_path / "requirements.txt"
+    spec.write_text("bsdeps-one==1.0\nbsdeps-two==2.0\n")
+    return [f"{server.url}/simple"], spec
+
+
+def cfg(tmp_path, node: str) -> BootseerConfig:
+    return BootseerConfig.from_env(overrides={
+        "store": {"url": str(tmp_path / "store")},
+        "cache": {"dir": str(tmp_path / node / "cache")}})
+
+
+def imports(prefix) -> str:
+    return subprocess.run([f"{prefix}/bin/python", "-c", "import bsdeps_one, bsdeps_two; "
+                           "print(bsdeps_one.X + bsdeps_two.Y)"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_build_once_restore_warm(index, tmp_path):
+    urls, spec = index
+    prefix = str(tmp_path / "envs/train")
+    r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    assert r.how == "built" and imports(prefix) == "3"
+    assert E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"),
+                    key=r.key).how == "warm"
+    E._rmtree(prefix)                      # a fresh node: same prefix, empty cache
+    r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"))
+    assert r2.how == "restored" and r2.key == r.key and imports(prefix) == "3"
+    mode = os.stat(f"{prefix}/lib/python3.11/site-packages/bsdeps_one/__init__.py").st_mode
+    assert not mode & 0o222                 # restored files are read-only
+    out = subprocess.run([PY, "-m", "bootseer", "deps", "verify", prefix, "--store",
+                          str(tmp_path / "store")], capture_output=True, text=True)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
+
+
+def _ensure_proc(spec, prefix, urls, store, cache, out):
+    config = BootseerConfig.from_env(overrides={"store": {"url": store}, "cache": {"dir": cache}})
+    r = E.ensure(spec, prefix, python=PY, index_urls=urls, config=config)
+    with open(out, "w") as f:
+        f.write(r.how)
+
+
+def test_two_ensures_on_one_node_build_once(index, tmp_path):
+    urls, spec = index
+    prefix = str(tmp_path / "env")
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_ensure_proc, args=(str(spec), prefix, urls, str(tmp_path / "store"),
+                                                   str(tmp_path / "c"), str(tmp_path / f"out{i}")))
+             for i in range(2)]
+    [p.start() for p in procs]
+    [p.join(200) for p in procs]
+    hows = sorted((tmp_path / f"out{i}").read_text() for i in range(2))
+    assert hows == ["built", "warm"]
+
+
+def test_faults_unresolvable_editable_foreign(index, tmp_path):
+    urls, spec = index
+    bad = tmp_path / "bad.txt"
+    bad.write_text("bsdeps-one==9.9\n")
+    with pytest.raises(DepsError, match="resolving"):
+        E.ensure(str(bad), str(tmp_path / "e1"), python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    assert not (tmp_path / "e1").exists()
+    ed = tmp_path / "requirements.txt"
+    ed.write_text("-e ./src/mypkg\n")
+    with pytest.raises(DepsError, match="editable"):
+        E.ensure(str(ed), str(tmp_path / "e2"), python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep")
+    spec.write_text("bsdeps-one==1.0\n")
+    with pytest.raises(DepsError, match="not made by bootseer"):
+        E.ensure(str(spec), str(foreign), python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    assert (foreign / "precious.txt").read_text() == "keep"
+
+
+def test_corrupt_snapshot_installs_instead(index, tmp_path):
+    urls, spec = index
+    prefix = str(tmp_path / "env")
+    E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    E._rmtree(prefix)
+    from bootseer.store import open_store
+    store = open_store(str(tmp_path / "store"))
+    for d in store.list():  # corrupt every pack blob (big ones), keep manifests/TOCs
+        p = store.path(d)
+        if p.stat().st_size > 1000:
+            os.chmod(p, 0o644)
+            data = bytearray(p.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            p.write_bytes(bytes(data))
+    r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"))
+    assert r.how == "installed" and imports(prefix) == "3"
+    assert not [p for p in os.listdir(tmp_path) if ".restoring-" in p]
+
+
+def test_expired_lease_is_taken_over(index, tmp_path):
+    urls, spec = index
+    from bootseer.deps.resolve import resolve_key
+    from bootseer.store import open_store
+    prefix = str(tmp_path / "env")
+    key = resolve_key(str(spec), prefix, PY, urls).key
+    store = open_store(str(tmp_path / "store"))
+    dead = E.Lease(store, key, ttl=0.5)     # a builder that died holding the lease
+    assert dead.acquire()
+    dead._stop.set()
+    import time
+    time.sleep(0.8)
+    r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"),
+                 lease_ttl_s=5)
+    assert r.how == "built"
