@@ -116,13 +116,33 @@ class RemoteDirView:
                 self._list("")
             return Attr(mode=DIR_MODE, size=0, mtime=time.time(), nlink=2)
         parent, _, name = rel.rpartition("/")
-        a = self._list(parent).get(name)
+        entries = self._list(parent)
+        a = entries.get(name)
+        if a is None and self.http and name.startswith("."):
+            a = self._probe(rel)
+            with self._lock:
+                entries[name] = a  # negative entries too: one probe per name
         if a is None:
             raise FileNotFoundError(path)
         return a
 
+    def _probe(self, rel: str) -> Attr | None:
+        """nginx's autoindex hides dot files (DCP's ``.metadata``): ask for them by name."""
+        from bootseer.store.http import request
+        status, h, _ = request("HEAD", self._url(rel))
+        if status != 200:
+            return None
+        return Attr(mode=FILE_MODE, size=int(h.get("content-length", 0)),
+                    mtime=http_date(h.get("last-modified")) or 0.0)
+
     def readdir(self, path: str) -> list[str]:
-        return list(self._list(clean(path)))
+        rel = clean(path)
+        if self.http:  # show DCP's hidden .metadata too when it is there
+            try:
+                self.getattr(f"/{rel}/.metadata" if rel else "/.metadata")
+            except FileNotFoundError:
+                pass
+        return [n for n, a in self._list(rel).items() if a is not None]
 
     def readlink(self, path: str) -> str:
         raise OSError(22, "not a symlink", path)
