@@ -1,8 +1,21 @@
-"""``bootseer store``: look at and edit a store by hand (debugging, publishing)."""
+"""``bootseer store``: look at and edit a store by hand (debugging, publishing).
+
+    bootseer store [--store URL] put FILE|- [--ref NAME]    prints the digest
+    bootseer store get DIGEST [-o FILE]                     streamed, verified
+    bootseer store cat DIGEST                               to standard output
+    bootseer store stat DIGEST                              digest and size in bytes
+    bootseer store ls                                       blob digests
+    bootseer store ls --refs [PREFIX]                       refs and their digests
+    bootseer store ref get NAME | set NAME DIGEST [--exclusive] | rm NAME
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+
+_PART = 8 * 1024**2
+"""Bytes per read when streaming a blob out."""
 
 
 def register(sub) -> None:
@@ -15,25 +28,35 @@ def register(sub) -> None:
     v.add_argument("file", help="path, or - for standard input")
     v.add_argument("--ref", help="also point this ref name at it")
     v.set_defaults(func=_put)
-    v = verbs.add_parser("get", help="write a blob (verified) to a file or stdout")
+    v = verbs.add_parser("get", help="write a blob (streamed, verified) to a file or stdout")
     v.add_argument("digest")
-    v.add_argument("-o", "--output", help="file (default: standard output)")
+    v.add_argument("-o", "--output", help="file (default: standard output); written only if "
+                                          "the blob verifies")
     v.set_defaults(func=_get)
-    v = verbs.add_parser("cat", help="same as get to standard output")
+    v = verbs.add_parser("cat", help="a blob to standard output (verified)")
     v.add_argument("digest")
     v.set_defaults(func=_get, output=None)
-    v = verbs.add_parser("stat", help="size of a blob")
+    v = verbs.add_parser("stat", help="digest and size (bytes) of a blob")
     v.add_argument("digest")
     v.set_defaults(func=_stat)
     v = verbs.add_parser("ls", help="list blobs (or refs with --refs)")
     v.add_argument("--refs", action="store_true", help="list refs and their digests")
-    v.add_argument("--prefix", default="", help="only refs starting with this")
+    v.add_argument("prefix", nargs="?", default=None, help="with --refs: only refs starting "
+                                                           "with this")
+    v.add_argument("--prefix", dest="prefix_opt", default="", help=argparse_suppress())
     v.set_defaults(func=_ls)
-    v = verbs.add_parser("ref", help="show or set a ref")
-    v.add_argument("name")
-    v.add_argument("digest", nargs="?", help="set the ref to this digest")
-    v.add_argument("--delete", action="store_true", help="delete the ref")
+    v = verbs.add_parser("ref", help="ref get NAME | ref set NAME DIGEST [--exclusive] | "
+                                     "ref rm NAME")
+    v.add_argument("words", nargs="+", metavar="get|set|rm NAME [DIGEST]")
+    v.add_argument("--exclusive", action="store_true",
+                   help="set only if the ref does not exist (exit 3 if it does)")
+    v.add_argument("--delete", action="store_true", help=argparse_suppress())
     v.set_defaults(func=_ref)
+
+
+def argparse_suppress():
+    import argparse
+    return argparse.SUPPRESS
 
 
 def _open(args):
@@ -42,11 +65,25 @@ def _open(args):
 
 
 def _put(args) -> int:
-    from bootseer.store.digest import sha256_digest
-    data = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
-    digest = sha256_digest(data)
+    from bootseer.errors import StoreError
+    from bootseer.store.digest import file_digest
     store = _open(args)
-    store.write(digest, data)
+    if args.file == "-":
+        # stdin cannot be read twice: spool it to a temp file (bounded memory)
+        import tempfile
+        f = tempfile.TemporaryFile()
+        while chunk := sys.stdin.buffer.read(1 << 20):
+            f.write(chunk)
+        f.seek(0)
+    else:
+        try:
+            f = open(args.file, "rb")
+        except OSError as e:
+            raise StoreError(f"cannot read {args.file}: {e.strerror}") from e
+    with f:
+        digest, size = file_digest(f)
+        f.seek(0)
+        store.write(digest, f, size)
     if args.ref:
         store.set_ref(args.ref, digest)
     print(digest)
@@ -54,15 +91,41 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
-    from bootseer.store.digest import parse, verify
+    import hashlib
+
+    from bootseer.errors import DigestMismatch, StoreError
+    from bootseer.store.digest import parse
     store = _open(args)
-    data = store.read(parse(args.digest))
-    verify(args.digest, data, source=store.url)
+    digest = parse(args.digest)
+    size = store.stat(digest)
+    h = hashlib.sha256()
+    tmp = None
     if args.output:
-        with open(args.output, "wb") as f:
-            f.write(data)
+        tmp = f"{args.output}.part-{os.getpid()}"
+        try:
+            out = open(tmp, "wb")
+        except OSError as e:
+            raise StoreError(f"cannot write {args.output}: {e.strerror}") from e
     else:
-        sys.stdout.buffer.write(data)
+        out = sys.stdout.buffer
+    try:
+        for start in range(0, max(size, 1), _PART):
+            data = store.read(digest, start, min(start + _PART, size)) if size else b""
+            h.update(data)
+            out.write(data)
+        actual = "sha256:" + h.hexdigest()
+        if actual != digest:
+            raise DigestMismatch(f"blob {digest} from {store.url} is corrupt: its bytes hash to "
+                                 f"{actual}" + (f" ({args.output} not written)" if tmp else ""),
+                                 digest=digest, url=store.url)
+        if tmp:
+            out.close()
+            os.replace(tmp, args.output)
+            tmp = None
+    finally:
+        if tmp:
+            out.close()
+            os.unlink(tmp)
     return 0
 
 
@@ -75,7 +138,7 @@ def _stat(args) -> int:
 def _ls(args) -> int:
     store = _open(args)
     if args.refs:
-        for name in store.list_refs(args.prefix):
+        for name in store.list_refs(args.prefix or args.prefix_opt):
             print(f"{name}\t{store.get_ref(name)}")
     else:
         for d in store.list():
@@ -84,16 +147,34 @@ def _ls(args) -> int:
 
 
 def _ref(args) -> int:
-    from bootseer.errors import BlobNotFound
+    from bootseer.errors import BlobNotFound, StoreError
+    from bootseer.store.digest import parse
+    words = args.words
+    verb = words[0] if words[0] in ("get", "set", "rm") and len(words) > 1 else None
+    if verb is None:  # older spelling: ref NAME [DIGEST] [--delete]
+        verb = "rm" if args.delete else ("set" if len(words) == 2 else "get")
+        words = [verb, *words]
+    expected = {"get": 2, "rm": 2, "set": 3}[verb]
+    if len(words) != expected:
+        raise StoreError(f"usage: bootseer store ref {verb} NAME" + (" DIGEST" if verb == "set"
+                                                                     else ""))
     store = _open(args)
-    if args.delete:
-        store.delete_ref(args.name)
+    name = words[1]
+    if verb == "rm":
+        store.delete_ref(name)
         return 0
-    if args.digest:
-        store.set_ref(args.name, args.digest)
+    if verb == "set":
+        digest = parse(words[2])
+        if not store.exists(digest):
+            raise BlobNotFound(f"cannot point ref {name} at {digest}: no such blob in "
+                               f"{store.url} (put it first)", digest=digest, url=store.url)
+        if not store.set_ref(name, digest, exclusive=args.exclusive):
+            print(f"bootseer: ref {name} already exists in {store.url}: "
+                  f"{store.get_ref(name)}", file=sys.stderr)
+            return 3
         return 0
-    digest = store.get_ref(args.name)
+    digest = store.get_ref(name)
     if digest is None:
-        raise BlobNotFound(f"no ref {args.name!r} in {store.url}")
+        raise BlobNotFound(f"no ref {name!r} in {store.url}", url=store.url)
     print(digest)
     return 0

@@ -102,10 +102,13 @@ def registry_available() -> bool:
 
 def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: int | None = None,
                 limit_rate: str | None = None, autoindex: bool = True,
-                netns: str | None = None, workers: int = 2) -> Server:
+                netns: str | None = None, workers: int = 2,
+                extra_locations: str = "") -> Server:
     """Serve ``root`` read-only over HTTP/1.1 with range support and a JSON listing.
 
     ``limit_rate`` (e.g. ``"15m"`` bytes/s) caps each connection: one storage node's stream.
+    ``extra_locations`` is nginx config put inside the ``server`` block, e.g.
+    ``"location /err500/ { return 500; }"`` (fault tests).
     """
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     workdir = Path(workdir)
@@ -142,6 +145,7 @@ http {{
         root {Path(root).resolve()};
         {rate}
         location / {{ {index} }}
+        {extra_locations}
     }}
 }}
 """)

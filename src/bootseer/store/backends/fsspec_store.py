@@ -1,81 +1,122 @@
-"""The store layout on any fsspec filesystem: ``s3://``, ``hdfs://``, ``webhdfs://``,
-``gs://``, ``memory://``... Writes go to a temporary name and are then moved (atomic
-where the filesystem is; S3 copies). HDFS has no package on test machines: it is reached
-only through fsspec (``pyarrow`` for ``hdfs://``, plain HTTP for ``webhdfs://``) and tested
-at the fsspec boundary with the ``memory://`` filesystem."""
+"""The store layout on any fsspec filesystem: ``s3://``, ``gs://``, ``hdfs://``,
+``webhdfs://``, ``memory://`` (and ``file://`` when forced with ``fsspec+file://``).
+
+The filesystem comes from ``fsspec.core.url_to_fs``; range reads are
+``fs.cat_file(path, start, end)``. Writes stream into a temporary name next to the blob
+while hashing, and are moved into place with ``fs.mv`` only when the digest matches (on
+object stores the move is a copy: a reader never sees a partial blob under the final name).
+
+HDFS has no package on Debian test machines: it is reached only through fsspec
+(``hdfs://`` via pyarrow's ``HadoopFileSystem``, ``webhdfs://`` via plain HTTP) and is
+tested at the fsspec boundary: ``memory://`` and a small ``AbstractFileSystem`` registered
+under the ``hdfs`` protocol in the tests, so ``hdfs://`` URLs go through this code.
+
+Create-if-absent refs are check-then-write here (object stores have no atomic create).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import io
+import urllib.parse
 import uuid
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from bootseer.errors import BlobNotFound, DigestMismatch, FetchError, RangeError, StoreError
+from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, hex_of, parse
+
+_STREAM_CHUNK = 8 * 1024**2
 
 
 class FsspecBackend:
     writable = True
 
     def __init__(self, url: str, **storage_options):
+        """``url``: an fsspec URL of the store root; ``storage_options`` go to fsspec."""
         import fsspec
-        try:
-            self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
-        except (ImportError, ValueError) as e:
-            raise StoreError(f"cannot open store {url}: {e} (is the fsspec driver for this "
-                             f"scheme installed? e.g. pip install 'bootseer[s3]')", url=url) from e
+        self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.root = root.rstrip("/")
-        self.url = url.split("@")[-1] if "@" in url.split("://", 1)[-1].split("/")[0] else url
-        self.host = url.split("://", 1)[-1].split("/")[0] or url.split("://")[0]
+        u = urllib.parse.urlsplit(url)
+        netloc = (u.hostname or "") + (f":{u.port}" if u.port else "")
+        self.url = urllib.parse.urlunsplit((u.scheme, netloc, u.path, "", ""))
+        self.host = netloc or u.scheme
+
+    def __repr__(self) -> str:
+        return f"FsspecBackend({self.url!r})"
 
     def _blob(self, digest: Digest) -> str:
         h = hex_of(digest)
         return f"{self.root}/blobs/sha256/{h[:2]}/{h}"
 
     def _ref(self, name: str) -> str:
-        from bootseer.store.backends.local import _check_ref_name
-        return f"{self.root}/refs/{_check_ref_name(name)}"
+        return f"{self.root}/refs/{check_ref_name(name, url=self.url)}"
+
+    def _not_found(self, digest: Digest) -> BlobNotFound:
+        return BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest, url=self.url)
 
     def stat(self, digest: Digest) -> int:
+        path = self._blob(digest)
         try:
-            return int(self.fs.size(self._blob(digest)))
+            return int(self.fs.size(path))
         except FileNotFoundError:
-            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
-                               url=self.url) from None
+            raise self._not_found(digest) from None
+        except OSError as e:
+            raise FetchError(f"stat of {digest} in {self.url}: {e}", digest=digest,
+                             url=self.url) from e
 
     def exists(self, digest: Digest) -> bool:
         return bool(self.fs.exists(self._blob(digest)))
 
     def read(self, digest: Digest, start: int = 0, end: int | None = None) -> bytes:
         size = self.stat(digest)
-        if start > size:
-            raise RangeError(f"range {start}-{end} outside blob {digest} of {size} bytes",
-                             digest=digest, url=self.url, offset=start)
+        if start > size or (start == size and size > 0 and end != start):
+            raise RangeError(f"range [{start}, {end}) is outside blob {digest} of {size} bytes "
+                             f"in {self.url}", digest=digest, url=self.url, offset=start)
         end = size if end is None else min(end, size)
+        if end <= start:
+            return b""
         try:
             return bytes(self.fs.cat_file(self._blob(digest), start=start, end=end))
         except FileNotFoundError:
-            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
-                               url=self.url) from None
+            raise self._not_found(digest) from None
         except OSError as e:
-            raise FetchError(f"reading {digest} from {self.url}: {e}", digest=digest,
-                             url=self.url) from e
+            raise FetchError(f"reading {digest} [{start}, {end}) from {self.url}: {e}",
+                             digest=digest, url=self.url, offset=start) from e
 
-    def write(self, digest: Digest, data, size: int | None = None) -> bool:
+    def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
+        """Stream ``data`` to a temp name while hashing; move into place if it matches."""
         parse(digest)
         if self.exists(digest):
             return False
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            data = data.read()
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
-        if actual != digest:
-            raise DigestMismatch(f"refusing to store {digest}: the bytes hash to {actual}",
-                                 digest=digest, url=self.url)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = io.BytesIO(data)
         final = self._blob(digest)
-        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-        self.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe_file(tmp, bytes(data))
-        self.fs.mv(tmp, final)
+        tmp = f"{final.rsplit('/', 1)[0]}/.tmp-{uuid.uuid4().hex}"
+        h = hashlib.sha256()
+        n = 0
+        try:
+            self.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
+            with self.fs.open(tmp, "wb") as out:
+                while chunk := data.read(_STREAM_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    n += len(chunk)
+            actual = "sha256:" + h.hexdigest()
+            if actual != digest or (size is not None and n != size):
+                raise DigestMismatch(f"refusing to store {digest} in {self.url}: the {n} bytes "
+                                     f"hash to {actual}", digest=digest, url=self.url)
+            self.fs.mv(tmp, final)
+        except BaseException as e:
+            try:
+                if self.fs.exists(tmp):
+                    self.fs.rm_file(tmp)
+            except OSError:
+                pass
+            if isinstance(e, OSError) and not isinstance(e, StoreError):
+                raise StoreError(f"cannot write blob {digest} to {self.url}: {e}",
+                                 digest=digest, url=self.url) from e
+            raise
         return True
 
     def list(self) -> Iterator[Digest]:
@@ -85,14 +126,15 @@ class FsspecBackend:
             return
         for p in paths:
             name = p.rsplit("/", 1)[-1]
-            if len(name) == 64 and ".tmp-" not in name:
+            if len(name) == 64 and not name.startswith("."):
                 yield "sha256:" + name
 
     def get_ref(self, name: str) -> Digest | None:
         try:
-            return parse(self.fs.cat_file(self._ref(name)).decode().strip())
+            text = self.fs.cat_file(self._ref(name)).decode(errors="replace").strip()
         except FileNotFoundError:
             return None
+        return parse(text)
 
     def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
         parse(digest)
@@ -115,10 +157,12 @@ class FsspecBackend:
             paths = self.fs.find(base)
         except FileNotFoundError:
             return
-        for p in sorted(paths):
-            name = p[len(base):] if p.startswith(base) else p.split("/refs/", 1)[-1]
-            if name.startswith(prefix):
-                yield name
+        names = []
+        for p in paths:
+            name = p.split("/refs/", 1)[-1] if not p.startswith(base) else p[len(base):]
+            if name.startswith(prefix) and not name.rsplit("/", 1)[-1].startswith("."):
+                names.append(name)
+        yield from sorted(names)
 
     def close(self) -> None:
         pass

@@ -1,5 +1,12 @@
 """Read-only store over HTTP(S): the local-directory layout served by any web server
-(nginx here). Fast path for many nodes reading one published store."""
+(nginx here), the fast path for many nodes reading one published store.
+
+Reads are range GETs on pooled keep-alive connections (:mod:`bootseer.store.http`).
+``list()`` and ``list_refs()`` read nginx's JSON autoindex (``autoindex on;
+autoindex_format json;``); other servers can serve blobs but not listings.
+Credentials in the URL (``http://user:pw@host/store``) become basic auth and never
+appear in ``url``, errors or logs.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,9 @@ import json
 import urllib.parse
 from typing import Iterator
 
-from bootseer.errors import BlobNotFound, ReadOnlyStore
+from bootseer.errors import BlobNotFound, FetchError, ReadOnlyStore, StoreError
 from bootseer.store import http
+from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, hex_of, parse
 
 
@@ -16,24 +24,37 @@ class HttpBackend:
     writable = False
 
     def __init__(self, url: str, timeout: float = 30.0):
+        """``url``: base URL of the served store directory; ``timeout``: socket timeout
+        of one request, seconds."""
         self.base = url.rstrip("/")
-        self.url = http._safe(self.base)
-        self.host = urllib.parse.urlsplit(url).netloc
+        self.url = http.safe_url(self.base)
+        u = urllib.parse.urlsplit(url)
+        self.host = f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
         self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"HttpBackend({self.url!r})"
 
     def _blob_url(self, digest: Digest) -> str:
         h = hex_of(digest)
         return f"{self.base}/blobs/sha256/{h[:2]}/{h}"
 
+    def _fail(self, e: FetchError, what: str, digest: Digest | None = None) -> FetchError:
+        return FetchError(f"{what} at {self.url} failed: {e}", digest=digest, url=e.url or self.url,
+                          offset=e.offset)
+
     def stat(self, digest: Digest) -> int:
-        status, headers, _ = http.request("HEAD", self._blob_url(digest), timeout=self.timeout)
+        try:
+            status, headers, _ = http.request("HEAD", self._blob_url(digest),
+                                              timeout=self.timeout)
+        except FetchError as e:
+            raise self._fail(e, f"stat of blob {digest}", digest) from e
         if status == 404:
             raise BlobNotFound(f"blob {digest} not found at {self.url}", digest=digest,
                                url=self.url)
-        if status != 200:
-            from bootseer.errors import FetchError
-            raise FetchError(f"HEAD of {digest} at {self.url}: HTTP {status}", digest=digest,
-                             url=self.url)
+        if status != 200 or "content-length" not in headers:
+            raise FetchError(f"HEAD of blob {digest} at {self.url}: HTTP {status}",
+                             digest=digest, url=self.url)
         return int(headers["content-length"])
 
     def exists(self, digest: Digest) -> bool:
@@ -50,50 +71,78 @@ class HttpBackend:
         except BlobNotFound:
             raise BlobNotFound(f"blob {digest} not found at {self.url}", digest=digest,
                                url=self.url) from None
+        except FetchError as e:
+            if e.digest:
+                raise
+            raise FetchError(f"reading blob {digest} [{start}, {end}): {e}", digest=digest,
+                             url=e.url or self.url, offset=start) from e
+
+    def read_into(self, digest: Digest, start: int, buf) -> int:
+        """Fill ``buf`` (a writable buffer) with the blob's bytes from ``start``."""
+        try:
+            return http.get_range_into(self._blob_url(digest), start, buf,
+                                       timeout=self.timeout, digest=digest)
+        except FetchError as e:
+            if e.digest:
+                raise
+            raise FetchError(f"reading blob {digest} at {start}: {e}", digest=digest,
+                             url=e.url or self.url, offset=start) from e
 
     def write(self, digest, data, size=None) -> bool:
         raise ReadOnlyStore(f"{self.url} is a read-only HTTP store: write blobs to the "
-                            f"directory it serves", url=self.url, digest=digest)
+                            f"directory it serves (or use an oci:// or fsspec store)",
+                            url=self.url, digest=digest)
 
     def _listing(self, path: str) -> list[dict]:
-        status, _, body = http.request("GET", f"{self.base}/{path}", timeout=self.timeout)
+        status, headers, body = http.request("GET", f"{self.base}/{path}", timeout=self.timeout)
+        if status == 404:
+            return []
         if status != 200:
-            return []
+            raise FetchError(f"listing {path} of {self.url}: HTTP {status}", url=self.url)
         try:
-            return json.loads(body)
+            entries = json.loads(body)
+            if not isinstance(entries, list):
+                raise ValueError("not a list")
         except ValueError:
-            return []
+            raise StoreError(f"{self.url}/{path} is not a JSON directory listing: serve the "
+                             f"store with nginx 'autoindex on; autoindex_format json;'",
+                             url=self.url) from None
+        return entries
 
     def list(self) -> Iterator[Digest]:
         for d in self._listing("blobs/sha256/"):
             if d.get("type") == "directory":
                 for f in self._listing(f"blobs/sha256/{d['name']}/"):
-                    if f.get("type") == "file":
+                    if f.get("type") == "file" and not f["name"].startswith("."):
                         yield "sha256:" + f["name"]
 
     def get_ref(self, name: str) -> Digest | None:
+        check_ref_name(name, url=self.url)
         status, _, body = http.request("GET", f"{self.base}/refs/{name}", timeout=self.timeout)
         if status == 404:
             return None
         if status != 200:
-            from bootseer.errors import FetchError
             raise FetchError(f"ref {name} at {self.url}: HTTP {status}", url=self.url)
-        return parse(body.decode().strip())
+        return parse(body.decode(errors="replace").strip())
 
     def set_ref(self, name, digest, *, exclusive=False) -> bool:
-        raise ReadOnlyStore(f"{self.url} is a read-only HTTP store", url=self.url)
+        raise ReadOnlyStore(f"{self.url} is a read-only HTTP store: set refs in the directory "
+                            f"it serves", url=self.url)
 
     def delete_ref(self, name) -> None:
-        raise ReadOnlyStore(f"{self.url} is a read-only HTTP store", url=self.url)
+        raise ReadOnlyStore(f"{self.url} is a read-only HTTP store: delete refs in the "
+                            f"directory it serves", url=self.url)
 
     def list_refs(self, prefix: str = "") -> Iterator[str]:
         def walk(path: str):
             for e in self._listing(f"refs/{path}"):
+                if e.get("name", "").startswith("."):
+                    continue
                 if e.get("type") == "directory":
                     yield from walk(f"{path}{e['name']}/")
                 else:
                     yield f"{path}{e['name']}"
-        return (n for n in walk("") if n.startswith(prefix))
+        return (n for n in sorted(walk("")) if n.startswith(prefix))
 
     def close(self) -> None:
         pass

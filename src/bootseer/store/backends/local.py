@@ -18,14 +18,12 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from bootseer.errors import BlobNotFound, DigestMismatch, RangeError, StoreError
+from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, hex_of, parse
 
 
-def _check_ref_name(name: str) -> str:
-    parts = name.split("/")
-    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise StoreError(f"invalid ref name {name!r}: use a/b/c without '.', '..' or '//'")
-    return name
+def _check_ref_name(name: str) -> str:  # older name, kept for callers
+    return check_ref_name(name)
 
 
 class LocalBackend:
@@ -33,6 +31,7 @@ class LocalBackend:
     writable = True
 
     def __init__(self, root: str | os.PathLike):
+        """Open (creating if needed) the store in directory ``root``."""
         self.root = Path(root)
         self.url = str(self.root)
         try:
@@ -69,6 +68,8 @@ class LocalBackend:
                                url=self.url) from None
 
     def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
+        """Store ``data`` (bytes, or a binary file object streamed 1 MiB at a time) under
+        ``digest``; hashed while written, fsynced, renamed into place only if it matches."""
         parse(digest)
         final = self.path(digest)
         if final.exists():
@@ -77,16 +78,22 @@ class LocalBackend:
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
         try:
             h = hashlib.sha256()
+            written = 0
             with os.fdopen(fd, "wb") as out:
                 if isinstance(data, (bytes, bytearray, memoryview)):
                     h.update(data)
                     out.write(data)
+                    written = len(data)
                 else:
                     while chunk := data.read(1 << 20):
                         h.update(chunk)
                         out.write(chunk)
+                        written += len(chunk)
                 out.flush()
                 os.fsync(out.fileno())
+            if size is not None and written != size:
+                raise DigestMismatch(f"refusing to store {digest}: expected {size} bytes, got "
+                                     f"{written}", digest=digest, url=self.url)
             if "sha256:" + h.hexdigest() != digest:
                 raise DigestMismatch(f"refusing to store {digest}: the bytes hash to "
                                      f"sha256:{h.hexdigest()}", digest=digest, url=self.url)
@@ -109,21 +116,35 @@ class LocalBackend:
                     yield "sha256:" + f.name
 
     def _ref_path(self, name: str) -> Path:
-        return self.root / "refs" / _check_ref_name(name)
+        return self.root / "refs" / check_ref_name(name, url=self.url)
 
     def get_ref(self, name: str) -> Digest | None:
+        path = self._ref_path(name)
         try:
-            return parse(self._ref_path(name).read_text().strip())
-        except FileNotFoundError:
+            text = path.read_text().strip()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        try:
+            return parse(text)
+        except StoreError as e:
+            raise StoreError(f"ref {name} in {self.url} is corrupt ({path} holds {text[:80]!r}, "
+                             f"not a digest): set it again", url=self.url) from e
 
     def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
+        """Atomic: the ref file is written to a temp name, fsynced, then renamed (or, with
+        ``exclusive``, hard-linked: link() fails if the name exists, across processes)."""
         parse(digest)
         path = self._ref_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise StoreError(f"cannot create ref {name} in {self.url}: a ref is named like one "
+                             f"of its parent folders", url=self.url) from e
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "w") as f:
             f.write(digest + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         try:
             if exclusive:
                 try:
@@ -146,7 +167,7 @@ class LocalBackend:
     def list_refs(self, prefix: str = "") -> Iterator[str]:
         base = self.root / "refs"
         for p in sorted(base.rglob("*")):
-            if p.is_file() and not p.name.startswith(".tmp-"):
+            if p.is_file() and not p.name.startswith("."):
                 name = str(p.relative_to(base))
                 if name.startswith(prefix):
                     yield name

@@ -1,100 +1,196 @@
-"""Store in an OCI distribution registry (``oci://host:port/repo``).
+"""Store in an OCI distribution registry: ``oci://host:port/repo/path``.
 
-Blobs are registry blobs (HEAD, range GET, monolithic or chunked upload). A named ref is
-a tag on a tiny OCI manifest whose one layer is the referenced blob, so refs survive the
-registry's garbage collection and show up in ``tags/list``. '/' in ref names becomes
-'--' in tags. Auth: anonymous, basic, or bearer tokens (the registry's 401 challenge).
-Plain http only to loopback unless ``insecure``. The distribution API has no way to list
-blobs, so :meth:`list` is refused with a clear error; create-if-absent refs are
-check-then-put (the API has no compare-and-swap), which the lease logic tolerates.
+* Transport: http for loopback hosts (127.x, ::1, localhost), https otherwise unless
+  ``insecure`` (``BOOTSEER_STORE_INSECURE=1``).
+* Blobs are registry blobs: HEAD (stat/exists), range GET following redirects (200 with
+  the whole body or 206 are both accepted, as the spec allows), monolithic upload (POST +
+  PUT ``?digest=``) and, for streams larger than one chunk (64 MiB), chunked upload (POST,
+  PATCH with ``Content-Range``, PUT). Bytes are hashed while uploading; a mismatch cancels
+  the upload session before the final PUT, so a wrong blob is never stored.
+* Manifests and tags: :meth:`put_manifest`, :meth:`get_manifest`, :meth:`list_tags`.
+* Refs are tags on a tiny OCI artifact manifest (``artifactType
+  application/vnd.bootseer.ref.v1``) whose single layer is the target blob, so the target
+  survives the registry's garbage collection. Tag = ``ref.`` + the name with ``/`` as
+  ``--``; names that do not fit a tag (``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}``) become
+  ``refh.`` + a hash, and the real name is kept in the manifest's annotations.
+* Limitations of the distribution API: it cannot list blobs, so :meth:`list` yields the
+  blobs referenced by tagged manifests of the repository only (untagged blobs are
+  invisible); and it has no atomic create, so ``set_ref(exclusive=True)`` is check-then-put
+  (two racing writers may both succeed; lease logic on top must re-read the ref and
+  tolerate that).
+* Auth: anonymous, basic (``store.username`` / ``store.password``), and bearer tokens (a
+  401 with ``WWW-Authenticate: Bearer realm=..,service=..,scope=..`` fetches a token from
+  the realm, with basic credentials if configured; tokens are cached per scope). Secrets
+  never appear in ``url``, ``repr``, errors or logs.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import io
 import json
 import re
+import threading
 import urllib.parse
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from bootseer.errors import BlobNotFound, DigestMismatch, FetchError, StoreError
 from bootseer.store import http
+from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, parse, sha256_digest
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+REF_ARTIFACT = "application/vnd.bootseer.ref.v1"
+EMPTY_MEDIA = "application/vnd.oci.empty.v1+json"
 EMPTY_CONFIG = b"{}"
-CHUNK = 16 * 1024**2
+ACCEPT = ", ".join([MANIFEST, INDEX, "application/vnd.docker.distribution.manifest.v2+json",
+                    "application/vnd.docker.distribution.manifest.list.v2+json"])
+CHUNK = 64 * 1024**2
+"""Streams larger than this (bytes) are uploaded in PATCH chunks of this size."""
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_ANNOTATION = "dev.bootseer.ref"
 
 
 def ref_to_tag(name: str) -> str:
-    tag = name.replace("/", "--")
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag):
-        raise StoreError(f"ref name {name!r} cannot be an OCI tag (letters, digits, _ . - /, "
-                         f"at most 128 characters)")
-    return tag
+    """The tag holding ref ``name`` (reversible unless it starts with ``refh.``)."""
+    check_ref_name(name)
+    tag = "ref." + name.replace("/", "--")
+    if "--" not in name and _TAG.fullmatch(tag):
+        return tag
+    return "refh." + hashlib.sha256(name.encode()).hexdigest()[:48]
+
+
+def _tag_to_ref(tag: str) -> str | None:
+    return tag[4:].replace("--", "/") if tag.startswith("ref.") else None
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 class OciBackend:
     writable = True
 
     def __init__(self, url: str, *, username: str | None = None, password: str | None = None,
-                 insecure: bool = False, timeout: float = 30.0):
+                 insecure: bool = False, timeout: float = 30.0, chunk_bytes: int = CHUNK):
+        """``url``: ``oci://host:port/repo/path``; ``timeout``: socket timeout of one
+        request, seconds; ``chunk_bytes``: PATCH size of chunked uploads."""
         u = urllib.parse.urlsplit(url)
-        if not u.netloc or not u.path.strip("/"):
-            raise StoreError(f"bad registry store URL {url!r}: expected oci://host:port/repo")
-        self.host = u.netloc
-        self.repo = u.path.strip("/")
-        loopback = (u.hostname or "") in ("localhost", "::1") or (u.hostname or "").startswith("127.")
-        self.scheme = "http" if (loopback or insecure) else "https"
+        repo = u.path.strip("/")
+        if u.scheme != "oci" or not u.hostname or not re.fullmatch(
+                r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", repo):
+            raise StoreError(f"bad registry store URL {http.safe_url(url.replace('oci:', 'http:', 1))!r}"
+                             f": expected oci://host:port/repo/path with a lower-case repository "
+                             f"name", url=None)
+        self.host = f"{u.hostname}:{u.port}" if u.port else u.hostname
+        self.repo = repo
+        self.scheme = "http" if (_is_loopback(u.hostname) or insecure) else "https"
         self.url = f"oci://{self.host}/{self.repo}"
         self.base = f"{self.scheme}://{self.host}/v2/{self.repo}"
-        self.username, self.password, self.timeout = username, password, timeout
-        self._token: str | None = None
+        self.username = username if username is None else str(username)
+        self._password = password
+        if u.username:  # oci://user:pw@host/repo
+            self.username = urllib.parse.unquote(u.username)
+            self._password = urllib.parse.unquote(u.password or "")
+        self.timeout = timeout
+        self.chunk_bytes = chunk_bytes
+        self._tokens: dict[str, str] = {}  # scope -> bearer token
+        self._last_token: str | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"OciBackend({self.url!r}, user={self.username!r})"
 
     # -- auth ---------------------------------------------------------------------------------
-    def _auth_headers(self) -> dict:
-        if self._token:
-            return {"Authorization": f"Bearer {self._token}"}
-        if self.username:
-            cred = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
-            return {"Authorization": f"Basic {cred}"}
-        return {}
+    def _basic(self) -> dict:
+        if self.username is None:
+            return {}
+        cred = f"{self.username}:{self._password or ''}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(cred).decode()}
 
-    def _request(self, method: str, url: str, headers: dict | None = None, body=None):
-        h = {**self._auth_headers(), **(headers or {})}
-        status, rh, data = http.request(method, url, headers=h, body=body, timeout=self.timeout)
-        if status == 401 and "www-authenticate" in rh and rh["www-authenticate"].lower().startswith("bearer"):
-            self._fetch_token(rh["www-authenticate"])
+    def _auth_headers(self) -> dict:
+        with self._lock:
+            token = self._last_token
+        return {"Authorization": f"Bearer {token}"} if token else self._basic()
+
+    def _challenge(self, headers: dict) -> bool:
+        """Handle a 401: fetch a bearer token if challenged for one. True if worth retrying."""
+        chal = headers.get("www-authenticate", "")
+        if not chal.lower().startswith("bearer"):
+            return False
+        params = dict(re.findall(r'(\w+)="([^"]*)"', chal))
+        scope = params.get("scope", "")
+        with self._lock:
+            cached = self._tokens.get(scope)
+            if cached and cached != self._last_token:
+                self._last_token = cached
+                return True
+        realm = params.get("realm")
+        if not realm:
+            raise StoreError(f"registry {self.host} sent a bearer challenge without a realm",
+                             url=self.url)
+        query = urllib.parse.urlencode({k: v for k, v in params.items()
+                                        if k in ("service", "scope")})
+        token_url = f"{realm}{'&' if '?' in realm else '?'}{query}"
+        status, _, data = http.request("GET", token_url, headers=self._basic(),
+                                       timeout=self.timeout)
+        if status in (401, 403):
+            raise StoreError(f"token service {http.safe_url(realm)} refused the credentials for "
+                             f"{self.url} (HTTP {status}): check store.username / "
+                             f"store.password", url=self.url)
+        if status != 200:
+            raise StoreError(f"token service {http.safe_url(realm)} answered HTTP {status}",
+                             url=self.url)
+        try:
+            body = json.loads(data)
+            token = body.get("token") or body.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not token:
+            raise StoreError(f"token service {http.safe_url(realm)} sent no token", url=self.url)
+        with self._lock:
+            self._tokens[scope] = token
+            self._last_token = token
+        return True
+
+    def _denied(self, status: int) -> StoreError:
+        how = ("check store.username / store.password" if self.username is not None
+               else "the registry needs credentials: set BOOTSEER_STORE_USERNAME / _PASSWORD")
+        return StoreError(f"registry {self.host} refused access to {self.repo} (HTTP {status}):"
+                          f" {how}", url=self.url)
+
+    def _request(self, method: str, url: str, headers: dict | None = None, body=None,
+                 *, what: str = "", digest: str | None = None) -> tuple[int, dict, bytes]:
+        for attempt in range(3):
             h = {**self._auth_headers(), **(headers or {})}
-            status, rh, data = http.request(method, url, headers=h, body=body, timeout=self.timeout)
-        if status == 401:
-            raise StoreError(f"registry {self.host} refused the credentials for {self.repo} "
-                             f"(HTTP 401): check store.username / store.password", url=self.url)
+            try:
+                status, rh, data = http.request(method, url, headers=h, body=body,
+                                                timeout=self.timeout)
+            except FetchError as e:
+                raise FetchError(f"{what or method} at {self.url} failed: {e}", url=e.url,
+                                 digest=digest) from e
+            if status == 401 and attempt < 2 and self._challenge(rh):
+                continue
+            break
+        if status in (401, 403):
+            raise self._denied(status)
         return status, rh, data
 
-    def _fetch_token(self, challenge: str) -> None:
-        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-        realm = params.pop("realm", None)
-        if not realm:
-            raise StoreError(f"registry {self.host} sent a bearer challenge without realm")
-        query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
-        headers = {}
-        if self.username:
-            cred = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
-            headers["Authorization"] = f"Basic {cred}"
-        status, _, data = http.request("GET", f"{realm}?{query}", headers=headers, timeout=self.timeout)
-        if status != 200:
-            raise StoreError(f"token service {http._safe(realm)} answered HTTP {status}")
-        body = json.loads(data)
-        self._token = body.get("token") or body.get("access_token")
-
     # -- blobs --------------------------------------------------------------------------------
+    def _blob_url(self, digest: Digest) -> str:
+        return f"{self.base}/blobs/{parse(digest)}"
+
     def stat(self, digest: Digest) -> int:
-        status, rh, _ = self._request("HEAD", f"{self.base}/blobs/{parse(digest)}")
+        status, rh, _ = self._request("HEAD", self._blob_url(digest), what=f"stat of {digest}",
+                                      digest=digest)
         if status == 404:
-            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest, url=self.url)
-        if status != 200:
-            raise FetchError(f"HEAD {digest} at {self.url}: HTTP {status}", digest=digest, url=self.url)
+            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
+                               url=self.url)
+        if status != 200 or "content-length" not in rh:
+            raise FetchError(f"HEAD of blob {digest} at {self.url}: HTTP {status}",
+                             digest=digest, url=self.url)
         return int(rh["content-length"])
 
     def exists(self, digest: Digest) -> bool:
@@ -105,106 +201,228 @@ class OciBackend:
             return False
 
     def read(self, digest: Digest, start: int = 0, end: int | None = None) -> bytes:
-        headers = self._auth_headers()
+        if end is not None and end <= start:
+            return b""
+        url = self._blob_url(digest)
         try:
-            return http.get_range(f"{self.base}/blobs/{parse(digest)}", start, end,
-                                  timeout=self.timeout, headers=headers, digest=digest)
-        except BlobNotFound:
-            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
-                               url=self.url) from None
+            for attempt in range(3):
+                r, skip = http.open_range(url, start, end, timeout=self.timeout,
+                                          headers=self._auth_headers())
+                if r.status == 401 and attempt < 2:
+                    r.close()
+                    if self._challenge(r.headers):
+                        continue
+                break
+            if r.status in (200, 206):
+                return http.read_body(r, skip, start, end, digest=digest)
+            r.close()
+            if r.status in (401, 403):
+                raise self._denied(r.status)
+            if r.status == 404:
+                raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
+                                   url=self.url)
+            http.raise_for_status(r.status, url, start, end, digest)
+            raise AssertionError("unreachable")
+        except FetchError as e:
+            if e.digest:
+                raise
+            raise FetchError(f"reading blob {digest} [{start}, {end}) from {self.url}: {e}",
+                             digest=digest, url=e.url or self.url, offset=start) from e
 
-    def write(self, digest: Digest, data, size: int | None = None) -> bool:
+    def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
+        """Upload ``data`` (bytes or a binary stream, read ``chunk_bytes`` at a time)."""
         parse(digest)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            data = data.read()
-        data = bytes(data)
-        actual = sha256_digest(data)
-        if actual != digest:
-            raise DigestMismatch(f"refusing to upload {digest}: the bytes hash to {actual}",
-                                 digest=digest, url=self.url)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            actual = sha256_digest(data)
+            if actual != digest:  # refuse before sending anything
+                raise DigestMismatch(f"refusing to upload {digest} to {self.url}: the bytes "
+                                     f"hash to {actual}", digest=digest, url=self.url)
+            data = io.BytesIO(data)
         if self.exists(digest):
             return False
-        status, rh, body = self._request("POST", f"{self.base}/blobs/uploads/")
-        if status != 202:
+        status, rh, body = self._request("POST", f"{self.base}/blobs/uploads/",
+                                         what=f"starting the upload of {digest}", digest=digest)
+        if status != 202 or "location" not in rh:
             raise FetchError(f"starting an upload to {self.url}: HTTP {status} {body[:200]!r}",
                              url=self.url, digest=digest)
         location = self._abs(rh["location"])
+        h = hashlib.sha256()
         offset = 0
-        while len(data) - offset > CHUNK:  # chunked upload for large blobs
-            part = data[offset:offset + CHUNK]
-            status, rh, body = self._request(
-                "PATCH", location, body=part,
-                headers={"Content-Type": "application/octet-stream",
-                         "Content-Range": f"{offset}-{offset + len(part) - 1}"})
-            if status != 202:
-                raise FetchError(f"upload chunk to {self.url}: HTTP {status}", url=self.url, digest=digest)
-            location = self._abs(rh["location"])
-            offset += len(part)
-        sep = "&" if "?" in location else "?"
-        status, _, body = self._request("PUT", f"{location}{sep}digest={digest}",
-                                        body=data[offset:],
-                                        headers={"Content-Type": "application/octet-stream"})
-        if status not in (201, 204):
-            raise FetchError(f"finishing upload of {digest} to {self.url}: HTTP {status} "
-                             f"{body[:200]!r}", url=self.url, digest=digest)
+        try:
+            chunk = data.read(self.chunk_bytes)
+            while True:
+                nxt = data.read(self.chunk_bytes) if len(chunk) == self.chunk_bytes else b""
+                h.update(chunk)
+                if not nxt:
+                    break
+                # more follows: PATCH this chunk (chunked upload)
+                status, rh, body = self._request(
+                    "PATCH", location, body=chunk, what=f"uploading {digest}", digest=digest,
+                    headers={"Content-Type": "application/octet-stream",
+                             "Content-Range": f"{offset}-{offset + len(chunk) - 1}"})
+                if status != 202 or "location" not in rh:
+                    raise FetchError(f"uploading a chunk of {digest} to {self.url} at {offset}:"
+                                     f" HTTP {status} {body[:200]!r}", url=self.url,
+                                     digest=digest, offset=offset)
+                location = self._abs(rh["location"])
+                offset += len(chunk)
+                chunk = nxt
+            total = offset + len(chunk)
+            actual = "sha256:" + h.hexdigest()
+            if actual != digest or (size is not None and total != size):
+                raise DigestMismatch(f"refusing to store {digest} in {self.url}: the "
+                                     f"{total} bytes hash to {actual}", digest=digest,
+                                     url=self.url)
+            sep = "&" if "?" in location else "?"
+            hdrs = {"Content-Type": "application/octet-stream"}
+            status, _, body = self._request("PUT", f"{location}{sep}digest={digest}",
+                                            body=chunk, headers=hdrs,
+                                            what=f"finishing the upload of {digest}",
+                                            digest=digest)
+            if status not in (201, 204):
+                raise FetchError(f"finishing the upload of {digest} to {self.url}: HTTP "
+                                 f"{status} {body[:200]!r}", url=self.url, digest=digest)
+        except BaseException:
+            self._cancel(location)
+            raise
         return True
+
+    def _cancel(self, location: str) -> None:
+        try:
+            self._request("DELETE", location)
+        except StoreError:
+            pass  # the registry purges abandoned uploads itself
 
     def _abs(self, location: str) -> str:
-        if location.startswith("http"):
-            return location
-        return f"{self.scheme}://{self.host}{location}"
+        return urllib.parse.urljoin(f"{self.scheme}://{self.host}/", location)
 
     def list(self) -> Iterator[Digest]:
-        raise StoreError(f"{self.url}: the registry API cannot list blobs (list refs instead)",
-                         url=self.url)
+        """Blobs referenced by the repository's tagged manifests (config and layers, and
+        those of index children). The distribution API cannot list untagged blobs."""
+        seen: set[str] = set()
+        for tag in self.list_tags():
+            try:
+                body, media, _ = self.get_manifest(tag)
+            except BlobNotFound:
+                continue
+            yield from self._manifest_blobs(body, seen)
 
-    # -- refs ---------------------------------------------------------------------------------
-    def get_ref(self, name: str) -> Digest | None:
-        status, _, body = self._request("GET", f"{self.base}/manifests/{ref_to_tag(name)}",
-                                        headers={"Accept": MANIFEST})
+    def _manifest_blobs(self, body: bytes, seen: set[str]) -> Iterator[Digest]:
+        doc = json.loads(body)
+        for m in doc.get("manifests") or []:
+            try:
+                child, _, _ = self.get_manifest(m["digest"])
+            except BlobNotFound:
+                continue
+            yield from self._manifest_blobs(child, seen)
+        for desc in [doc.get("config") or {}] + list(doc.get("layers") or []):
+            d = desc.get("digest")
+            if d and d not in seen:
+                seen.add(d)
+                yield d
+
+    # -- manifests and tags -------------------------------------------------------------------
+    def put_manifest(self, ref: str, body: bytes, media_type: str = MANIFEST) -> Digest:
+        """Push manifest ``body`` under tag or digest ``ref``; returns its digest."""
+        digest = sha256_digest(body)
+        status, rh, resp = self._request("PUT", f"{self.base}/manifests/{ref}", body=body,
+                                         headers={"Content-Type": media_type},
+                                         what=f"pushing manifest {ref}")
+        if status not in (200, 201):
+            raise FetchError(f"pushing manifest {ref} to {self.url}: HTTP {status} "
+                             f"{resp[:300]!r}", url=self.url, digest=digest)
+        return rh.get("docker-content-digest", digest)
+
+    def get_manifest(self, ref: str) -> tuple[bytes, str, Digest]:
+        """(bytes, media type, digest) of the manifest tagged (or with digest) ``ref``;
+        BlobNotFound if absent. The bytes are verified against the digest when known."""
+        status, rh, body = self._request("GET", f"{self.base}/manifests/{ref}",
+                                         headers={"Accept": ACCEPT},
+                                         what=f"reading manifest {ref}")
         if status == 404:
-            return None
+            raise BlobNotFound(f"manifest {ref} not found in {self.url}", url=self.url,
+                               digest=ref if ref.startswith("sha256:") else None)
         if status != 200:
-            raise FetchError(f"ref {name} at {self.url}: HTTP {status}", url=self.url)
-        layers = json.loads(body).get("layers") or []
-        return parse(layers[0]["digest"]) if layers else None
-
-    def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
-        tag = ref_to_tag(name)
-        if exclusive and self.get_ref(name) is not None:
-            return False
-        size = self.stat(digest)
-        config = sha256_digest(EMPTY_CONFIG)
-        self.write(config, EMPTY_CONFIG) if not self.exists(config) else None
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": MANIFEST,
-            "artifactType": "application/vnd.bootseer.ref.v1",
-            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": config,
-                       "size": len(EMPTY_CONFIG)},
-            "layers": [{"mediaType": "application/octet-stream", "digest": digest, "size": size}],
-            "annotations": {"dev.bootseer.ref": name}}).encode()
-        status, _, body = self._request("PUT", f"{self.base}/manifests/{tag}", body=manifest,
-                                        headers={"Content-Type": MANIFEST})
-        if status not in (201, 200):
-            raise FetchError(f"setting ref {name} at {self.url}: HTTP {status} {body[:200]!r}",
+            raise FetchError(f"reading manifest {ref} from {self.url}: HTTP {status}",
                              url=self.url)
-        return True
+        digest = sha256_digest(body)
+        expected = ref if ref.startswith("sha256:") else rh.get("docker-content-digest", digest)
+        if expected != digest:
+            raise DigestMismatch(f"manifest {ref} from {self.url} hashes to {digest}, not "
+                                 f"{expected}", digest=expected, url=self.url)
+        media = rh.get("content-type", "").split(";")[0] or json.loads(body).get("mediaType", "")
+        return body, media, digest
 
-    def delete_ref(self, name: str) -> None:
-        status, rh, _ = self._request("HEAD", f"{self.base}/manifests/{ref_to_tag(name)}",
-                                      headers={"Accept": MANIFEST})
+    def list_tags(self) -> list[str]:
+        tags: list[str] = []
+        url = f"{self.base}/tags/list?n=1000"
+        while url:
+            status, rh, body = self._request("GET", url, what="listing tags")
+            if status == 404:
+                return tags
+            if status != 200:
+                raise FetchError(f"listing tags of {self.url}: HTTP {status}", url=self.url)
+            tags += json.loads(body).get("tags") or []
+            m = re.search(r"<([^>]+)>;\s*rel=\"?next", rh.get("link", ""))
+            url = self._abs(m.group(1)) if m else ""
+        return tags
+
+    def delete_manifest(self, ref: str) -> None:
+        status, rh, _ = self._request("HEAD", f"{self.base}/manifests/{ref}",
+                                      headers={"Accept": ACCEPT})
         if status == 404:
             return
         digest = rh.get("docker-content-digest")
         if digest:
-            self._request("DELETE", f"{self.base}/manifests/{digest}")
+            status, _, body = self._request("DELETE", f"{self.base}/manifests/{digest}")
+            if status not in (202, 200, 404):
+                raise FetchError(f"deleting manifest {ref} in {self.url}: HTTP {status} "
+                                 f"{body[:200]!r} (is storage.delete enabled?)", url=self.url)
+
+    # -- refs ---------------------------------------------------------------------------------
+    def get_ref(self, name: str) -> Digest | None:
+        try:
+            body, _, _ = self.get_manifest(ref_to_tag(name))
+        except BlobNotFound:
+            return None
+        layers = json.loads(body).get("layers") or []
+        return parse(layers[0]["digest"]) if layers else None
+
+    def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
+        """Point ``name`` at ``digest`` (which must be in the registry). ``exclusive`` is
+        check-then-put: the registry has no atomic create."""
+        tag = ref_to_tag(name)
+        parse(digest)
+        if exclusive and self.get_ref(name) is not None:
+            return False
+        size = self.stat(digest)
+        config = sha256_digest(EMPTY_CONFIG)
+        self.write(config, EMPTY_CONFIG)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": MANIFEST, "artifactType": REF_ARTIFACT,
+            "config": {"mediaType": EMPTY_MEDIA, "digest": config, "size": len(EMPTY_CONFIG)},
+            "layers": [{"mediaType": "application/octet-stream", "digest": digest,
+                        "size": size}],
+            "annotations": {_ANNOTATION: name}}, sort_keys=True).encode()
+        self.put_manifest(tag, manifest, MANIFEST)
+        return True
+
+    def delete_ref(self, name: str) -> None:
+        self.delete_manifest(ref_to_tag(name))
 
     def list_refs(self, prefix: str = "") -> Iterator[str]:
-        status, _, body = self._request("GET", f"{self.base}/tags/list")
-        if status == 404:
-            return iter(())
-        tags = json.loads(body).get("tags") or []
-        return iter(sorted(n for n in (t.replace("--", "/") for t in tags) if n.startswith(prefix)))
+        names = []
+        for tag in self.list_tags():
+            name = _tag_to_ref(tag)
+            if name is None and tag.startswith("refh."):
+                try:
+                    body, _, _ = self.get_manifest(tag)
+                    name = (json.loads(body).get("annotations") or {}).get(_ANNOTATION)
+                except BlobNotFound:
+                    name = None
+            if name is not None and name.startswith(prefix):
+                names.append(name)
+        return iter(sorted(names))
 
     def close(self) -> None:
         pass

@@ -1,0 +1,71 @@
+"""Fixtures: one store of every backend kind, each against its real server (a directory,
+nginx, docker-registry) or at the fsspec boundary (memory://, a fake hdfs://)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from bootseer.store import open_store
+
+KINDS = ["local", "http", "oci", "memory", "hdfs"]
+
+
+@dataclass
+class Store:
+    kind: str
+    writer: Any
+    """Backend that writes (for http: the directory nginx serves)."""
+    reader: Any
+    """Backend under test for reads (for http: the HTTP backend)."""
+    server: Any = None
+
+
+def register_fake_hdfs():
+    """A small fsspec filesystem registered as ``hdfs``: a fake at the fsspec seam, so
+    hdfs:// URLs route through the real url -> FsspecBackend code path."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class FakeHdfs(MemoryFileSystem):
+        protocol = "hdfs"
+        store: dict = {}
+        pseudo_dirs = [""]
+
+        @classmethod
+        def _strip_protocol(cls, path):
+            if path.startswith("hdfs://"):
+                path = path[len("hdfs://"):]
+                path = "/" + path.split("/", 1)[1] if "/" in path else "/"
+            return MemoryFileSystem._strip_protocol(path)
+
+    fsspec.register_implementation("hdfs", FakeHdfs, clobber=True)
+    return FakeHdfs
+
+
+@pytest.fixture(params=KINDS)
+def store(request, tmp_path, nginx_factory, registry_factory):
+    kind = request.param
+    if kind == "local":
+        b = open_store(str(tmp_path / "store"))
+        yield Store(kind, b, b)
+    elif kind == "http":
+        w = open_store(str(tmp_path / "store"))
+        server = nginx_factory(tmp_path / "store")
+        yield Store(kind, w, open_store(server.url), server)
+    elif kind == "oci":
+        server = registry_factory()
+        b = open_store(f"oci://127.0.0.1:{server.port}/bootseer/conformance")
+        yield Store(kind, b, b, server)
+    elif kind == "memory":
+        b = open_store(f"memory://conf-{tmp_path.name}")
+        yield Store(kind, b, b)
+        if b.fs.exists(b.root):
+            b.fs.rm(b.root, recursive=True)
+    else:
+        fake = register_fake_hdfs()
+        b = open_store(f"hdfs://namenode:8020/user/bootseer/conf-{tmp_path.name}")
+        yield Store(kind, b, b)
+        fake.store.clear()
