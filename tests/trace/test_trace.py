@@ -92,7 +92,7 @@ def test_report_names_gating_node_stragglers_and_killed(tmp_path):
                         "--html", str(tmp_path / "r.html"), "--json", str(tmp_path / "r.json"),
                         "--chrome", str(tmp_path / "c.json")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "NOT READY: n9" in r.stdout and "gated by n4, phase image.pull" in r.stdout
+    assert "NOT READY: n9" in r.stdout and "gated by node n4, phase image.pull" in r.stdout
     assert "skipped 1 unreadable line" in r.stdout
     page = (tmp_path / "r.html").read_text()
     assert "<svg" in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
@@ -148,3 +148,38 @@ def test_overhead_is_small(tracing):
     per_event_us = (time.perf_counter() - t) / n * 1e6
     assert len(load.load(tracing).events) == n
     print(f"{per_event_us:.1f} us per event")  # the benchmark, bench/trace, reports this figure
+
+
+def test_duplicates_end_before_start_and_mixed_jobs(tmp_path):
+    write_node(tmp_path, "a", [("x", 0, 5), ("y", 9, 4)], 6)   # y ends before it starts
+    f = tmp_path / "job/0/a-1.jsonl"
+    (tmp_path / "job/0/copy.jsonl").write_text(f.read_text())  # the same events twice
+    t = load.load(tmp_path / "job")
+    assert t.duplicates == 3 and len(t.events) == 3
+    assert any("ends before it starts" in p for p in t.problems)
+    assert any("3 duplicate" in p for p in t.problems)
+    (y,) = [e for e in t.events if e["phase"] == "y"]
+    assert y["end"] == y["start"]
+    other = tmp_path / "job/0/b-1.jsonl"
+    other.write_text(json.dumps({"v": 1, "job": "other", "attempt": 0, "node": "b",
+                                 "phase": "x", "start": 1, "end": 2}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "bootseer", "report", str(tmp_path / "job")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "mixes 2 jobs (job, other)" in r.stderr
+
+
+def test_rank_missing_ready_makes_node_not_ready(tmp_path):
+    d = tmp_path / "job/0"
+    d.mkdir(parents=True)
+    ev = lambda pid, rank, kind, phase, t: {"v": 1, "job": "job", "attempt": 0, "node": "h",  # noqa: E731
+                                             "pid": pid, "rank": rank, "kind": kind,
+                                             "phase": phase, "start": t, "end": t + 1}
+    (d / "h-1.jsonl").write_text("\n".join(json.dumps(x) for x in [
+        ev(1, 0, "span", "ckpt.load", 0), ev(1, 0, "mark", "ready", 2),
+        ev(2, 1, "span", "ckpt.load", 0), ev(2, 1, "mark", "ready", 3)]) + "\n")
+    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
+    assert v.nodes[0].ready == pytest.approx(3.0) and v.nodes[0].last_rank == 1
+    with open(d / "h-1.jsonl", "a") as fh:   # rank 2 was killed before ready
+        fh.write(json.dumps(ev(3, 2, "span", "ckpt.load", 0)) + "\n")
+    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
+    assert v.nodes[0].ready is None and v.nodes[0].missing_ranks == [2]

@@ -22,6 +22,10 @@ def build(path: str, k: float, attempt: int | None):
     from bootseer.errors import TraceError
     from bootseer.trace import analysis, load
     t = load.load(path)
+    jobs = sorted({str(e["job"]) for e in t.events})
+    if len(jobs) > 1:
+        raise TraceError(f"{path} mixes {len(jobs)} jobs ({', '.join(jobs[:5])}): report one "
+                         f"job's directory (e.g. {path}/{jobs[0]}) or use 'bootseer analyze'")
     views = analysis.attempts(t.events)
     if attempt is not None:
         views = [v for v in views if v.attempt == attempt]

@@ -23,6 +23,8 @@ class NodeView:
     phases: dict[str, float] = field(default_factory=dict)   # top-level phase -> seconds
     spans: list[dict] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    last_rank: int | None = None                              # the rank that was ready last
+    missing_ranks: list[int] = field(default_factory=list)    # ranks that never got ready
 
     @property
     def to_ready(self) -> float | None:
@@ -78,10 +80,18 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
     nodes = []
     for n, evs in sorted(by_node.items()):
         off = offsets[n]
-        ready = next((e["start"] + off - t0 for e in evs
-                      if e.get("kind") == "mark" and e["phase"] == "ready"), None)
+        # a node is ready when every training rank on it is (the last rank's ready mark);
+        # a rank that wrote events but no ready mark was killed or failed first
+        readies = {e.get("pid"): e["start"] + off - t0 for e in evs
+                   if e.get("kind") == "mark" and e["phase"] == "ready"}
+        ranked = {e.get("pid"): e.get("rank") for e in evs if e.get("rank") is not None}
+        missing = [r for p, r in ranked.items() if p not in readies]
+        ready = max(readies.values()) if readies and not missing else None
+        last = max(readies, key=readies.get) if readies else None
         view = NodeView(node=n, gpus=max(int(e.get("gpus") or 0) for e in evs),
-                        start=min(e["start"] for e in evs) + off - t0, ready=ready)
+                        start=min(e["start"] for e in evs) + off - t0, ready=ready,
+                        last_rank=ranked.get(last), missing_ranks=sorted(missing))
+        per_pid: dict[str, dict] = {}
         for e in evs:
             if e.get("kind") == "mark":
                 continue
@@ -92,7 +102,10 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
             if e.get("status") == "failed":
                 view.failed.append(e["phase"])
             if not e.get("parent"):
-                view.phases[e["phase"]] = view.phases.get(e["phase"], 0.0) + (en - s)
+                per_pid.setdefault(e["phase"], {}).setdefault(e.get("pid"), []).append(en - s)
+        # several processes on one node (ranks) run a phase side by side: the node's time
+        # in a phase is its slowest process's (sum over that process's spans)
+        view.phases = {p: max(sum(v) for v in by_pid.values()) for p, by_pid in per_pid.items()}
         nodes.append(view)
     return AttemptView(attempt, nodes, t0, alignment)
 
@@ -107,6 +120,7 @@ class Summary:
     phases: dict[str, dict]            # name -> median/p90/max/n
     gating_node: str | None
     gating_phase: str | None
+    gating_rank: int | None
     stragglers: list[str]
     k: float
     what_if: float | None
@@ -121,12 +135,12 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
         phases[name] = {"median": statistics.median(vals), "p90": pct(vals, 0.9),
                         "max": max(vals), "n": len(vals)}
     done = [n for n in view.nodes if n.ready is not None]
-    gating_node = gating_phase = None
+    gating_node = gating_phase = gating_rank = None
     stragglers: list[str] = []
     what_if = None
     if done:
         slow = max(done, key=lambda n: n.ready)
-        gating_node = slow.node
+        gating_node, gating_rank = slow.node, slow.last_rank
         if slow.phases:
             # the phase that exceeds its cross-node median the most gated this node
             gating_phase = max(slow.phases, key=lambda p: (slow.phases[p] - phases[p]["median"],
@@ -147,5 +161,5 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
                                            default=0.0)
     gpu_lost = sum(n.gpus for n in view.nodes) * wait
     return Summary(view.attempt, len(view.nodes), ttr, [n.node for n in view.not_ready],
-                   view.alignment, phases, gating_node, gating_phase, stragglers, k, what_if,
+                   view.alignment, phases, gating_node, gating_phase, gating_rank, stragglers, k, what_if,
                    gpu_lost)

@@ -16,6 +16,7 @@ REQUIRED = ("job", "attempt", "node", "phase", "start", "end")
 class Trace:
     events: list[dict] = field(default_factory=list)
     skipped_lines: int = 0
+    duplicates: int = 0
     files: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -29,6 +30,7 @@ def load(path: str | Path) -> Trace:
     if not files:
         raise TraceError(f"{p} holds no trace files (*.jsonl)")
     t = Trace(files=len(files))
+    seen: set = set()
     for f in files:
         with open(f, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
@@ -40,9 +42,18 @@ def load(path: str | Path) -> Trace:
                         t.problems.append(f"{f.name}:{lineno}: phase {ev['phase']} ends before "
                                           f"it starts; clamped")
                         ev["end"] = ev["start"]
+                    key = (ev["job"], ev["attempt"], ev["node"], ev.get("pid"), ev.get("kind"),
+                           ev["phase"], ev["start"], ev["end"])
+                    if key in seen:  # the same file copied twice, a retried upload...
+                        t.duplicates += 1
+                        continue
+                    seen.add(key)
                     t.events.append(ev)
                 except (ValueError, TypeError):
                     t.skipped_lines += 1
+    if t.duplicates:
+        t.problems.append(f"dropped {t.duplicates} duplicate event(s) (same node, process, "
+                          f"phase, start and end)")
     jobs = {e["job"] for e in t.events}
     if len(jobs) > 1:
         t.problems.append(f"trace mixes {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}"

@@ -39,10 +39,17 @@ class Recorder:
     def from_env(cls, env=None) -> "Recorder":
         env = os.environ if env is None else env
         rank = env.get("RANK") or env.get("GROUP_RANK")
+        node = env.get("BOOTSEER_TRACE_NODE") or socket.gethostname()
+        if "{" in node:  # e.g. "n{local_rank}": one trace node per rank on a test machine
+            try:
+                node = node.format(rank=env.get("RANK", ""), local_rank=env.get("LOCAL_RANK", ""),
+                                   group_rank=env.get("GROUP_RANK", ""))
+            except (KeyError, IndexError, ValueError):
+                pass
         return cls(env.get("BOOTSEER_TRACE_LOCATION") or None,
                    env.get("BOOTSEER_TRACE_JOB_ID") or "job",
                    int(env.get("BOOTSEER_TRACE_ATTEMPT") or 0),
-                   env.get("BOOTSEER_TRACE_NODE") or socket.gethostname(),
+                   node,
                    int(rank) if rank and rank.isdigit() else None,
                    int(env.get("BOOTSEER_TRACE_GPUS") or 0))
 

@@ -31,9 +31,11 @@ def text(summaries: list[Summary], skipped: int = 0, problems: list[str] = ()) -
         parts.append(f"attempt {s.attempt}: {s.nodes} nodes, time to ready "
                      f"{_f(s.time_to_ready)} s (max over nodes; clocks aligned by {s.alignment})")
         if s.not_ready:
-            parts.append(f"  NOT READY: {', '.join(s.not_ready)} (killed or failed before ready)")
+            parts.append(f"  NOT READY: {', '.join(s.not_ready)} (killed or failed before ready;"
+                         f" time to ready undefined)")
         if s.gating_node:
-            parts.append(f"  gated by {s.gating_node}, phase {s.gating_phase}")
+            rank = "" if s.gating_rank is None else f" (rank {s.gating_rank} last)"
+            parts.append(f"  gated by node {s.gating_node}{rank}, phase {s.gating_phase}")
         if s.stragglers:
             parts.append(f"  stragglers (ready > median + {s.k:g}*MAD): {', '.join(s.stragglers)};"
                          f" what-if at the median: {_f(s.what_if)} s")

@@ -1,0 +1,232 @@
+"""Zero-code capture of a (PyTorch) training process.
+
+Two ways in, same hooks:
+
+- ``python -m bootseer.trace.auto train.py ARGS`` (also ``torchrun ... -m bootseer.trace.auto
+  train.py``), or
+- ``BOOTSEER_TRACE_AUTO=1 PYTHONPATH=$(python -m bootseer.trace.auto --site-dir)``: a
+  ``sitecustomize`` hook installs the capture in every Python process that starts.
+
+Recorded (phase names, see docs/trace.md): ``python.start`` (process creation to capture
+install, i.e. interpreter start-up), ``import.<pkg>`` (each top-level package import that
+takes >= 5 ms, nested imports inside it), ``dist.init`` (``init_process_group``) followed by a
+``rendezvous`` mark (used to align node clocks), ``ckpt.load`` (``torch.load``,
+``torch.distributed.checkpoint.load``/``load_state_dict``), ``train.first_step`` and the
+``ready`` mark after the first optimizer step. Torch is never imported by the capture:
+hooks are attached when the program itself imports it. Every hook failure is swallowed;
+without torch only ``python.start`` and imports are recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import os
+import sys
+import threading
+import time
+
+from bootseer.trace import record
+
+IMPORT_MIN_S = 0.005
+_installed = False
+_tls = threading.local()
+
+
+def process_start_time() -> float | None:
+    """Wall-clock creation time of this process (Linux /proc), None if unknown."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+class _ImportTimer(importlib.abc.MetaPathFinder):
+    """Times module execution of top-level packages and attaches torch hooks post-import."""
+
+    def find_spec(self, name, path=None, target=None):
+        if getattr(_tls, "busy", False):
+            return None
+        watch = "." not in name or name in _POST_IMPORT
+        if not watch:
+            return None
+        _tls.busy = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            _tls.busy = False
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        orig = loader.exec_module
+
+        def exec_module(module, _orig=orig, _name=name):
+            try:
+                if "." in _name:
+                    _orig(module)
+                else:
+                    _timed_exec(_orig, module, f"import.{_name}")
+            finally:
+                hook = _POST_IMPORT.get(_name)
+                if hook is not None:
+                    try:
+                        hook(module)
+                    except Exception:  # capture must never break the program
+                        pass
+        try:
+            spec.loader = _Wrapped(loader, exec_module)
+        except Exception:
+            pass
+        return spec
+
+
+def _timed_exec(orig, module, phase: str) -> None:
+    # like record.phase, but only imports >= IMPORT_MIN_S are written (hundreds are tiny)
+    r = record.recorder()
+    stack = r.stack()
+    parent = stack[-1] if stack else None
+    stack.append(phase)
+    start, mono, status = time.time(), time.monotonic(), "ok"
+    try:
+        orig(module)
+    except BaseException:
+        status = "failed"
+        raise
+    finally:
+        stack.pop()
+        end, mono_end = time.time(), time.monotonic()
+        if mono_end - mono >= IMPORT_MIN_S or status == "failed":
+            r.write(r.event("span", phase, start, end, mono, mono_end, status, {}, parent))
+
+
+class _Wrapped(importlib.abc.Loader):
+    def __init__(self, loader, exec_module):
+        self._loader, self._exec = loader, exec_module
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._exec(module)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, get_code...
+        return getattr(self._loader, name)
+
+
+def _wrap(obj, attr: str, phase: str, after=None, size_arg: bool = False) -> None:
+    fn = getattr(obj, attr, None)
+    if fn is None or getattr(fn, "_bootseer", False):
+        return
+
+    @functools.wraps(fn)
+    def inner(*a, **kw):
+        if phase in record.recorder().stack():  # dcp.load calls torch.load: count once
+            return fn(*a, **kw)
+        attrs = {}
+        if size_arg and a and isinstance(a[0], (str, os.PathLike)):
+            try:
+                attrs["bytes"] = os.path.getsize(a[0])
+                attrs["path"] = os.fspath(a[0])
+            except OSError:
+                pass
+        with record.phase(phase, **attrs):
+            out = fn(*a, **kw)
+        if after:
+            after()
+        return out
+    inner._bootseer = True
+    setattr(obj, attr, inner)
+
+
+def _torch(torch) -> None:
+    _wrap(torch, "load", "ckpt.load", size_arg=True)
+    try:
+        from torch.optim import optimizer as opt
+    except Exception:
+        return
+    state = {"start": None, "handles": []}
+
+    def pre(o, args, kwargs):
+        if state["start"] is None:
+            state["start"] = (time.time(), time.monotonic())
+
+    def post(o, args, kwargs):
+        for h in state["handles"]:
+            h.remove()
+        start, _ = state["start"] or (time.time(), 0)
+        record.emit("train.first_step", start, time.time())
+        record.mark("ready")
+    state["handles"] = [opt.register_optimizer_step_pre_hook(pre),
+                        opt.register_optimizer_step_post_hook(post)]
+
+
+def _dist(mod) -> None:
+    _wrap(mod, "init_process_group", "dist.init", after=lambda: record.mark("rendezvous"))
+
+
+def _dcp(mod) -> None:
+    _wrap(mod, "load", "ckpt.load")
+    _wrap(mod, "load_state_dict", "ckpt.load")
+
+
+_POST_IMPORT = {"torch": _torch, "torch.distributed": _dist,
+                "torch.distributed.checkpoint": _dcp}
+
+
+def install() -> bool:
+    """Install the capture in this process (idempotent). Returns False when tracing is off."""
+    global _installed
+    if _installed or not record.recorder().enabled:
+        return _installed
+    _installed = True
+    started = process_start_time()
+    if started is not None:
+        record.emit("python.start", started, max(time.time(), started))
+    sys.meta_path.insert(0, _ImportTimer())
+    for name, hook in _POST_IMPORT.items():  # already imported before us
+        if name in sys.modules:
+            try:
+                hook(sys.modules[name])
+            except Exception:
+                pass
+    return True
+
+
+def site_dir() -> str:
+    return os.path.join(os.path.dirname(__file__), "_site")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import runpy
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--site-dir"]:
+        print(site_dir())
+        return 0
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m bootseer.trace.auto SCRIPT [ARGS] | -m MODULE [ARGS] | --site-dir\n"
+              "records startup phases of SCRIPT into BOOTSEER_TRACE_LOCATION", file=sys.stderr)
+        return 2
+    install()
+    if argv[0] == "-m" and len(argv) > 1:
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
