@@ -229,9 +229,19 @@ class StripedReader:
                 self._advance(cursor, end, grow=False, n=len(data))
                 return data
         parts = []
-        for idx in range(offset // self.S, (end - 1) // self.S + 1):
+        first, last = offset // self.S, (end - 1) // self.S
+        # a large read puts all its stripes in flight at once, as far as the budget allows
+        # (the first one waits for budget: back-pressure); the rest are claimed in order
+        ahead = {}
+        for idx in range(first + 1, last + 1):
+            got = self._ensure(idx, demand=False)
+            if got is None:
+                break
+            ahead[idx] = got
+        for idx in range(first, last + 1):
             s = self._ensure(idx, demand=True)
-            self._readahead(cursor, end)
+            if idx == first:
+                self._readahead(cursor, end)
             data = s.future.result()
             lo, hi = self._span(idx)
             parts.append(memoryview(data)[max(offset, lo) - lo:min(end, hi) - lo])

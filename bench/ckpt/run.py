@@ -1,0 +1,192 @@
+"""Striped checkpoint reads, the five variants of issue #6, one command:
+
+    .venv/bin/python bench/ckpt/run.py [--size 2GiB] [--link 2gbit] [--per-conn 31250k]
+
+A torch DCP checkpoint of ``--size`` bytes is generated on a tmpfs the benchmark mounts,
+served by nginx (``limit_rate`` per connection = one storage node's stream) inside a
+network namespace whose loopback is shaped to ``--link``. The whole load runs inside that
+namespace. Variants (each a full ``dcp.load`` into preallocated tensors, verified):
+
+  1 mount-sequential  our FUSE mount, one buffer, one request in flight (the fuse-dfs baseline)
+  2 fsspec-http       torch's FsspecReader over fsspec's default HTTP file
+  3 mount-striped     our FUSE mount, striped engine
+  4 dcp-reader        StripedDCPReader (no mount)
+  5 mount-prefetched  (3) after plan prefetch started --lead seconds earlier (second run:
+                      staging is warm, i.e. also the "second load from local cache" row)
+
+Everything started is stopped by PID; mounts, the tmpfs and the namespace are removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[2] / "src"))
+
+from bootseer.config import parse_size  # noqa: E402
+
+
+def shaped_namespace(name: str, link: str) -> None:
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    # the link: loopback of the namespace shaped with a token bucket (about 1 ms of burst)
+    subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root",
+                    "tbf", "rate", link, "burst", "1mb", "latency", "50ms"], check=True)
+
+
+def outer(args) -> int:
+    ns = f"bsckpt{os.getpid()}"
+    scratch = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
+    tmpfs_bytes = int(args.size * 1.3) + (256 << 20)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_bytes}", "tmpfs", str(scratch)],
+                   check=True)
+    try:
+        shaped_namespace(ns, args.link)
+        cmd = ["ip", "netns", "exec", ns, sys.executable, str(HERE), "--inner",
+               "--scratch", str(scratch), "--size", str(args.size), "--per-conn", args.per_conn,
+               "--lead", str(args.lead), "--link", args.link, "--variants", args.variants]
+        return subprocess.run(cmd).returncode
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        subprocess.run(["umount", "-l", str(scratch)], capture_output=True)
+        os.rmdir(scratch)
+
+
+def make_checkpoint(d: Path, size: int):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    n = max(1, size // (64 << 20))
+    per = size // n // 4
+    g = torch.Generator().manual_seed(0)
+    state = {f"layer{i}": torch.rand(per, generator=g) for i in range(n)}
+    dcp.save(state, checkpoint_id=str(d))
+    return state
+
+
+def vmhwm(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def inner(args) -> int:
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from bootseer.ckpt.dcp import StripedDCPReader
+    from bootseer.ckpt.striped import Engine
+    from bootseer.ckpt.view import RemoteDirView
+    from bootseer.config import BootseerConfig
+    from bootseer.mount.fuse import mount
+    from bootseer.testing.servers import start_nginx
+
+    scratch = Path(args.scratch)
+    ck = scratch / "dcp"
+    t0 = time.monotonic()
+    state = make_checkpoint(ck, args.size)
+    nbytes = sum(p.stat().st_size for p in ck.iterdir())
+    print(f"# checkpoint: {nbytes / 1e9:.2f} GB DCP, {len(state)} tensors, made in "
+          f"{time.monotonic() - t0:.0f}s; link {args.link}, per connection {args.per_conn}B/s",
+          flush=True)
+    server = start_nginx(ck, scratch / "nginx", limit_rate=args.per_conn)
+    cfg = BootseerConfig.from_env(overrides={"cache": {"dir": str(scratch / "cache/blobs")}})
+    link_bps = parse_size(args.link.replace("bit", ""), "link") / 8
+    rows = []
+
+    def check(out):
+        for k in state:
+            if not torch.equal(out[k], state[k]):
+                raise SystemExit(f"tensor {k} differs")
+
+    def load(label, fn, hwm_pid=None):
+        out = {k: torch.empty_like(v) for k, v in state.items()}
+        t = time.monotonic()
+        fn(out)
+        dt = time.monotonic() - t
+        check(out)
+        row = {"variant": label, "seconds": round(dt, 2), "GB/s": round(nbytes / dt / 1e9, 3),
+               "link_%": round(100 * nbytes / dt / link_bps, 1)}
+        if hwm_pid:
+            row["fuse_peak_rss_MB"] = round(vmhwm(hwm_pid) / 1e6)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del out
+
+    def via_mount(label, mode):
+        mp = scratch / f"mnt-{label}"
+        mp.mkdir()
+
+        def build():
+            return RemoteDirView(server.url, Engine(cfg.ckpt, cfg.fetch), mode=mode)
+        with mount(build, str(mp), name=f"ckpt-{label}") as h:
+            load(label, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
+
+    wanted = set(args.variants.split(","))
+    try:
+        if "1" in wanted:
+            via_mount("1 mount-sequential", "sequential")
+        if "2" in wanted:
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+            load("2 fsspec-http", lambda out: dcp.load(
+                out, storage_reader=FsspecReader(server.url)))
+        if "3" in wanted:
+            via_mount("3 mount-striped", "striped")
+        if "4" in wanted:
+            e = Engine(cfg.ckpt, cfg.fetch)
+            try:
+                load("4 dcp-reader", lambda out: dcp.load(
+                    out, storage_reader=StripedDCPReader(server.url, e)))
+            finally:
+                e.close()
+        if "5" in wanted:
+            from bootseer.ckpt.mount import mount_checkpoint
+            for run in ("5 mount-prefetched", "5b second load (staging warm)"):
+                mp = scratch / f"mnt-5-{len(rows)}"
+                mp.mkdir()
+                with mount_checkpoint(server.url + "/", str(mp), cfg, prefetch=True) as h:
+                    if run.startswith("5 "):
+                        time.sleep(args.lead)
+                    load(run, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
+    finally:
+        server.stop()
+    base = next((r["seconds"] for r in rows if r["variant"].startswith("1 ")), None)
+    print("\n| variant | s | GB/s | % of link | x vs (1) | FUSE peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        x = f"{base / r['seconds']:.1f}" if base else "-"
+        print(f"| {r['variant']} | {r['seconds']} | {r['GB/s']} | {r['link_%']} | {x} | "
+              f"{r.get('fuse_peak_rss_MB', '-')} |")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--size", type=lambda s: parse_size(s, "--size"), default=parse_size("2GiB"))
+    ap.add_argument("--link", default="2gbit", help="tc rate of the shaped link")
+    ap.add_argument("--per-conn", default="31250k", help="nginx limit_rate (bytes/s)")
+    ap.add_argument("--lead", type=float, default=10.0, help="prefetch head start, seconds")
+    ap.add_argument("--variants", default="1,2,3,4,5")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scratch", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        return inner(args)
+    if os.geteuid() != 0:
+        print("bench/ckpt needs root (network namespace, tc, tmpfs, FUSE)", file=sys.stderr)
+        return 2
+    return outer(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
