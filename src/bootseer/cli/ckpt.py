@@ -13,6 +13,8 @@ def register(sub) -> None:
     v.add_argument("mountpoint")
     v.add_argument("--single-stream", action="store_true",
                    help="one sequential stream per file (the fuse-dfs baseline)")
+    v.add_argument("--mode", choices=("striped", "sequential"), default="striped",
+                   help="sequential = --single-stream: one buffer, one request in flight")
     v.add_argument("--no-prefetch", action="store_true", help="do not stream files in at mount")
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="stream a checkpoint into this node's staging area")
@@ -30,7 +32,7 @@ def _mount(args) -> int:
     from bootseer.mount.fuse import run_foreground
     config = BootseerConfig.from_env()
     list_files(args.url)
-    mode = "single" if args.single_stream else "striped"
+    mode = "single" if args.single_stream or args.mode == "sequential" else "striped"
 
     def factory():
         e = Engine(args.url, fetch=config.fetch, staging=staging_dir(config), mode=mode)
