@@ -159,3 +159,18 @@ def test_read_only(served):
         r.set_ref("x", DIGEST)
     with pytest.raises(ReadOnlyStore):
         r.delete_ref("x")
+
+
+def test_stale_pooled_connections_reconnect(tmp_path, nginx_factory):
+    open_store(str(tmp_path / "s")).write(DIGEST, DATA)
+    server = nginx_factory(tmp_path / "s")
+    r = open_store(server.url)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(r.read(DIGEST, 0, 100)))
+               for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    server.stop()  # every pooled keep-alive connection is now dead
+    nginx_factory(tmp_path / "s", port=server.port)
+    assert r.read(DIGEST, 100, 200) == DATA[100:200]
+    assert r.stat(DIGEST) == len(DATA)

@@ -64,6 +64,14 @@ class Pool:
                 return
         conn.close()
 
+    def drop(self, key: tuple[str, str, int]) -> None:
+        """Close every idle connection to ``key`` (after one turned out stale, the others
+        from the same period are likely stale too)."""
+        with self._lock:
+            conns = self._idle.pop(key, [])
+        for c in conns:
+            c.close()
+
     def clear(self) -> None:
         with self._lock:
             conns = [c for idle in self._idle.values() for c in idle]
@@ -198,6 +206,7 @@ def send(method: str, url: str, *, headers: Mapping[str, str] | None = None, bod
             stale = reused and isinstance(e, (http.client.RemoteDisconnected,
                                               ConnectionResetError, BrokenPipeError))
             if stale:
+                POOL.drop(key)
                 continue
             raise FetchError(f"{method} {safe_url(url)} failed: {type(e).__name__}: {e} "
                              f"(is the server up and reachable?)", url=safe_url(url)) from e
