@@ -124,13 +124,22 @@ def inner(args) -> int:
         del out
 
     def via_mount(label, mode):
-        mp = scratch / f"mnt-{label}"
+        mp = scratch / f"mnt-{label.split()[0]}"
         mp.mkdir()
+        report = scratch / f"stats-{label.split()[0]}.json"
 
         def build():
-            return RemoteDirView(server.url, Engine(cfg.ckpt, cfg.fetch), mode=mode)
-        with mount(build, str(mp), name=f"ckpt-{label}") as h:
+            return RemoteDirView(server.url, Engine(cfg.ckpt, cfg.fetch), mode=mode,
+                                 stats_path=str(report))
+        with mount(build, str(mp), name=f"ckpt-{label.split()[0]}") as h:
             load(label, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
+        s = json.loads(report.read_text())
+        rows[-1].update(stripe_mem_peak_MB=round(s["memory_peak_bytes"] / 1e6),
+                        budget_MB=round(s["memory_budget_bytes"] / 1e6),
+                        fetched_over_consumed=round(s["bytes_fetched"] /
+                                                    max(1, s["bytes_consumed"]), 3),
+                        first_byte_s=round(s["first_byte_s"] or 0, 3))
+        print(json.dumps(rows[-1]), flush=True)
 
     wanted = set(args.variants.split(","))
     try:
@@ -161,12 +170,14 @@ def inner(args) -> int:
     finally:
         server.stop()
     base = next((r["seconds"] for r in rows if r["variant"].startswith("1 ")), None)
-    print("\n| variant | s | GB/s | % of link | x vs (1) | FUSE peak RSS MB |")
-    print("|---|---|---|---|---|---|")
+    print("\n| variant | s | GB/s | % of link | x vs (1) | stripe memory peak / budget MB "
+          "| fetched/consumed |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         x = f"{base / r['seconds']:.1f}" if base else "-"
-        print(f"| {r['variant']} | {r['seconds']} | {r['GB/s']} | {r['link_%']} | {x} | "
-              f"{r.get('fuse_peak_rss_MB', '-')} |")
+        mem = (f"{r['stripe_mem_peak_MB']} / {r['budget_MB']}" if "budget_MB" in r else "-")
+        print(f"| {r['variant']} | {r['seconds']} | {r['GB/s']} | {r['link_%']} | {x} | {mem} "
+              f"| {r.get('fetched_over_consumed', '-')} |")
     return 0
 
 

@@ -149,3 +149,20 @@ def test_thousand_small_files(need_fuse, nginx_factory, www, tmp_path):
 def test_config_section_from_env():
     cfg = BootseerConfig.from_env({"BOOTSEER_CKPT_STRIPE_BYTES": "4MiB"})
     assert cfg.ckpt.stripe_bytes == 4 * 1024 * 1024
+
+
+def test_mount_writes_a_load_report(need_fuse, nginx, www, tmp_path):
+    import json
+    data = os.urandom(1500 * KiB)
+    (www / "m.bin").write_bytes(data)
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    report = tmp_path / "stats.json"
+
+    def build():
+        return RemoteDirView(nginx.url, Engine(CkptConfig(**SMALL)), stats_path=str(report))
+    with mount(build, str(mp)):
+        assert (mp / "m.bin").read_bytes() == data
+    s = json.loads(report.read_text())
+    assert s["bytes_consumed"] >= len(data) and s["bytes_fetched"] >= len(data)
+    assert s["first_byte_s"] is not None and s["memory_peak_bytes"] <= s["memory_budget_bytes"]

@@ -37,8 +37,13 @@ def clean(path: str) -> str:
 
 
 class RemoteDirView:
-    def __init__(self, url: str, engine: Engine, *, mode: str = "striped"):
+    def __init__(self, url: str, engine: Engine, *, mode: str = "striped",
+                 stats_path: str | None = None):
         self.url, self.engine, self.mode = url.rstrip("/"), engine, mode
+        self.stats_path = stats_path
+        self.started = time.monotonic()
+        self._consumed = 0
+        self._first_byte_s: float | None = None
         self.http = self.url.startswith(("http://", "https://"))
         if not self.http:
             import fsspec
@@ -187,7 +192,30 @@ class RemoteDirView:
                 self._readers[path] = (r, n - 1)
                 r = None
         if r is not None:
+            self._account(r)
             r.close()
+
+    def _account(self, r) -> None:
+        with self._lock:
+            self._consumed += r.consumed
+            if r.first_byte_s is not None and self._first_byte_s is None:
+                self._first_byte_s = r.opened + r.first_byte_s - self.started
+
+    def stats(self) -> dict:
+        """The load report: time to first byte (s, since mount), throughput (bytes/s),
+        bytes fetched versus consumed, stall seconds, peak stripe memory."""
+        with self._lock:
+            live = list(self._readers.values())
+        consumed = self._consumed + sum(r.consumed for r, _ in live)
+        e = self.engine.stats()
+        elapsed = time.monotonic() - self.started
+        return {"url": self.url, "mode": self.mode, "first_byte_s": self._first_byte_s,
+                "bytes_consumed": consumed, "bytes_fetched": e["bytes"],
+                "requests": e["requests"], "retries": e["retries"], "stall_s": e["stall_s"],
+                "memory_budget_bytes": self.engine.budget.total,
+                "memory_peak_bytes": e["budget_peak"], "budget_waits": e["budget_waits"],
+                "elapsed_s": elapsed, "fetched_bytes_per_s": e["bytes"] / max(elapsed, 1e-9),
+                "hedged": 0}
 
     def read(self, path: str, size: int, offset: int) -> bytes:
         return self._reader(path).read(offset, size)
@@ -196,6 +224,12 @@ class RemoteDirView:
         return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_namemax": 255}
 
     def close(self) -> None:
+        if self.stats_path:
+            import os
+            tmp = f"{self.stats_path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.stats(), f)
+            os.replace(tmp, self.stats_path)
         self.engine.close()
 
 
