@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from bootseer.errors import (BlobNotFound, DigestMismatch, InvalidDigest, RangeError,
-                             ReadOnlyStore, StoreError)
+from bootseer.errors import (BlobNotFound, DigestMismatch, FetchError, InvalidDigest,
+                             RangeError, StoreError)
 from bootseer.store import Backend, sha256_digest
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,3 +109,16 @@ def test_bad_ref_names(store, bad):
         store.writer.set_ref(bad, DIGEST)
     with pytest.raises(StoreError, match="invalid ref name"):
         store.reader.get_ref(bad)
+
+
+def test_read_into(store):
+    store.writer.write(DIGEST, DATA)
+    buf = bytearray(len(DATA))
+    view = memoryview(buf)
+    assert store.reader.read_into(DIGEST, 0, view[:100_000]) == 100_000
+    assert store.reader.read_into(DIGEST, 100_000, view[100_000:]) == len(DATA) - 100_000
+    assert bytes(buf) == DATA
+    with pytest.raises((RangeError, FetchError)):
+        store.reader.read_into(DIGEST, len(DATA) - 10, bytearray(20))
+    with pytest.raises(BlobNotFound):
+        store.reader.read_into(MISSING, 0, bytearray(10))

@@ -176,9 +176,7 @@ class TokenProxy:
                         if k.lower() not in ("content-length", "connection",
                                              "transfer-encoding", "date")}
                 conn.close()
-                self._reply(resp.status, hdrs, data if self.command != "HEAD" else b"")
-                if self.command == "HEAD":  # keep Content-Length of the real object
-                    pass
+                self._reply(resp.status, hdrs, data)
 
             do_GET = do_PUT = do_POST = do_PATCH = do_DELETE = _handle
 
@@ -186,7 +184,8 @@ class TokenProxy:
                 conn = http.client.HTTPConnection(proxy.reg, timeout=30)
                 if self.headers.get("Authorization") != f"Bearer {proxy.TOKEN}":
                     return self._handle()
-                conn.request("HEAD", self.path, headers={"Accept": self.headers.get("Accept", "*/*")})
+                conn.request("HEAD", self.path,
+                             headers={"Accept": self.headers.get("Accept", "*/*")})
                 resp = conn.getresponse()
                 resp.read()
                 self.send_response(resp.status)

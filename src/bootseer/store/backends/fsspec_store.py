@@ -84,6 +84,16 @@ class FsspecBackend:
             raise FetchError(f"reading {digest} [{start}, {end}) from {self.url}: {e}",
                              digest=digest, url=self.url, offset=start) from e
 
+    def read_into(self, digest: Digest, start: int, buf) -> int:
+        """Fill ``buf`` with the blob's bytes from ``start`` (fsspec returns bytes: one copy)."""
+        view = memoryview(buf).cast("B")
+        data = self.read(digest, start, start + len(view))
+        if len(data) < len(view):
+            raise RangeError(f"range [{start}, {start + len(view)}) outside blob {digest} in "
+                             f"{self.url}", digest=digest, url=self.url, offset=start)
+        view[:] = data
+        return len(view)
+
     def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
         """Stream ``data`` to a temp name while hashing; move into place if it matches."""
         parse(digest)

@@ -67,6 +67,28 @@ class LocalBackend:
             raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
                                url=self.url) from None
 
+    def read_into(self, digest: Digest, start: int, buf) -> int:
+        """Fill ``buf`` (a writable buffer) with the blob's bytes from ``start``; RangeError
+        if the blob has fewer."""
+        view = memoryview(buf).cast("B")
+        try:
+            fd = os.open(self.path(digest), os.O_RDONLY)
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
+                               url=self.url) from None
+        try:
+            got = 0
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], start + got)
+                if n == 0:
+                    raise RangeError(f"range [{start}, {start + len(view)}) outside blob "
+                                     f"{digest} of {start + got} bytes", digest=digest,
+                                     url=self.url, offset=start)
+                got += n
+            return got
+        finally:
+            os.close(fd)
+
     def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
         """Store ``data`` (bytes, or a binary file object streamed 1 MiB at a time) under
         ``digest``; hashed while written, fsynced, renamed into place only if it matches."""

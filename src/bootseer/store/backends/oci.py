@@ -81,9 +81,9 @@ class OciBackend:
         repo = u.path.strip("/")
         if u.scheme != "oci" or not u.hostname or not re.fullmatch(
                 r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", repo):
-            raise StoreError(f"bad registry store URL {http.safe_url(url.replace('oci:', 'http:', 1))!r}"
-                             f": expected oci://host:port/repo/path with a lower-case repository "
-                             f"name", url=None)
+            shown = http.safe_url(url.replace("oci:", "http:", 1)).replace("http:", "oci:", 1)
+            raise StoreError(f"bad registry store URL {shown!r}: expected "
+                             f"oci://host:port/repo/path with a lower-case repository name")
         self.host = f"{u.hostname}:{u.port}" if u.port else u.hostname
         self.repo = repo
         self.scheme = "http" if (_is_loopback(u.hostname) or insecure) else "https"
@@ -200,21 +200,17 @@ class OciBackend:
         except BlobNotFound:
             return False
 
-    def read(self, digest: Digest, start: int = 0, end: int | None = None) -> bytes:
-        if end is not None and end <= start:
-            return b""
+    def _open_range(self, digest: Digest, start: int, end: int | None):
         url = self._blob_url(digest)
-        try:
-            for attempt in range(3):
-                r, skip = http.open_range(url, start, end, timeout=self.timeout,
-                                          headers=self._auth_headers())
-                if r.status == 401 and attempt < 2:
-                    r.close()
-                    if self._challenge(r.headers):
-                        continue
-                break
-            if r.status in (200, 206):
-                return http.read_body(r, skip, start, end, digest=digest)
+        for attempt in range(3):
+            r, skip = http.open_range(url, start, end, timeout=self.timeout,
+                                      headers=self._auth_headers())
+            if r.status == 401 and attempt < 2:
+                r.close()
+                if self._challenge(r.headers):
+                    continue
+            break
+        if r.status not in (200, 206):
             r.close()
             if r.status in (401, 403):
                 raise self._denied(r.status)
@@ -222,11 +218,35 @@ class OciBackend:
                 raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
                                    url=self.url)
             http.raise_for_status(r.status, url, start, end, digest)
-            raise AssertionError("unreachable")
+        return r, skip
+
+    def read(self, digest: Digest, start: int = 0, end: int | None = None) -> bytes:
+        if end is not None and end <= start:
+            return b""
+        try:
+            r, skip = self._open_range(digest, start, end)
+            return http.read_body(r, skip, start, end, digest=digest)
         except FetchError as e:
             if e.digest:
                 raise
             raise FetchError(f"reading blob {digest} [{start}, {end}) from {self.url}: {e}",
+                             digest=digest, url=e.url or self.url, offset=start) from e
+
+    def read_into(self, digest: Digest, start: int, buf) -> int:
+        """Fill ``buf`` (a writable buffer) with the blob's bytes from ``start``."""
+        view = memoryview(buf).cast("B")
+        if not len(view):
+            return 0
+        try:
+            r, skip = self._open_range(digest, start, start + len(view))
+            with r:
+                if skip:
+                    r.skip(skip)
+                return r.readinto(view)
+        except FetchError as e:
+            if e.digest:
+                raise
+            raise FetchError(f"reading blob {digest} at {start} from {self.url}: {e}",
                              digest=digest, url=e.url or self.url, offset=start) from e
 
     def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
