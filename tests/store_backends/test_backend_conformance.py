@@ -7,8 +7,14 @@ import os
 
 import pytest
 
-from bootseer.errors import (BlobNotFound, DigestMismatch, FetchError, InvalidDigest,
-                             RangeError, StoreError)
+from bootseer.errors import (
+    BlobNotFound,
+    DigestMismatch,
+    FetchError,
+    InvalidDigest,
+    RangeError,
+    StoreError,
+)
 from bootseer.store import Backend, sha256_digest
 
 pytestmark = pytest.mark.timeout(120)

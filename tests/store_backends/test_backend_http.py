@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
-from bootseer.errors import (BlobNotFound, DigestMismatch, FetchError, RangeError,
-                             ReadOnlyStore, StoreError)
+from bootseer.errors import (
+    BlobNotFound,
+    DigestMismatch,
+    FetchError,
+    RangeError,
+    ReadOnlyStore,
+    StoreError,
+)
 from bootseer.store import http, open_store, sha256_digest
 from bootseer.store.digest import verify
 

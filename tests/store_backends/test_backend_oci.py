@@ -19,7 +19,6 @@ from bootseer.config import BootseerConfig
 from bootseer.errors import BlobNotFound, DigestMismatch, StoreError
 from bootseer.store import open_store, sha256_digest
 from bootseer.store.backends.oci import MANIFEST, OciBackend, ref_to_tag
-
 from tests.conftest import need
 
 pytestmark = pytest.mark.timeout(120)

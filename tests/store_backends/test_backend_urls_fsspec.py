@@ -14,7 +14,6 @@ from bootseer.store.backends.fsspec_store import FsspecBackend
 from bootseer.store.backends.http import HttpBackend
 from bootseer.store.backends.local import LocalBackend
 from bootseer.store.backends.oci import OciBackend
-
 from tests.store_backends.fakes import register_fake_hdfs
 
 DATA = os.urandom(50_000)
