@@ -32,7 +32,8 @@ def served(tmp_path, nginx_factory):
     server = nginx_factory(tmp_path / "store", extra_locations=(
         "location /err500/ { return 500; }\n"
         "location /err503/ { return 503; }\n"
-        f"location /norange/ {{ alias {root}/; max_ranges 0; }}"))
+        f"location /norange/ {{ alias {root}/; max_ranges 0; }}\n"
+        "location /redir/ { rewrite ^/redir/(.*)$ /$1 redirect; }"))
     return local, server
 
 
@@ -179,3 +180,10 @@ def test_stale_pooled_connections_reconnect(tmp_path, nginx_factory):
     nginx_factory(tmp_path / "s", port=server.port)
     assert r.read(DIGEST, 100, 200) == DATA[100:200]
     assert r.stat(DIGEST) == len(DATA)
+
+
+def test_redirects_are_followed(served):
+    _, server = served
+    r = open_store(f"{server.url}/redir")
+    assert r.read(DIGEST, 100, 200) == DATA[100:200]
+    assert r.read_into(DIGEST, 0, bytearray(10)) == 10
