@@ -74,9 +74,9 @@ def shaped_link(rate: str):
     if rate == "none":
         yield None
         return
-    from bootseer.testing.netns import shaped_namespace
-    with shaped_namespace(rate=rate) as ns:
-        yield ns.name
+    from bootseer.demo.link import shaped_namespace
+    with shaped_namespace(rate) as name:
+        yield name
 
 
 DEMO_STARTS = [S.Start("conventional", ["--baseline"], attempt=0),

@@ -1,5 +1,6 @@
 """The demo's servers, inside the shaped network namespace: the Debian docker-registry
-(holding the image), nginx (the package index, the checkpoint, and the bootseer store)."""
+(the image, and the bootseer store the nodes share) and nginx (the package index and
+the checkpoint, capped per connection like one storage node's stream)."""
 
 from __future__ import annotations
 
@@ -41,15 +42,19 @@ class DemoServers:
         www.mkdir()
         os.symlink(self.assets.index, www / "pypi")
         os.symlink(self.assets.checkpoint, www / "ckpt")
-        self.store_dir = self.scratch / "store"
-        self.store_dir.mkdir()
-        os.symlink(self.store_dir, www / "store")
         web = servers.start_nginx(www, self.scratch / "nginx-run", netns=self.netns,
                                   limit_rate=self.limit_rate)
         self.started.append(web)
         self.index_url = f"{web.url}/pypi/simple"
         self.ckpt_url = f"{web.url}/ckpt/"
-        self.store_url = f"{web.url}/store"
+        # The nodes' store: the registry, over the same shaped link (reads by range,
+        # writes of profiles and environment snapshots, refs as tags).
+        self.store_url = f"oci://127.0.0.1:{reg.port}/bootseer"
+        self.say("convert the image into the store (bootseer image convert)")
+        import sys
+        subprocess.run([*self._ns(), sys.executable, "-m", "bootseer", "image", "convert",
+                        self.image_ref, "--to", self.store_url], check=True,
+                       stdout=subprocess.DEVNULL)
 
     def __exit__(self, *exc) -> None:
         for s in reversed(self.started):
