@@ -45,7 +45,7 @@ def shaped_namespace(name: str, link: str) -> None:
 def outer(args) -> int:
     ns = f"bsckpt{os.getpid()}"
     scratch = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
-    tmpfs_bytes = int(args.size * 1.3) + (256 << 20)
+    tmpfs_bytes = int(args.size * 2.4) + (256 << 20)  # checkpoint + staging of variant 5
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_bytes}", "tmpfs", str(scratch)],
                    check=True)
     try:

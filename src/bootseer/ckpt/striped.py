@@ -264,8 +264,10 @@ class StripedReader:
             self.consumed += n
             cursor.pos, cursor.used = end, time.monotonic()
             if grow:
+                # doubles per sequential read, and at least matches the read just served
+                # (one 64 MiB read of a DCP tensor should prefetch the next tensor)
                 cursor.window = min(self.engine.config.readahead_max_bytes,
-                                    max(2 * cursor.window, 2 * self.S))
+                                    max(2 * cursor.window, 2 * self.S, n))
             self._trim()
 
     def close(self) -> None:
