@@ -1,0 +1,200 @@
+"""A cluster startup simulator that writes traces in bootseer's formats.
+
+Model (every assumption is listed in docs/simulator.md): jobs arrive uniformly over a day;
+job sizes follow a mix over the GPU bins; a job of G GPUs runs on ceil(G/8) nodes; every
+attempt (the first start and each restart) draws, per node, the durations of the startup
+phases; a node is ready when its phases are done (in sequence, or overlapped with the
+``overlap`` technique); the job is ready at the slowest node. Shared bottlenecks: image
+pulls share the registry bandwidth and checkpoint reads share the storage bandwidth among
+the N nodes starting at once. Per-node noise is log-normal plus rare Pareto stragglers.
+A per-bin calibration factor scales all phases so that the default model reproduces the
+published per-bin median startup times; see :data:`CALIBRATION`.
+
+Output: ``<out>/cluster.jsonl``, one JSON line per job attempt (the compact form read by
+``bootseer analyze`` and ``bootseer report``), and optionally full per-node event traces
+for the first jobs under ``<out>/traces/`` (the recorder's format).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from dataclasses import asdict, dataclass, field
+
+BINS = [(1, 10), (10, 100), (100, 500), (500, 1000), (1000, 2000), (2000, 3000), (3000, 8192)]
+BIN_NAMES = ["1-10", "10-100", "100-500", "500-1000", "1000-2000", "2000-3000", ">3000"]
+TARGET_MEDIANS = [45, 127, 334, 314, 410, 432, 501]   # s, per bin (the paper's figure)
+TARGET_LOST_SHARE = 0.035                             # of cluster GPU time
+TECHNIQUES = ("image", "deps", "ckpt", "overlap")
+# Per-bin factors on all phase durations, fitted once so that the default model (seed 0,
+# 30,000 jobs) hits TARGET_MEDIANS; the shape within a bin comes from the model.
+CALIBRATION = [0.698, 1.524, 3.374, 2.572, 2.261, 1.546, 0.736]
+
+
+def bin_of(gpus: int) -> int:
+    for i, (lo, hi) in enumerate(BINS):
+        if gpus <= hi if i == 0 else lo < gpus <= hi:
+            return i
+    return len(BINS) - 1
+
+
+@dataclass(frozen=True)
+class SimParams:
+    jobs: int = 30000
+    seed: int = 0
+    day_s: float = 86400.0
+    """Jobs arrive uniformly over this window (s)."""
+    bin_weights: tuple = (0.55, 0.27, 0.10, 0.04, 0.025, 0.01, 0.005)
+    """Share of jobs per GPU bin."""
+    gpus_per_node: int = 8
+    image_gb: float = 15.0
+    """Container image size (GB) pulled by every node."""
+    node_gbps: float = 1.25
+    """One node's network bandwidth (GB/s)."""
+    registry_gbps: float = 80.0
+    """Registry (plus mirrors) bandwidth shared by the nodes of a job starting at once (GB/s)."""
+    storage_gbps: float = 100.0
+    """Checkpoint storage bandwidth shared by the nodes of a job (GB/s)."""
+    ckpt_gb_per_gpu: float = 1.5
+    """Checkpoint bytes per GPU (model + optimizer state, sharded)."""
+    deps_s: float = 30.0
+    """Median per-node dependency install (s)."""
+    sigma: float = 0.25
+    """Log-normal spread of per-node phase durations."""
+    straggler_p: float = 0.004
+    """Chance that a node's phase is a straggler (x Pareto(alpha=1.5) slowdown)."""
+    train_median_h: float = 7.0
+    """Median training time of a job (h), log-normal with sigma 0.8."""
+    failures_per_gpu_hour: float = 0.00005
+    """Restarts: Poisson with this rate times GPU-hours of training."""
+    max_restarts: int = 40
+    techniques: tuple = ()
+    calibration: tuple = tuple(CALIBRATION)
+
+
+PHASES = ("container.create", "image.pull", "deps.install", "ckpt.load", "dist.init", "model.init")
+
+
+def _node_phases(p: SimParams, rnd: random.Random, nodes: int, gpus: int, cal: float) -> dict:
+    """Median-level (noise-free) seconds of each phase on one node of this job."""
+    t = set(p.techniques)
+    share_reg = min(p.node_gbps, p.registry_gbps / nodes)
+    image = p.image_gb / share_reg
+    if "image" in t:  # lazy image: only the hot blocks (~15%) before start, peers share blocks
+        image = 0.15 * p.image_gb / min(p.node_gbps, 4 * p.registry_gbps / nodes) + 2.0
+    deps = 3.0 if "deps" in t else p.deps_s   # snapshot restore vs resolve+install
+    ckpt_gb = p.ckpt_gb_per_gpu * min(gpus, p.gpus_per_node)
+    bw = min(p.node_gbps * (4 if "ckpt" in t else 1),
+             p.storage_gbps * (2 if "ckpt" in t else 1) / nodes)
+    ckpt = ckpt_gb / bw
+    return {"container.create": 5.0 * cal, "image.pull": image * cal,
+            "deps.install": deps * cal, "ckpt.load": ckpt * cal,
+            "dist.init": (2.0 + 1.5 * math.log2(nodes + 1)) * cal, "model.init": 8.0 * cal}
+
+
+def _attempt(p: SimParams, rnd: random.Random, nodes: int, base: dict):
+    """One start: per-node draws; returns (ready_s, per-phase per-node lists, gating idx)."""
+    sig, sp = p.sigma, p.straggler_p
+    gauss, expo = rnd.gauss, math.exp
+    per = {}
+    for k, m in base.items():
+        v = [m * expo(gauss(0.0, sig)) for _ in range(nodes)]
+        # rare stragglers: Binomial(nodes, sp) of them, each slowed by a Pareto(1.5) factor
+        hits = sum(1 for _ in range(nodes) if rnd.random() < sp) if nodes < 50 else \
+            max(0, int(round(gauss(nodes * sp, math.sqrt(nodes * sp)))))
+        for i in rnd.sample(range(nodes), min(hits, nodes)):
+            v[i] *= (1.0 - rnd.random()) ** (-1 / 1.5)
+        per[k] = v
+    if "overlap" in p.techniques:  # image, deps and checkpoint fetches run side by side
+        totals = [c + max(i, d, k) + x + m for c, i, d, k, x, m in zip(*per.values())]
+    else:
+        totals = [sum(t) for t in zip(*per.values())]
+    gi = max(range(nodes), key=totals.__getitem__)
+    return totals[gi], per, gi
+
+
+def simulate(p: SimParams, out: str, events_jobs: int = 0) -> dict:
+    """Write ``<out>/cluster.jsonl`` (and traces for the first ``events_jobs`` jobs)."""
+    rnd = random.Random(p.seed)
+    os.makedirs(out, exist_ok=True)
+    cum, acc = [], 0.0
+    for w in p.bin_weights:
+        acc += w
+        cum.append(acc / sum(p.bin_weights))
+    path = os.path.join(out, "cluster.jsonl")
+    lines = [json.dumps({"v": 1, "kind": "simulation", "params": asdict(p)})]
+    n_attempts = 0
+    for j in range(p.jobs):
+        # one generator per job: a job's draws do not depend on the jobs before it
+        rnd = random.Random(p.seed * 1_000_003 + j)
+        u = rnd.random()
+        b = next(i for i, c in enumerate(cum) if u <= c)
+        lo, hi = BINS[b]
+        gpus = max(1, int(math.exp(rnd.uniform(math.log(max(lo, 1)), math.log(hi)))))
+        if b > 0 and gpus <= lo:
+            gpus = lo + 1
+        if gpus >= 8:
+            gpus -= gpus % 8  # whole nodes above one node
+        gb = bin_of(gpus)
+        nodes = max(1, math.ceil(gpus / p.gpus_per_node))
+        train_s = 3600 * p.train_median_h * math.exp(rnd.gauss(0.0, 0.8))
+        lam = p.failures_per_gpu_hour * gpus * train_s / 3600
+        restarts = min(_poisson(rnd, lam), p.max_restarts)
+        t = rnd.uniform(0, p.day_s)
+        base = _node_phases(p, rnd, nodes, gpus, p.calibration[gb])
+        job = f"sim-{j:05d}"
+        for a in range(restarts + 1):
+            ready, per, gi = _attempt(p, rnd, nodes, base)
+            seg = train_s / (restarts + 1)
+            phases = {k: [_median(v), max(v)] for k, v in per.items()}
+            gating_phase = max(per, key=lambda k: per[k][gi] - phases[k][0])
+            lines.append(json.dumps({"v": 1, "kind": "attempt", "job": job, "attempt": a,
+                                     "gpus": gpus, "nodes": nodes, "t": round(t, 1),
+                                     "ready": round(ready, 2), "train": round(seg, 1),
+                                     "phases": {k: [round(x, 2) for x in v] for k, v in phases.items()},
+                                     "gating_node": f"node{gi}", "gating_phase": gating_phase},
+                                    separators=(",", ":")))
+            if j < events_jobs:
+                _write_events(out, job, a, t, gpus, nodes, per, ready)
+            t += ready + seg
+            n_attempts += 1
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return {"path": path, "jobs": p.jobs, "attempts": n_attempts}
+
+
+def _write_events(out, job, attempt, t0, gpus, nodes, per, ready) -> None:
+    d = os.path.join(out, "traces", job, str(attempt))
+    os.makedirs(d, exist_ok=True)
+    g = min(gpus, 8)
+    for i in range(nodes):
+        s, lines = t0, []
+        for k in PHASES:
+            e = s + per[k][i]
+            lines.append({"v": 1, "job": job, "attempt": attempt, "node": f"node{i}", "rank": None,
+                          "gpus": g, "pid": 1, "kind": "span", "phase": k, "parent": None,
+                          "start": s, "end": e, "status": "ok", "attrs": {}})
+            s = e
+        lines.append({"v": 1, "job": job, "attempt": attempt, "node": f"node{i}", "gpus": g,
+                      "pid": 1, "kind": "mark", "phase": "ready", "start": s, "end": s})
+        with open(os.path.join(d, f"node{i}-1.jsonl"), "w") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _median(v: list[float]) -> float:
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _poisson(rnd: random.Random, lam: float) -> int:
+    if lam > 30:  # normal approximation: exact sampling is slow for big rates
+        return max(0, int(round(rnd.gauss(lam, math.sqrt(lam)))))
+    k, p, lim = 0, 1.0, math.exp(-lam)
+    while True:
+        p *= rnd.random()
+        if p <= lim:
+            return k
+        k += 1
