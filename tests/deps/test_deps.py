@@ -64,6 +64,19 @@ def test_build_once_restore_warm(index, tmp_path):
     assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
 
 
+def test_key_handed_to_a_cold_node_restores_without_the_index(index, tmp_path, nginx_factory):
+    urls, spec = index
+    prefix = str(tmp_path / "env")
+    r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    E._rmtree(prefix)
+    dead = ["http://127.0.0.1:9/simple"]       # the index is unreachable now
+    r2 = E.ensure(str(spec), prefix, python=PY, index_urls=dead, key=r.key,
+                  config=cfg(tmp_path, "b"))
+    assert r2.how == "restored" and imports(prefix) == "3"
+    assert E.ensure(str(spec), prefix, python=PY, index_urls=dead, key=r.key,
+                    config=cfg(tmp_path, "b")).how == "warm"
+
+
 def _ensure_proc(spec, prefix, urls, store, cache, out):
     config = BootseerConfig.from_env(overrides={"store": {"url": store}, "cache": {"dir": cache}})
     r = E.ensure(spec, prefix, python=PY, index_urls=urls, config=config)

@@ -41,6 +41,8 @@ def register(sub) -> None:
     g.add_argument("--deps", metavar="SPEC|KEY",
                    help="requirements file, pyproject.toml or uv.lock (or a key from "
                         "'bootseer deps key')")
+    g.add_argument("--deps-key", metavar="KEY",
+                   help="environment key from 'bootseer deps key', resolved once per job")
     g.add_argument("--prefix", metavar="PATH",
                    help="where the environment lives (the same path on every node)")
     g.add_argument("--python", metavar="PY", help="interpreter of the environment")
@@ -100,7 +102,8 @@ def spec_from_args(args):
         env[k] = v
     return RunSpec(argv=argv, image=args.image,
                    image_mode="pull" if (args.pull or args.baseline) else "lazy",
-                   prefetch=not args.no_prefetch, deps=args.deps, prefix=args.prefix,
+                   prefetch=not args.no_prefetch, deps=args.deps, deps_key=args.deps_key,
+                   prefix=args.prefix,
                    python=args.python, index_urls=args.index_url,
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
                    ckpt_target=args.ckpt_target, stripe=not (args.no_stripe or args.baseline),

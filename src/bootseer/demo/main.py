@@ -113,6 +113,13 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
                     "--bind", f"{assets.train_script.parent}:/demo",
                     "-e", f"PYTHONPATH={S.NODE_ROOT}/env/lib/python3.11/site-packages",
                     "-e", f"DEMO_IMPORTS={A.IMPORTS}", "-e", "OMP_NUM_THREADS=1"]
+        say("resolve the requirements once for the job (bootseer deps key)")
+        key = subprocess.run(
+            [*(["nsenter", f"--net=/run/netns/{netns}"] if netns else []), sys.executable,
+             "-m", "bootseer", "deps", "key", str(assets.requirements), "--prefix",
+             f"{S.NODE_ROOT}/env", "--python", A.IMAGE_PYTHON, "--index-url", servers.index_url],
+            check=True, capture_output=True, text=True).stdout.strip()
+        run_args += ["--deps-key", key]
         cmd = ["python3", "/demo/train.py", *train_args]
         for start in starts:
             say(f"start '{start.name}': {args.nodes} nodes resume the job ...")

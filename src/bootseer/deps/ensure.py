@@ -175,11 +175,31 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
     prefix = os.path.abspath(prefix)
     python = python or sys.executable
     if key is not None:
+        # The launcher resolved once per job and handed every node the key: a warm node
+        # returns at once, a cold one restores without resolving (no index traffic).
         m = read_marker(prefix)
         if m and m.get("key") == key:
             return Result("warm", key, prefix)
+        _check_prefix(prefix)
+        store = open_store(config.store.url, config)
+        published = store.get_ref(env_ref(key))
+        if published is not None:
+            os.makedirs(os.path.dirname(prefix), exist_ok=True)
+            with open(f"{prefix}.lock", "a+") as lf:
+                fcntl.flock(lf, fcntl.LOCK_EX)
+                m = read_marker(prefix)
+                if m and m.get("key") == key:
+                    return Result("warm", key, prefix)
+                try:
+                    restore(store, published, prefix, config, key)
+                    return Result("restored", key, prefix)
+                except StoreError as e:
+                    log.warning("restoring %s failed (%s): resolving and installing", key[:19], e)
     with tracing.phase("deps.resolve"):
         resolved = resolve_key(spec, prefix, python, index_urls)
+    if key is not None and resolved.key != key:
+        log.warning("given key %s does not match %s resolved here (index changed?): using %s",
+                    key[:19], spec, resolved.key[:19])
     key = resolved.key
     m = read_marker(prefix)
     if m and m.get("key") == key:

@@ -120,8 +120,13 @@ def _serve(view_factory, mountpoint: str, name: str, ready_fd: int) -> None:
     # the loop and unmount; a Python handler would never run while fuse_main blocks in C.
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
+    # Every view is immutable while mounted (a tree, a snapshot, a checkpoint whose change
+    # fails the read): let the kernel cache pages, attributes, entries and misses. Python
+    # imports stat many paths that do not exist; negative caching saves each a round trip.
     mfusepy.FUSE(operations(view), mountpoint, foreground=True, ro=True, nosuid=True,
-                 nodev=True, allow_other=True, default_permissions=True, fsname=name)
+                 nodev=True, allow_other=True, default_permissions=True, fsname=name,
+                 kernel_cache=True, attr_timeout=3600, entry_timeout=3600,
+                 negative_timeout=3600)
     os._exit(0)
 
 

@@ -80,14 +80,14 @@ class SnapshotDeps(Pipeline):
     kind = "restore"
 
     def __init__(self, spec: str, prefix: str, python: str | None, index_urls: list[str],
-                 config: BootseerConfig):
+                 config: BootseerConfig, key: str | None = None):
         self.spec, self.prefix, self.python = spec, prefix, python
-        self.index_urls, self.config = index_urls, config
+        self.index_urls, self.config, self.key = index_urls, config, key
 
     def prepare(self, timeline) -> Prepared:
         from bootseer.deps.ensure import ensure
         try:
-            result = ensure(self.spec, self.prefix, python=self.python,
+            result = ensure(self.spec, self.prefix, python=self.python, key=self.key,
                             index_urls=self.index_urls, config=self.config)
         except StoreError as e:
             raise FallbackPossible(f"dependency snapshot unavailable ({e})") from e

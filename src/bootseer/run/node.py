@@ -47,6 +47,9 @@ class RunSpec:
     prefetch: bool = True
     """Prefetch the image's recorded hot blocks (lazy mode)."""
     deps: str | None = None
+    deps_key: str | None = None
+    """Environment key resolved once per job ('bootseer deps key'): cold nodes restore
+    without resolving, warm nodes return at once."""
     prefix: str | None = None
     python: str | None = None
     index_urls: list[str] = field(default_factory=list)

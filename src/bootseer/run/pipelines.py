@@ -135,7 +135,8 @@ def deps_pipeline(spec, config: BootseerConfig, state: Path) -> Pipeline:
     if not spec.snapshot:
         return PipInstall(spec.deps, prefix, spec.python, spec.index_urls)
     from bootseer.run.lazy import SnapshotDeps
-    return SnapshotDeps(spec.deps, prefix, spec.python, spec.index_urls, config)
+    return SnapshotDeps(spec.deps, prefix, spec.python, spec.index_urls, config,
+                        key=spec.deps_key)
 
 
 def ckpt_pipeline(spec, config: BootseerConfig, state: Path) -> Pipeline:
