@@ -1,0 +1,128 @@
+"""Benchmarks of issue #3's performance goals, one command:
+
+    .venv/bin/python bench/trace/run.py [--nodes 10000] [--jobs 30000] [--events 200000]
+
+Rows: recording overhead per event (goal <= 50 us), ``report`` of an N-node single-job
+trace (goal <= 2 s at 10,000 nodes), ``simulate`` of N jobs and ``analyze`` of them (goal
+<= 30 s each at 30,000 jobs). Each timed step runs in a fresh process through the CLI,
+as a user would run it (interpreter start included). Scratch data goes to a temporary
+directory that is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+PY = sys.executable
+
+
+def row(name: str, value: float, unit: str, goal: float | None) -> None:
+    ok = "" if goal is None else ("  ok" if value <= goal else "  MISSED")
+    g = "" if goal is None else f"  (goal <= {goal:g} {unit})"
+    print(f"{name:<44} {value:10.2f} {unit}{g}{ok}", flush=True)
+
+
+def bench_record(tmp: str, n: int) -> None:
+    code = f"""
+import os, time
+os.environ["BOOTSEER_TRACE_LOCATION"] = {tmp!r}
+from bootseer import trace
+trace.mark("warm")
+t = time.perf_counter()
+for i in range({n}):
+    with trace.phase("bench.phase", bytes=i):
+        pass
+span = (time.perf_counter() - t) / {n}
+t = time.perf_counter()
+for i in range({n}):
+    trace.mark("bench.mark")
+mk = (time.perf_counter() - t) / {n}
+del os.environ["BOOTSEER_TRACE_LOCATION"]
+t = time.perf_counter()
+for i in range({n}):
+    with trace.phase("bench.phase", bytes=i):
+        pass
+off = (time.perf_counter() - t) / {n}
+print(span * 1e6, mk * 1e6, off * 1e6)
+"""
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True).stdout
+    span, mk, off = map(float, out.split())
+    row("record: phase() span, per event", span, "us", 50)
+    row("record: mark(), per event", mk, "us", 50)
+    row("record: phase() with tracing off", off, "us", None)
+
+
+def make_job(root: str, nodes: int) -> str:
+    rnd = random.Random(1)
+    d = os.path.join(root, "bigjob", "0")
+    os.makedirs(d)
+    phases = ["container.create", "image.pull", "deps.install", "ckpt.load", "dist.init"]
+    for i in range(nodes):
+        t = 1000.0 + rnd.uniform(0, 0.5)
+        lines = []
+        for p in phases:
+            e = t + rnd.lognormvariate(2, 0.4)
+            lines.append(json.dumps({"v": 1, "job": "bigjob", "attempt": 0, "node": f"n{i:05d}",
+                                     "rank": i, "gpus": 8, "pid": 7, "kind": "span", "phase": p,
+                                     "parent": None, "start": t, "end": e, "mono_start": t,
+                                     "mono_end": e, "status": "ok", "attrs": {}}))
+            t = e
+        for m in ("rendezvous", "ready"):
+            lines.append(json.dumps({"v": 1, "job": "bigjob", "attempt": 0, "node": f"n{i:05d}",
+                                     "rank": i, "gpus": 8, "pid": 7, "kind": "mark", "phase": m,
+                                     "parent": None, "start": t, "end": t, "status": "ok",
+                                     "attrs": {}}))
+        with open(os.path.join(d, f"n{i:05d}-7.jsonl"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return os.path.join(root, "bigjob")
+
+
+def timed(argv: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=10000)
+    ap.add_argument("--jobs", type=int, default=30000)
+    ap.add_argument("--events", type=int, default=200000)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bootseer-bench-trace-")
+    try:
+        print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
+        bench_record(os.path.join(tmp, "rec"), a.events)
+        job = make_job(tmp, a.nodes)
+        row(f"report: {a.nodes}-node trace (text+json)",
+            timed([PY, "-m", "bootseer", "report", job, "--json", os.path.join(tmp, "r.json")]),
+            "s", 2 if a.nodes <= 10000 else None)
+        goal = 30 if a.jobs <= 30000 else None
+        sim = os.path.join(tmp, "sim")
+        row(f"simulate: {a.jobs} jobs", timed([PY, "-m", "bootseer", "simulate", sim,
+                                                "--jobs", str(a.jobs)]), "s", goal)
+        row(f"simulate: {a.jobs} jobs, --techniques all",
+            timed([PY, "-m", "bootseer", "simulate", sim + "2", "--jobs", str(a.jobs),
+                   "--techniques", "all"]), "s", goal)
+        row(f"analyze: {a.jobs} jobs (text+json+html)",
+            timed([PY, "-m", "bootseer", "analyze", sim, "--json", os.path.join(tmp, "a.json"),
+                   "--html", os.path.join(tmp, "a.html")]), "s", goal)
+        c = json.load(open(os.path.join(tmp, "a.json")))
+        meds = " ".join(f"{b['bin']}:{b['median']:.0f}" for b in c["bins"])
+        print(f"calibration: median startup s by GPUs {meds}; GPU time lost "
+              f"{c['lost_share'] * 100:.2f}% (targets 45 127 334 314 410 432 501; 3.5%)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
