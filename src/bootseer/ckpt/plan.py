@@ -1,0 +1,114 @@
+"""Prefetch plans from a checkpoint's own metadata: which byte ranges of which files, in
+the order a load will want them.
+
+* DCP: ``.metadata`` lists every stored item as (relative_path, offset, length); the plan
+  is those ranges sorted by file and offset (what ``FileSystemReader`` reads).
+* safetensors: the 8-byte little-endian header length + JSON header of each file gives
+  every tensor's ``data_offsets``; the plan is the headers first (tiny, needed before any
+  tensor), then the tensors in file order.
+
+``split(plan, rank, world)`` gives one process of a node a contiguous 1/world share of the
+bytes, so ``world`` local ranks stream a node's copy once, in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from dataclasses import dataclass
+
+from bootseer.errors import StoreError
+
+
+class PlanError(StoreError):
+    """The checkpoint's metadata cannot be read as a plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    path: str
+    """Relative to the checkpoint directory."""
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def dcp_plan(url: str, *, opener=None) -> list[Range]:
+    """Ranges of a DCP checkpoint directory at ``url`` from its ``.metadata``."""
+    from bootseer.ckpt.api import open as ckpt_open
+    opener = opener or ckpt_open
+    meta_url = url.rstrip("/") + "/.metadata"
+    with opener(meta_url) as f:
+        try:
+            meta = pickle.load(f)  # noqa: S301 - DCP's own format; torch loads it the same way
+        except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad checkpoint
+            raise PlanError(f"{meta_url} is not a DCP metadata file: {e}", url=meta_url) from e
+    data = getattr(meta, "storage_data", None)
+    if not isinstance(data, dict):
+        raise PlanError(f"{meta_url} has no storage_data (not a torch DCP checkpoint?)",
+                        url=meta_url)
+    ranges = {Range(i.relative_path, i.offset, i.offset + i.length) for i in data.values()}
+    return sorted(ranges, key=lambda r: (r.path, r.start))
+
+
+def safetensors_header(head: bytes, name: str = "?") -> tuple[int, dict]:
+    """(data start offset, header dict) from the first bytes of a safetensors file."""
+    if len(head) < 8:
+        raise PlanError(f"{name}: shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", head[:8])
+    if n > 100 * 1024 * 1024:
+        raise PlanError(f"{name}: header length {n} is not plausible (not safetensors?)")
+    if len(head) < 8 + n:
+        raise PlanError(f"{name}: need {8 + n} bytes of header, got {len(head)}")
+    try:
+        header = json.loads(head[8:8 + n])
+    except ValueError as e:
+        raise PlanError(f"{name}: safetensors header is not JSON: {e}") from e
+    return 8 + n, header
+
+
+def safetensors_plan(url: str, files: list[str], *, opener=None) -> list[Range]:
+    """Headers of every file first, then each file's tensors in offset order."""
+    from bootseer.ckpt.api import open as ckpt_open
+    opener = opener or ckpt_open
+    heads, bodies = [], []
+    for rel in files:
+        with opener(url.rstrip("/") + "/" + rel) as f:
+            first = f.read(8)
+            n = struct.unpack("<Q", first)[0] if len(first) == 8 else 0
+            base, header = safetensors_header(first + f.read(min(n, 100 * 1024 * 1024)), rel)
+        heads.append(Range(rel, 0, base))
+        spans = sorted((base + v["data_offsets"][0], base + v["data_offsets"][1])
+                       for k, v in header.items() if k != "__metadata__")
+        bodies += [Range(rel, s, e) for s, e in spans if e > s]
+    return heads + bodies
+
+
+def merge(plan: list[Range], gap: int = 0) -> list[Range]:
+    """Adjacent ranges of one file (gap bytes apart at most) become one."""
+    out: list[Range] = []
+    for r in plan:
+        if out and out[-1].path == r.path and 0 <= r.start - out[-1].end <= gap:
+            out[-1] = Range(r.path, out[-1].start, max(out[-1].end, r.end))
+        else:
+            out.append(r)
+    return out
+
+
+def split(plan: list[Range], rank: int, world: int) -> list[Range]:
+    """Rank ``rank``'s contiguous 1/``world`` share of the plan's bytes (ranges cut as needed)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in [0, world={world})")
+    total = sum(r.length for r in plan)
+    lo, hi = total * rank // world, total * (rank + 1) // world
+    out, pos = [], 0
+    for r in plan:
+        a, b = max(lo, pos), min(hi, pos + r.length)
+        if a < b:
+            out.append(Range(r.path, r.start + a - pos, r.start + b - pos))
+        pos += r.length
+    return out
