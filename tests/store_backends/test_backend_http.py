@@ -33,7 +33,8 @@ def served(tmp_path, nginx_factory):
         "location /err500/ { return 500; }\n"
         "location /err503/ { return 503; }\n"
         f"location /norange/ {{ alias {root}/; max_ranges 0; }}\n"
-        "location /redir/ { rewrite ^/redir/(.*)$ /$1 redirect; }"))
+        "location /redir/ { rewrite ^/redir/(.*)$ /$1 redirect; }\n"
+        "location /denied/ { return 403; }"))
     return local, server
 
 
@@ -53,6 +54,9 @@ def test_status_codes_map_to_errors(served):
         assert e.value.digest == DIGEST and f"err{code}" in e.value.url
         with pytest.raises(FetchError, match=f"HTTP {code}"):
             bad.stat(DIGEST)
+    with pytest.raises(StoreError, match="403, access denied") as e:
+        open_store(f"{server.url}/denied").read(DIGEST, 0, 10)
+    assert not isinstance(e.value, FetchError)  # not retried by the fetcher
 
 
 def test_server_ignoring_range_answers_200_and_is_sliced(served):

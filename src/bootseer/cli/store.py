@@ -43,20 +43,21 @@ def register(sub) -> None:
     v.add_argument("--refs", action="store_true", help="list refs and their digests")
     v.add_argument("prefix", nargs="?", default=None, help="with --refs: only refs starting "
                                                            "with this")
-    v.add_argument("--prefix", dest="prefix_opt", default="", help=argparse_suppress())
     v.set_defaults(func=_ls)
-    v = verbs.add_parser("ref", help="ref get NAME | ref set NAME DIGEST [--exclusive] | "
-                                     "ref rm NAME")
-    v.add_argument("words", nargs="+", metavar="get|set|rm NAME [DIGEST]")
-    v.add_argument("--exclusive", action="store_true",
-                   help="set only if the ref does not exist (exit 3 if it does)")
-    v.add_argument("--delete", action="store_true", help=argparse_suppress())
-    v.set_defaults(func=_ref)
-
-
-def argparse_suppress():
-    import argparse
-    return argparse.SUPPRESS
+    v = verbs.add_parser("ref", help="get, set or rm a named ref")
+    refs = v.add_subparsers(dest="ref_verb", metavar="get|set|rm", required=True)
+    r = refs.add_parser("get", help="print the digest a ref points to")
+    r.add_argument("name")
+    r.set_defaults(func=_ref_get)
+    r = refs.add_parser("set", help="point a ref at a blob of the store")
+    r.add_argument("name")
+    r.add_argument("digest")
+    r.add_argument("--exclusive", action="store_true",
+                   help="only if the ref does not exist yet (exit 3 if it does)")
+    r.set_defaults(func=_ref_set)
+    r = refs.add_parser("rm", help="delete a ref (no error if absent)")
+    r.add_argument("name")
+    r.set_defaults(func=_ref_rm)
 
 
 def _open(args):
@@ -138,7 +139,7 @@ def _stat(args) -> int:
 def _ls(args) -> int:
     store = _open(args)
     if args.refs:
-        for name in store.list_refs(args.prefix or args.prefix_opt):
+        for name in store.list_refs(args.prefix or ""):
             print(f"{name}\t{store.get_ref(name)}")
     else:
         for d in store.list():
@@ -146,35 +147,31 @@ def _ls(args) -> int:
     return 0
 
 
-def _ref(args) -> int:
-    from bootseer.errors import BlobNotFound, StoreError
-    from bootseer.store.digest import parse
-    words = args.words
-    verb = words[0] if words[0] in ("get", "set", "rm") and len(words) > 1 else None
-    if verb is None:  # older spelling: ref NAME [DIGEST] [--delete]
-        verb = "rm" if args.delete else ("set" if len(words) == 2 else "get")
-        words = [verb, *words]
-    expected = {"get": 2, "rm": 2, "set": 3}[verb]
-    if len(words) != expected:
-        raise StoreError(f"usage: bootseer store ref {verb} NAME" + (" DIGEST" if verb == "set"
-                                                                     else ""))
+def _ref_get(args) -> int:
+    from bootseer.errors import BlobNotFound
     store = _open(args)
-    name = words[1]
-    if verb == "rm":
-        store.delete_ref(name)
-        return 0
-    if verb == "set":
-        digest = parse(words[2])
-        if not store.exists(digest):
-            raise BlobNotFound(f"cannot point ref {name} at {digest}: no such blob in "
-                               f"{store.url} (put it first)", digest=digest, url=store.url)
-        if not store.set_ref(name, digest, exclusive=args.exclusive):
-            print(f"bootseer: ref {name} already exists in {store.url}: "
-                  f"{store.get_ref(name)}", file=sys.stderr)
-            return 3
-        return 0
-    digest = store.get_ref(name)
+    digest = store.get_ref(args.name)
     if digest is None:
-        raise BlobNotFound(f"no ref {name!r} in {store.url}", url=store.url)
+        raise BlobNotFound(f"no ref {args.name!r} in {store.url}", url=store.url)
     print(digest)
+    return 0
+
+
+def _ref_set(args) -> int:
+    from bootseer.errors import BlobNotFound
+    from bootseer.store.digest import parse
+    store = _open(args)
+    digest = parse(args.digest)
+    if not store.exists(digest):
+        raise BlobNotFound(f"cannot point ref {args.name} at {digest}: no such blob in "
+                           f"{store.url} (put it first)", digest=digest, url=store.url)
+    if not store.set_ref(args.name, digest, exclusive=args.exclusive):
+        print(f"bootseer: ref {args.name} already exists in {store.url}: "
+              f"{store.get_ref(args.name)}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _ref_rm(args) -> int:
+    _open(args).delete_ref(args.name)
     return 0

@@ -22,7 +22,7 @@ import threading
 import urllib.parse
 from typing import Mapping
 
-from bootseer.errors import BlobNotFound, FetchError, RangeError
+from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 _SKIP_CHUNK = 1 << 20
@@ -262,9 +262,9 @@ def raise_for_status(status: int, url: str, start: int, end: int | None,
     if status == 416:
         raise RangeError(f"range [{start}, {end}) is outside {what} (HTTP 416): check the "
                          f"offset against the blob size", url=s, offset=start, digest=digest)
-    if status in (401, 403):
-        raise FetchError(f"GET {what}: HTTP {status}, access denied (check credentials)",
-                         url=s, digest=digest)
+    if status in (401, 403):  # not transient: a StoreError the fetcher does not retry
+        raise StoreError(f"GET {what}: HTTP {status}, access denied (check the credentials "
+                         f"in the store URL)", url=s, digest=digest)
     raise FetchError(f"GET {what} returned HTTP {status}", url=s, digest=digest, offset=start)
 
 
