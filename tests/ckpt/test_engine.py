@@ -213,3 +213,18 @@ def test_source_identity(nginx, data):
     s = HttpFileSource.stat(f"{nginx.url}/model.bin")
     assert s.size == len(data) and s.etag and s.mtime
     assert s.read_range(5, 10) == data[5:10]
+
+
+def test_plan_hints_under_a_small_budget_never_deadlock(nginx, data):
+    e = engine(memory_budget_bytes=192 * KiB)  # three stripes
+    try:
+        f = api.open(f"{nginx.url}/model.bin", engine=e)
+        assert f._r.hint(0, len(data)) == 3  # as far as the budget allows, never waits
+        f.seek(900_000)  # demand elsewhere: hinted stripes give way
+        assert f.read(50_000) == data[900_000:950_000]
+        f.seek(0)
+        assert f.read() == data
+        f.close()
+        assert e.budget.peak <= 192 * KiB
+    finally:
+        e.close()

@@ -20,13 +20,22 @@ def _fs_class():
 
         def __init__(self, engine=None):
             self.engine = engine
+            self.pinned: dict[str, object] = {}  # files kept open across a read_data call
+
+        def open_file(self, path):
+            from bootseer.ckpt.api import open as ckpt_open
+            return ckpt_open(str(path), engine=self.engine)
 
         @contextmanager
         def create_stream(self, path, mode):
-            from bootseer.ckpt.api import open as ckpt_open
             if "r" not in mode or "+" in mode or "w" in mode:
                 raise PermissionError(f"{path}: the striped DCP reader is read-only")
-            f = ckpt_open(str(path), engine=self.engine)
+            pinned = self.pinned.get(str(path))
+            if pinned is not None:
+                pinned.seek(0)
+                yield pinned
+                return
+            f = self.open_file(path)
             try:
                 yield f
             finally:
@@ -72,6 +81,27 @@ def StripedDCPReader(path: str, engine=None):  # noqa: N802 - a class factory (t
             super().__init__(os.devnull)  # torch's local FileSystem is replaced just below
             self.fs = _fs_class()(engine)
             self.path = self.fs.init_path(path)
+
+        def read_data(self, plan, planner):
+            """Before torch reads item by item, put every range of the plan in flight
+            (plan prefetch from the DCP metadata), then read as torch does."""
+            ranges: dict[str, list[tuple[int, int]]] = {}
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                ranges.setdefault(info.relative_path, []).append(
+                    (info.offset, info.offset + info.length))
+            try:
+                for rel, spans in ranges.items():
+                    path = self.fs.concat_path(self.path, rel)
+                    f = self.fs.pinned[str(path)] = self.fs.open_file(path)
+                    for start, end in sorted(spans):
+                        if f._r.hint(start, end) == 0 and end > start:
+                            break  # budget full: the rest streams in with read-ahead
+                return super().read_data(plan, planner)
+            finally:
+                for f in self.fs.pinned.values():
+                    f.close()
+                self.fs.pinned.clear()
 
         def reset(self, checkpoint_id=None):
             super().reset(None)

@@ -102,8 +102,11 @@ class Engine:
     def shed(self) -> None:
         with self._lock:
             readers = list(self._readers)
-        for r in readers:
-            r.shed()
+        # plan-hinted stripes go last: they are about to be read; but they must go when
+        # nothing else can, or a demand read could wait on them forever
+        if sum(r.shed() for r in readers) == 0:
+            for r in readers:
+                r.shed(hinted=True)
 
     def stats(self) -> dict:
         return {**self.fetcher.counters(), "budget_peak": self.budget.peak,
@@ -136,6 +139,7 @@ class StripedReader:
         self.S = engine.config.stripe_bytes
         self._stripes: dict[int, _Stripe] = {}
         self._cursors: list[_Cursor] = []
+        self._hinted: set[int] = set()
         self._lock = threading.Lock()
         self.consumed = 0
         self.first_byte_s: float | None = None
@@ -189,17 +193,26 @@ class StripedReader:
             first = c.pos // self.S
             last = (min(self.size, c.pos + max(c.window, 1)) - 1) // self.S
             keep.update(range(first, last + 1))
+        keep |= self._hinted
         for idx in [i for i in self._stripes if i not in keep]:
             self._drop(idx)
 
-    def shed(self) -> None:
-        """Give back read-ahead no cursor is about to use (called under memory pressure)."""
+    def shed(self, hinted: bool = False) -> int:
+        """Give back read-ahead no cursor is about to use (called under memory pressure);
+        plan-hinted stripes only when ``hinted``. Returns the number of stripes dropped."""
+        n = 0
         with self._lock:
-            for idx, s in list(self._stripes.items()):
-                if not s.demanded and s.future.done():
-                    near = any(c.pos // self.S == idx for c in self._cursors)
-                    if not near:
-                        self._drop(idx)
+            for idx, s in sorted(self._stripes.items(), reverse=True):
+                if s.demanded or not s.future.done() or (idx in self._hinted) != hinted:
+                    continue
+                if any(c.pos // self.S == idx for c in self._cursors):
+                    continue
+                self._hinted.discard(idx)
+                self._drop(idx)
+                n += 1
+                if hinted:
+                    break  # one at a time: the hint is still worth the rest
+        return n
 
     # -- reads --------------------------------------------------------------------------------
     def _cursor_for(self, offset: int) -> tuple[_Cursor, bool]:
@@ -249,6 +262,18 @@ class StripedReader:
         self._advance(cursor, end, grow=True, n=len(out))
         return out
 
+    def hint(self, start: int, end: int) -> int:
+        """A plan says ``[start, end)`` will be read: put its stripes in flight now, as far
+        as free budget allows (never waits). Returns the number of stripes issued."""
+        n = 0
+        for idx in range(start // self.S, (min(end, self.size) - 1) // self.S + 1):
+            if self._ensure(idx, demand=False) is None:
+                break
+            with self._lock:
+                self._hinted.add(idx)
+            n += 1
+        return n
+
     def _readahead(self, cursor: _Cursor, end: int) -> None:
         if cursor.window <= 0:
             return
@@ -263,6 +288,8 @@ class StripedReader:
                 self.first_byte_s = time.monotonic() - self.opened
             self.consumed += n
             cursor.pos, cursor.used = end, time.monotonic()
+            if self._hinted:  # a hinted stripe is done with once a read has passed its end
+                self._hinted -= {i for i in self._hinted if (i + 1) * self.S <= end}
             if grow:
                 # doubles per sequential read, and at least matches the read just served
                 # (one 64 MiB read of a DCP tensor should prefetch the next tensor)
@@ -316,8 +343,8 @@ class SequentialReader:
         # straight to the source, with the fetcher's retry policy but one request at a time
         return self.engine.fetcher.submit(self.source, start, end).result()
 
-    def shed(self) -> None:
-        pass
+    def shed(self, hinted: bool = False) -> int:
+        return 0
 
     def close(self) -> None:
         self._buf = b""
