@@ -12,6 +12,16 @@ import statistics
 from dataclasses import dataclass, field
 
 K_MAD = 3.0
+UNTRACED = "(untraced)"   # time to ready not covered by any top-level phase on the node
+
+
+def _covered(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 @dataclass
@@ -106,6 +116,12 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
         # several processes on one node (ranks) run a phase side by side: the node's time
         # in a phase is its slowest process's (sum over that process's spans)
         view.phases = {p: max(sum(v) for v in by_pid.values()) for p, by_pid in per_pid.items()}
+        if ready is not None:  # time before ready that no top-level phase covers
+            gap = ready - view.start - _covered(
+                [(x["start"], min(x["end"], ready)) for x in view.spans
+                 if not x["parent"] and x["start"] < ready])
+            if gap > 1e-3:
+                view.phases[UNTRACED] = gap
         nodes.append(view)
     return AttemptView(attempt, nodes, t0, alignment)
 

@@ -14,7 +14,7 @@ PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
 
 
 def _f(v) -> str:
-    return "-" if v is None else f"{v:.1f}"
+    return "-" if v is None else f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
 
 
 def table(head: list[str], rows: list[list]) -> str:
