@@ -191,3 +191,25 @@ def test_redirects_are_followed(served):
     r = open_store(f"{server.url}/redir")
     assert r.read(DIGEST, 100, 200) == DATA[100:200]
     assert r.read_into(DIGEST, 0, bytearray(10)) == 10
+
+
+def test_https_verifies_the_server_certificate(tmp_path, nginx_factory, monkeypatch):
+    import shutil
+    import subprocess
+
+    from tests.conftest import need
+    need(shutil.which("openssl") is not None, "openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    open_store(str(tmp_path / "s")).write(DIGEST, DATA)
+    server = nginx_factory(tmp_path / "s", tls=(str(cert), str(key)))
+    url = f"https://127.0.0.1:{server.port}"
+    with pytest.raises(FetchError, match="CERTIFICATE_VERIFY_FAILED|certificate verify"):
+        open_store(url).read(DIGEST, 0, 10)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust our CA, as a site would
+    r = open_store(url)
+    assert r.host == f"127.0.0.1:{server.port}"
+    assert r.read(DIGEST, 10, 20) == DATA[10:20] and r.stat(DIGEST) == len(DATA)
+    assert DIGEST in set(r.list())

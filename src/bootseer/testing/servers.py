@@ -103,12 +103,13 @@ def registry_available() -> bool:
 def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: int | None = None,
                 limit_rate: str | None = None, autoindex: bool = True,
                 netns: str | None = None, workers: int = 2,
-                extra_locations: str = "") -> Server:
+                extra_locations: str = "", tls: tuple[str, str] | None = None) -> Server:
     """Serve ``root`` read-only over HTTP/1.1 with range support and a JSON listing.
 
     ``limit_rate`` (e.g. ``"15m"`` bytes/s) caps each connection: one storage node's stream.
     ``extra_locations`` is nginx config put inside the ``server`` block, e.g.
-    ``"location /err500/ { return 500; }"`` (fault tests).
+    ``"location /err500/ { return 500; }"`` (fault tests). ``tls`` = (certificate file,
+    key file) serves HTTPS instead (the URL is then ``https://127.0.0.1:<port>``).
     """
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     workdir = Path(workdir)
@@ -141,7 +142,8 @@ http {{
     types {{ application/octet-stream bin; application/json json; text/html html; }}
     default_type application/octet-stream;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{" ssl" if tls else ""};
+        {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""}
         root {Path(root).resolve()};
         {rate}
         location / {{ {index} }}
