@@ -185,3 +185,17 @@ def test_rank_missing_ready_makes_node_not_ready(tmp_path):
         fh.write(json.dumps(ev(3, 2, "span", "ckpt.load", 0)) + "\n")
     (v,) = analysis.attempts(load.load(tmp_path / "job").events)
     assert v.nodes[0].ready is None and v.nodes[0].missing_ranks == [2]
+
+
+def test_settings_from_config_file_and_bad_values(tmp_path, monkeypatch):
+    from bootseer.trace.record import Recorder
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'[trace]\nlocation = "{tmp_path / "t"}"\njob_id = "j1"\ngpus = 8\n')
+    r = Recorder.from_env({"BOOTSEER_CONFIG": str(toml), "BOOTSEER_TRACE_ATTEMPT": "2",
+                           "BOOTSEER_TRACE_NODE": "n{local_rank}", "LOCAL_RANK": "3", "RANK": "7"})
+    assert (r.location, r.job, r.attempt, r.gpus, r.node, r.rank) == \
+        (str(tmp_path / "t"), "j1", 2, 8, "n3", 7)
+    # a broken setting elsewhere never fails the traced job: the trace variables still apply
+    r = Recorder.from_env({"BOOTSEER_FETCH_RETRIES": "many", "BOOTSEER_TRACE_LOCATION": "/x",
+                           "BOOTSEER_TRACE_GPUS": "4"})
+    assert r.enabled and r.location == "/x" and r.gpus == 4

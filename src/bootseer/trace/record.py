@@ -39,19 +39,27 @@ class Recorder:
     def from_env(cls, env=None) -> "Recorder":
         env = os.environ if env is None else env
         rank = env.get("RANK") or env.get("GROUP_RANK")
-        node = env.get("BOOTSEER_TRACE_NODE") or socket.gethostname()
+        try:  # the one settings object: BOOTSEER_TRACE_* and the [trace] table of the TOML file
+            from bootseer.config import BootseerConfig
+            c = BootseerConfig.from_env(env).trace
+            location, job, attempt, node, gpus = c.location, c.job_id, c.attempt, c.node, c.gpus
+        except Exception:  # a bad setting elsewhere must not fail the traced job: raw variables
+            location, job = env.get("BOOTSEER_TRACE_LOCATION"), env.get("BOOTSEER_TRACE_JOB_ID")
+            node = env.get("BOOTSEER_TRACE_NODE")
+            try:
+                attempt, gpus = int(env.get("BOOTSEER_TRACE_ATTEMPT") or 0), \
+                    int(env.get("BOOTSEER_TRACE_GPUS") or 0)
+            except ValueError:
+                attempt, gpus = 0, 0
+        node = node or socket.gethostname()
         if "{" in node:  # e.g. "n{local_rank}": one trace node per rank on a test machine
             try:
                 node = node.format(rank=env.get("RANK", ""), local_rank=env.get("LOCAL_RANK", ""),
                                    group_rank=env.get("GROUP_RANK", ""))
             except (KeyError, IndexError, ValueError):
                 pass
-        return cls(env.get("BOOTSEER_TRACE_LOCATION") or None,
-                   env.get("BOOTSEER_TRACE_JOB_ID") or "job",
-                   int(env.get("BOOTSEER_TRACE_ATTEMPT") or 0),
-                   node,
-                   int(rank) if rank and rank.isdigit() else None,
-                   int(env.get("BOOTSEER_TRACE_GPUS") or 0))
+        return cls(str(location) if location else None, job or "job", int(attempt or 0), node,
+                   int(rank) if rank and rank.isdigit() else None, int(gpus or 0))
 
     @property
     def path(self) -> str:
@@ -106,7 +114,8 @@ def recorder() -> Recorder:
     if the environment's trace settings changed, e.g. set by ``bootseer run``)."""
     global _recorder
     key = (os.environ.get("BOOTSEER_TRACE_LOCATION"), os.environ.get("BOOTSEER_TRACE_JOB_ID"),
-           os.environ.get("BOOTSEER_TRACE_ATTEMPT"), os.environ.get("BOOTSEER_TRACE_NODE"))
+           os.environ.get("BOOTSEER_TRACE_ATTEMPT"), os.environ.get("BOOTSEER_TRACE_NODE"),
+           os.environ.get("BOOTSEER_CONFIG"))
     r = _recorder
     if r is None or getattr(r, "_key", None) != key:
         with _recorder_lock:
