@@ -136,6 +136,19 @@ def test_trace_exec_cli(tmp_path):
     assert r.returncode == 3
     ev = load.load(tmp_path).events
     assert ev[0]["phase"] == "deps.install" and ev[0]["attrs"]["exit"] == 3
+    assert ev[0]["status"] == "failed" and "exited with 3" in ev[0]["attrs"]["error"]
+    r = subprocess.run([sys.executable, "-m", "bootseer", "trace", "exec", "--phase", "x", "--",
+                        "sh", "-c", "kill -TERM $$"], env=env)
+    assert r.returncode == 128 + 15
+    r = subprocess.run([sys.executable, "-m", "bootseer", "trace", "exec", "--phase", "y", "--",
+                        str(tmp_path / "no-such-cmd")], env=env, capture_output=True, text=True)
+    assert r.returncode == 127 and "cannot run" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "bootseer", "trace", "exec", "--phase", "z", "--",
+                        "true"], env=env)
+    assert r.returncode == 0
+    by = {e["phase"]: e for e in load.load(tmp_path).events}
+    assert "killed by signal 15" in by["x"]["attrs"]["error"] and by["y"]["attrs"]["exit"] == 127
+    assert by["z"]["status"] == "ok" and "error" not in by["z"]["attrs"]
 
 
 def test_overhead_is_small(tracing):

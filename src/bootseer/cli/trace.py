@@ -27,17 +27,21 @@ def _setloc(args) -> None:
 
 def _exec(args) -> int:
     import subprocess
+    import sys
     from bootseer import trace
     _setloc(args)
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
     with trace.phase(args.phase, cmd=argv[0]) as span:
         try:
             rc = subprocess.call(argv)
-        except FileNotFoundError:
-            span.set(error=f"{argv[0]}: not found")
-            rc = 127
+        except (FileNotFoundError, PermissionError) as e:
+            print(f"bootseer trace exec: cannot run {argv[0]}: {e.strerror}", file=sys.stderr)
+            rc = 127 if isinstance(e, FileNotFoundError) else 126
         span.set(exit=rc)
-    return rc
+        if rc:
+            span.fail(f"{argv[0]} exited with {rc}" if rc > 0 else
+                      f"{argv[0]} killed by signal {-rc}")
+    return rc if rc >= 0 else 128 - rc
 
 
 def _mark(args) -> int:

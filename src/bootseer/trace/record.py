@@ -126,11 +126,17 @@ def recorder() -> Recorder:
 
 
 class Span:
-    __slots__ = ("name", "attrs", "start", "mono")
+    __slots__ = ("name", "attrs", "start", "mono", "failed")
 
     def __init__(self, name: str, attrs: dict):
         self.name, self.attrs = name, attrs
         self.start, self.mono = time.time(), time.monotonic()
+        self.failed = False
+
+    def fail(self, error: str) -> None:
+        """Record the phase as failed without raising (e.g. a command's non-zero exit)."""
+        self.failed = True
+        self.attrs["error"] = error[:500]
 
     def set(self, **attrs: Any) -> None:
         self.attrs.update(attrs)
@@ -158,7 +164,7 @@ def phase(name: str, **attrs: Any):
     finally:
         stack.pop()
         r.write(r.event("span", name, span.start, time.time(), span.mono, time.monotonic(),
-                        status, span.attrs, parent))
+                        "failed" if span.failed else status, span.attrs, parent))
 
 
 def mark(name: str, **attrs: Any) -> None:
