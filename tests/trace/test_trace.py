@@ -212,3 +212,12 @@ def test_settings_from_config_file_and_bad_values(tmp_path, monkeypatch):
     r = Recorder.from_env({"BOOTSEER_FETCH_RETRIES": "many", "BOOTSEER_TRACE_LOCATION": "/x",
                            "BOOTSEER_TRACE_GPUS": "4"})
     assert r.enabled and r.location == "/x" and r.gpus == 4
+
+
+def test_per_rank_node_name_without_rank_is_not_traced():
+    from bootseer.trace.record import Recorder
+    r = Recorder.from_env({"BOOTSEER_TRACE_LOCATION": "/x", "BOOTSEER_TRACE_NODE": "n{local_rank}"})
+    assert not r.enabled   # the torchrun agent: would be a node that never gets ready
+    r = Recorder.from_env({"BOOTSEER_TRACE_LOCATION": "/x", "BOOTSEER_TRACE_NODE": "n{local_rank}",
+                           "LOCAL_RANK": "0"})
+    assert r.enabled and r.node == "n0"

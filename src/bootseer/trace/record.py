@@ -53,11 +53,14 @@ class Recorder:
                 attempt, gpus = 0, 0
         node = node or socket.gethostname()
         if "{" in node:  # e.g. "n{local_rank}": one trace node per rank on a test machine
+            fields = {"rank": env.get("RANK"), "local_rank": env.get("LOCAL_RANK"),
+                      "group_rank": env.get("GROUP_RANK")}
             try:
-                node = node.format(rank=env.get("RANK", ""), local_rank=env.get("LOCAL_RANK", ""),
-                                   group_rank=env.get("GROUP_RANK", ""))
+                node = node.format(**{k: v for k, v in fields.items() if v is not None})
             except (KeyError, IndexError, ValueError):
-                pass
+                # a process without ranks (the torchrun agent) under a per-rank node name
+                # would appear as a node that never got ready: it is not traced
+                location = None
         return cls(str(location) if location else None, job or "job", int(attempt or 0), node,
                    int(rank) if rank and rank.isdigit() else None, int(gpus or 0))
 
