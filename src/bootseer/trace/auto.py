@@ -71,7 +71,11 @@ class _ImportTimer(importlib.abc.MetaPathFinder):
             return spec
         orig = loader.exec_module
 
-        def exec_module(module, _orig=orig, _name=name):
+        def exec_module(module, _orig=orig, _name=name, _loader=loader):
+            # the module keeps its real loader (isinstance checks, get_data...)
+            module.__loader__ = _loader
+            if getattr(module, "__spec__", None) is not None:
+                module.__spec__.loader = _loader
             try:
                 if "." in _name:
                     _orig(module)
