@@ -13,6 +13,10 @@ namespace. Variants (each a full ``dcp.load`` into preallocated tensors, verifie
   4 dcp-reader        StripedDCPReader (no mount)
   5 mount-prefetched  (3) after plan prefetch started --lead seconds earlier (second run:
                       staging is warm, i.e. also the "second load from local cache" row)
+  6 safetensors       a sharded safetensors checkpoint (written by the benchmark, 4 shards)
+                      loaded as safetensors does it (mmap of the file, header, a copy per
+                      tensor) through the striped mount, against ``cat`` of the same bytes
+                      through the same mount ("6s")
 
 Everything started is stopped by PID; mounts, the tmpfs and the namespace are removed.
 """
@@ -45,7 +49,7 @@ def shaped_namespace(name: str, link: str) -> None:
 def outer(args) -> int:
     ns = f"bsckpt{os.getpid()}"
     scratch = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
-    tmpfs_bytes = int(args.size * 2.4) + (256 << 20)  # checkpoint + staging of variant 5
+    tmpfs_bytes = int(args.size * 3.4) + (256 << 20)  # DCP + safetensors + staging
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_bytes}", "tmpfs", str(scratch)],
                    check=True)
     try:
@@ -69,6 +73,53 @@ def make_checkpoint(d: Path, size: int):
     state = {f"layer{i}": torch.rand(per, generator=g) for i in range(n)}
     dcp.save(state, checkpoint_id=str(d))
     return state
+
+
+def make_safetensors(d: Path, size: int, shards: int = 4) -> dict:
+    """The safetensors format written directly (8-byte header length, JSON header, raw
+    tensor bytes), so the benchmark needs no extra package."""
+    import struct
+
+    import torch
+    d.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(1)
+    per_tensor = 16 << 20
+    want = {}
+    for s in range(shards):
+        n = max(1, size // shards // per_tensor)
+        tensors = {f"s{s}.t{i}": torch.rand(per_tensor // 4, generator=g) for i in range(n)}
+        header, off = {}, 0
+        for k, t in tensors.items():
+            header[k] = {"dtype": "F32", "shape": list(t.shape),
+                         "data_offsets": [off, off + t.numel() * 4]}
+            off += t.numel() * 4
+        h = json.dumps(header).encode()
+        h += b" " * (-len(h) % 8)
+        with open(d / f"model-{s:05d}.safetensors", "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h)
+            for t in tensors.values():
+                f.write(t.numpy().tobytes())
+        want.update(tensors)
+    return want
+
+
+def load_safetensors_mmap(path: Path) -> dict:
+    """What ``safetensors.torch.load_file`` does: mmap, parse the header, copy each tensor."""
+    import mmap
+    import struct
+
+    import torch
+    out = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        n = struct.unpack("<Q", m[:8])[0]
+        header = json.loads(bytes(m[8:8 + n]))
+        base = 8 + n
+        for k, v in header.items():
+            if k == "__metadata__":
+                continue
+            a, b = v["data_offsets"]
+            out[k] = torch.frombuffer(bytearray(m[base + a:base + b]), dtype=torch.float32)
+    return out
 
 
 def vmhwm(pid: int) -> int:
@@ -167,6 +218,41 @@ def inner(args) -> int:
                     if run.startswith("5 "):
                         time.sleep(args.lead)
                     load(run, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
+        if "6" in wanted:
+            st = scratch / "st"
+            want = make_safetensors(st, args.size)
+            st_bytes = sum(p.stat().st_size for p in st.iterdir())
+            st_server = start_nginx(st, scratch / "nginx-st", limit_rate=args.per_conn)
+            try:
+                for label, how in (("6s cat via mount", "cat"), ("6 safetensors via mount", "mmap")):
+                    mp = scratch / f"mnt-6{how}"
+                    mp.mkdir()
+
+                    def build():
+                        return RemoteDirView(st_server.url, Engine(cfg.ckpt, cfg.fetch))
+                    with mount(build, str(mp), name="ckpt-st"):
+                        dt = 0.0
+                        for p in sorted(mp.iterdir()):
+                            t = time.monotonic()
+                            if how == "cat":
+                                with open(p, "rb") as f:
+                                    while f.read(1 << 20):
+                                        pass
+                                dt += time.monotonic() - t
+                                continue
+                            got = load_safetensors_mmap(p)
+                            dt += time.monotonic() - t  # checked per file, outside the clock
+                            bad = [k for k in got if not torch.equal(got[k], want[k])]
+                            if bad:
+                                raise SystemExit(f"safetensors tensors differ: {bad[:3]}")
+                            del got
+                    row = {"variant": label, "seconds": round(dt, 2),
+                           "GB/s": round(st_bytes / dt / 1e9, 3),
+                           "link_%": round(100 * st_bytes / dt / link_bps, 1)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                st_server.stop()
     finally:
         server.stop()
     base = next((r["seconds"] for r in rows if r["variant"].startswith("1 ")), None)
@@ -187,7 +273,7 @@ def main() -> int:
     ap.add_argument("--link", default="2gbit", help="tc rate of the shaped link")
     ap.add_argument("--per-conn", default="31250k", help="nginx limit_rate (bytes/s)")
     ap.add_argument("--lead", type=float, default=10.0, help="prefetch head start, seconds")
-    ap.add_argument("--variants", default="1,2,3,4,5")
+    ap.add_argument("--variants", default="1,2,3,4,5,6")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scratch", help=argparse.SUPPRESS)
     args = ap.parse_args()
