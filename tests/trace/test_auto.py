@@ -57,8 +57,8 @@ def test_capture_degrades_without_torch(tmp_path):
     (fake / "torch.py").write_text("raise ImportError('no torch here')\n")
     script = tmp_path / "s.py"
     script.write_text("try:\n    import torch\nexcept ImportError as e:\n    print('fallback', e)\n"
-                      "import json, importlib.machinery as m\n"
-                      "assert isinstance(json.__loader__, m.SourceFileLoader)\nprint('done')\n")
+                      "import colorsys, importlib.machinery as m\n"
+                      "assert isinstance(colorsys.__loader__, m.SourceFileLoader)\nprint('done')\n")
     env = _env(tmp_path, PYTHONPATH=str(fake))
     r = subprocess.run([sys.executable, "-m", "bootseer.trace.auto", str(script)], env=env,
                        capture_output=True, text=True)
