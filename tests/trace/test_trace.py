@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bootseer.trace import analysis, load, record
+from bootseer.trace import analysis, load
 
 pytestmark = pytest.mark.timeout(120)
 

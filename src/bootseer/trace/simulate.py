@@ -21,7 +21,7 @@ import json
 import math
 import os
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 BINS = [(1, 10), (10, 100), (100, 500), (500, 1000), (1000, 2000), (2000, 3000), (3000, 8192)]
 BIN_NAMES = ["1-10", "10-100", "100-500", "500-1000", "1000-2000", "2000-3000", ">3000"]
