@@ -44,6 +44,9 @@ def load(path: str | Path) -> Trace:
                 ev = parsed[lineno - 1] if parsed is not None else json.loads(raw)
                 if not isinstance(ev, dict) or any(k not in ev for k in REQUIRED):
                     raise ValueError("missing fields")
+                if not all(type(ev[k]) in (int, float) for k in ("start", "end")) \
+                        or type(ev["attempt"]) is not int or not isinstance(ev["phase"], str):
+                    raise ValueError("wrong field types")
                 if ev["end"] < ev["start"]:
                     t.problems.append(f"{f.name}:{lineno}: phase {ev['phase']} ends before "
                                       f"it starts; clamped")
