@@ -68,6 +68,15 @@ class NodeCache:
             self._stats["hits"] += 1
         return data
 
+    def touch(self, digest: Digest) -> None:
+        """Mark an entry recently used (LRU) without reading it."""
+        try:
+            os.utime(self._path(digest))
+        except OSError:
+            pass
+        with self._guard:
+            self._stats["hits"] += 1
+
     def contains(self, digest: Digest) -> bool:
         return self._path(digest).exists()
 
