@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Both set up everything first.
-.PHONY: setup demo test bench-fetch check
+# Benchmarks (one command each, see the README's results table): make bench-<name>.
+.PHONY: setup demo test check bench-fetch bench-store bench-trace bench-image bench-deps bench-ckpt bench-e2e
 
 setup:
 	@bash scripts/setup.sh
@@ -10,8 +11,26 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest -q
 
+check: setup
+	.venv/bin/python -m pytest -q -x tests/unit
+
 bench-fetch: setup
 	.venv/bin/python bench/fetch/run.py
 
-check: setup
-	.venv/bin/python -m pytest -q -x tests/unit
+bench-store: setup
+	.venv/bin/python bench/store/run.py
+
+bench-trace: setup
+	.venv/bin/python bench/trace/run.py
+
+bench-image: setup
+	.venv/bin/python bench/image/run.py
+
+bench-deps: setup
+	.venv/bin/python bench/deps/run.py
+
+bench-ckpt: setup
+	.venv/bin/python bench/ckpt/run.py
+
+bench-e2e: setup
+	.venv/bin/python bench/e2e/run.py
