@@ -1,6 +1,9 @@
 """bench/e2e: the demo's scenario at a larger size, with each technique switched off in turn.
 
-    .venv/bin/python bench/e2e/run.py [--nodes 4] [--rate 1gbit] [--per-connection 100m]
+    .venv/bin/python bench/e2e/run.py [--large] [--nodes 4] [--rate 1gbit] [--per-connection 100m]
+
+--large uses a bigger model (a ~2.5 GB DCP checkpoint) than the demo (~330 MB); the
+image is the demo's (Debian + Python 3.11 + torch CPU, ~1 GB unpacked).
 
 Starts, each on fresh node-processes (empty node caches, no environment):
   conventional        podman pull + unpack, pip install, single-stream checkpoint read
@@ -27,7 +30,7 @@ from bootseer.demo import main as demo  # noqa: E402
 from bootseer.demo import tables  # noqa: E402
 from bootseer.demo.scenario import Start  # noqa: E402
 
-TRAIN_ARGS = ["--dim", "1024", "--layers", "8", "--vocab", "16384"]
+LARGE_TRAIN_ARGS = ["--dim", "1024", "--layers", "8", "--vocab", "16384"]
 STARTS = [Start("conventional", ["--baseline"], attempt=0),
           Start("bootseer 1st", [], attempt=1),
           Start("bootseer 2nd", [], attempt=2),
@@ -40,11 +43,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(p)
-    p.set_defaults(assets="/var/tmp/bootseer-bench-e2e/assets", out="bench/results/e2e",
-                   per_connection="100m", scratch_size="16g")
+    p.add_argument("--large", action="store_true", help="the ~2.5 GB checkpoint")
+    p.set_defaults(out="bench/results/e2e", per_connection="100m", scratch_size="16g")
     args = p.parse_args()
+    from bootseer.demo.assets import TRAIN_ARGS
+    train_args = LARGE_TRAIN_ARGS if args.large else TRAIN_ARGS
+    if args.large and args.assets == demo.DEFAULT_ASSETS:
+        args.assets = "/var/tmp/bootseer-bench-e2e/assets"
     say = demo.Progress()
-    done = demo.run_starts(args, STARTS, assets_root=args.assets, train_args=TRAIN_ARGS,
+    done = demo.run_starts(args, STARTS, assets_root=args.assets, train_args=train_args,
                            say=say)
     print()
     print(tables.render(done))
