@@ -22,7 +22,7 @@ from bootseer.config import CkptConfig, FetchConfig
 from bootseer.errors import ConfigError, StoreError
 from bootseer.store.fetch import Fetcher, Priority
 
-MAX_CURSORS = 16
+MAX_CURSORS = 32
 
 
 class BudgetError(ConfigError):
@@ -187,25 +187,31 @@ class StripedReader:
             s.future.add_done_callback(lambda _f, n=s.nbytes: budget.release(n))
 
     def _trim(self) -> None:
-        """Caller holds the lock: keep only stripes some cursor still needs."""
+        """Caller holds the lock: drop stripes behind every cursor. Stripes ahead of some
+        cursor stay (another cursor's read-ahead, a forgotten cursor's) until memory
+        pressure sheds them: they are paid for already."""
+        low = min((c.pos // self.S for c in self._cursors), default=None)
+        for idx in [i for i in self._stripes if (low is None or i < low)
+                    and i not in self._hinted]:
+            self._drop(idx)
+
+    def _active(self) -> set[int]:
+        """Caller holds the lock: stripes inside some cursor's current read-ahead window."""
         keep = set()
         for c in self._cursors:
             first = c.pos // self.S
             last = (min(self.size, c.pos + max(c.window, 1)) - 1) // self.S
             keep.update(range(first, last + 1))
-        keep |= self._hinted
-        for idx in [i for i in self._stripes if i not in keep]:
-            self._drop(idx)
+        return keep
 
     def shed(self, hinted: bool = False) -> int:
         """Give back read-ahead no cursor is about to use (called under memory pressure);
         plan-hinted stripes only when ``hinted``. Returns the number of stripes dropped."""
         n = 0
         with self._lock:
+            active = self._active()
             for idx, s in sorted(self._stripes.items(), reverse=True):
-                if s.demanded or not s.future.done() or (idx in self._hinted) != hinted:
-                    continue
-                if any(c.pos // self.S == idx for c in self._cursors):
+                if not s.future.done() or (idx in self._hinted) != hinted or idx in active:
                     continue
                 self._hinted.discard(idx)
                 self._drop(idx)
