@@ -122,3 +122,21 @@ def test_dcp_checkpoint_through_the_mount(need_fuse, tmp_path, nginx_factory):
             dcp.load(out, checkpoint_id=str(mp))
             assert torch.equal(out["w"], state["w"]) and torch.equal(out["b"], state["b"])
         assert not os.path.ismount(mp)
+
+
+def test_full_staging_disk_fails_the_read_instead_of_hanging(served, tmp_path):
+    import subprocess as sp
+    from bootseer.errors import CacheError
+    d, server = served
+    small = tmp_path / "tiny"
+    small.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tiny tmpfs needs root")
+    sp.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        e = E.Engine(f"{server.url}/", fetch=STRIPE, staging=small)
+        with pytest.raises(CacheError, match="cannot stage"):
+            e.file("/big.bin").pread(10**8, 0)
+        e.close()
+    finally:
+        sp.run(["umount", "-l", str(small)])

@@ -70,6 +70,7 @@ class StagedFile:
             with io.open(self.path, "wb") as f:
                 f.truncate(remote.size)
         self.inflight: dict[int, object] = {}
+        self.failed: dict[int, Exception] = {}
         self.lock = threading.Lock()
         self.cursors: list[list[int]] = []   # [next expected offset, read-ahead stripes]
         self.fd = os.open(self.path, os.O_RDWR)
@@ -101,7 +102,15 @@ class StagedFile:
     def _landed(self, i: int, fut, n: int) -> None:
         try:
             if fut.exception() is None:
-                os.pwrite(self.fd, fut.result(), i * self.stripe)
+                try:
+                    os.pwrite(self.fd, fut.result(), i * self.stripe)
+                except OSError as e:  # staging disk full: fail the readers, never hang
+                    from bootseer.errors import CacheError
+                    with self.lock:
+                        self.failed[i] = CacheError(
+                            f"cannot stage {self.remote.url} stripe {i} in {self.e.staging}: "
+                            f"{e}", url=self.remote.url, offset=i * self.stripe)
+                    return
                 with self.lock:
                     self.done.add(i)
                     if len(self.done) == self.nstripes:
@@ -118,6 +127,8 @@ class StagedFile:
             with self.lock:
                 if i in self.done:
                     return
+                if i in self.failed:
+                    raise self.failed.pop(i)
             fut = self._issue(i, priority, reserve=False)
             if fut is None:
                 continue
@@ -127,6 +138,8 @@ class StagedFile:
             with self.lock:
                 if i in self.done:
                     return
+                if i in self.failed:
+                    raise self.failed.pop(i)
 
     def _readahead(self, offset: int, size: int) -> None:
         with self.lock:
