@@ -213,3 +213,25 @@ def test_https_verifies_the_server_certificate(tmp_path, nginx_factory, monkeypa
     assert r.host == f"127.0.0.1:{server.port}"
     assert r.read(DIGEST, 10, 20) == DATA[10:20] and r.stat(DIGEST) == len(DATA)
     assert DIGEST in set(r.list())
+
+
+def test_forked_child_does_not_share_pooled_connections(tmp_path, nginx_factory):
+    """The FUSE server is a forked child: it must open its own connections, or parent and
+    child read each other's responses on one keep-alive socket."""
+    import multiprocessing
+    from bootseer.store import http as H
+    (tmp_path / "a").write_bytes(b"A" * 100_000)
+    (tmp_path / "b").write_bytes(b"B" * 100_000)
+    server = nginx_factory(tmp_path)
+    assert H.get_range(f"{server.url}/a", 0, 10) == b"A" * 10   # leaves a pooled connection
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        ok = all(H.get_range(f"{server.url}/b", 0, 100_000) == b"B" * 100_000 for _ in range(50))
+        q.put(ok)
+    p = ctx.Process(target=child)
+    p.start()
+    parent_ok = all(H.get_range(f"{server.url}/a", 0, 100_000) == b"A" * 100_000 for _ in range(50))
+    p.join(60)
+    assert parent_ok and q.get(timeout=5)

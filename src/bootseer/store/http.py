@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
 import threading
 import urllib.parse
 from typing import Mapping
@@ -81,6 +82,18 @@ class Pool:
 
 
 POOL = Pool()
+
+
+def _forget_after_fork() -> None:
+    """A forked child (the FUSE server of a mount) must not reuse its parent's idle
+    sockets: two processes on one keep-alive connection read each other's responses.
+    The child forgets them without closing (closing would not affect the parent, but
+    TLS shutdown could)."""
+    POOL._idle = {}
+    POOL._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def safe_url(url: str) -> str:
