@@ -33,6 +33,7 @@ from bootseer.store.digest import sha256_digest
 log = logging.getLogger(__name__)
 MARKER = ".bootseer-env.json"
 LEASE_TTL_S = 120.0
+_PREFIX_LOCK = threading.RLock()
 
 
 @dataclass
@@ -185,8 +186,8 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
         published = store.get_ref(env_ref(key))
         if published is not None:
             os.makedirs(os.path.dirname(prefix), exist_ok=True)
-            with open(f"{prefix}.lock", "a+") as lf:
-                fcntl.flock(lf, fcntl.LOCK_EX)
+            with _PREFIX_LOCK, open(f"{prefix}.lock", "a+") as lf:
+                fcntl.lockf(lf, fcntl.LOCK_EX)
                 m = read_marker(prefix)
                 if m and m.get("key") == key:
                     return Result("warm", key, prefix)
@@ -206,8 +207,10 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
         return Result("warm", key, prefix)
     _check_prefix(prefix)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    with open(f"{prefix}.lock", "a+") as lf:   # one ensure per prefix on this node
-        fcntl.flock(lf, fcntl.LOCK_EX)
+    # one ensure per prefix on this node; lockf (not flock): never inherited by a process
+    # forked meanwhile (the FUSE servers of bootseer run), per process hence the thread lock
+    with _PREFIX_LOCK, open(f"{prefix}.lock", "a+") as lf:
+        fcntl.lockf(lf, fcntl.LOCK_EX)
         m = read_marker(prefix)
         if m and m.get("key") == key:
             return Result("warm", key, prefix)

@@ -5,8 +5,13 @@ process on the node.
 * verified: an entry is stored only if its bytes hash to its digest;
 * crash-safe: written to a temp file and renamed, so a killed process never leaves a
   partial entry visible; leftover temp files are swept;
-* multi-process: an flock'd lock file guards eviction; a per-digest lock file makes
+* multi-process: a locked file guards eviction; a per-digest lock file makes
   concurrent fills of one missing entry (threads or processes) fetch once (single-flight).
+
+File locks are POSIX record locks (``lockf``), not ``flock``: a process forked while a
+thread holds an flock (a FUSE server started by ``bootseer run``) would keep that lock
+for its whole life through the inherited descriptor; record locks are not inherited.
+They are per process, so a thread lock is taken first.
 
 LRU clock: an entry's mtime, bumped on every hit. Pins: ``pins/<hex>.<pid>`` files; a pin
 whose process is gone no longer counts.
@@ -40,6 +45,7 @@ class NodeCache:
                 raise CacheError(f"cannot create node cache at {self.root}: {e}") from e
         self._thread_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._evict_tlock = threading.Lock()
         self._stats = dict(hits=0, misses=0, fills=0, evictions=0, bytes_in=0, rejected=0)
 
     # -- paths --------------------------------------------------------------------------------
@@ -124,7 +130,7 @@ class NodeCache:
         with tlock:
             lock_path = self.root / "locks" / hex_of(digest)
             with open(lock_path, "a+") as lf:
-                fcntl.flock(lf, fcntl.LOCK_EX)
+                fcntl.lockf(lf, fcntl.LOCK_EX)
                 try:
                     p = self._path(digest)
                     if p.exists():
@@ -135,7 +141,7 @@ class NodeCache:
                     self.put(digest, data)
                     return data
                 finally:
-                    fcntl.flock(lf, fcntl.LOCK_UN)
+                    fcntl.lockf(lf, fcntl.LOCK_UN)
 
     # -- pins and eviction --------------------------------------------------------------------
     def pin(self, digest: Digest) -> None:
@@ -174,8 +180,8 @@ class NodeCache:
         return out
 
     def _make_room(self, incoming: int) -> None:
-        with open(self.root / ".evict.lock", "a+") as lf:
-            fcntl.flock(lf, fcntl.LOCK_EX)
+        with self._evict_tlock, open(self.root / ".evict.lock", "a+") as lf:
+            fcntl.lockf(lf, fcntl.LOCK_EX)
             entries = self._entries()
             used = sum(size for _, size, _ in entries)
             if used + incoming <= self.budget:
