@@ -4,6 +4,7 @@ DCP StorageReader over nginx: tensors identical to a local load."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 
 import pytest
@@ -20,11 +21,14 @@ SMALL = dict(stripe_bytes=128 * KiB, memory_budget_bytes=2048 * KiB, readahead_m
 FAST_FAIL = dict(retries=2, backoff_s=0.05, timeout_s=5, deadline_s=20)
 
 
+def _build(url, mode, ckpt):
+    return RemoteDirView(url, Engine(CkptConfig(**{**SMALL, **ckpt}), FetchConfig(**FAST_FAIL)),
+                         mode=mode)
+
+
 def factory(url, mode="striped", **ckpt):
-    def build():
-        return RemoteDirView(url, Engine(CkptConfig(**{**SMALL, **ckpt}), FetchConfig(**FAST_FAIL)),
-                             mode=mode)
-    return build
+    """Pickles into the spawned FUSE server."""
+    return functools.partial(_build, url, mode, ckpt)
 
 
 @pytest.fixture
@@ -151,6 +155,10 @@ def test_config_section_from_env():
     assert cfg.ckpt.stripe_bytes == 4 * 1024 * 1024
 
 
+def _build_reporting(url, report):
+    return RemoteDirView(url, Engine(CkptConfig(**SMALL)), stats_path=report)
+
+
 def test_mount_writes_a_load_report(need_fuse, nginx, www, tmp_path):
     import json
     data = os.urandom(1500 * KiB)
@@ -158,10 +166,7 @@ def test_mount_writes_a_load_report(need_fuse, nginx, www, tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()
     report = tmp_path / "stats.json"
-
-    def build():
-        return RemoteDirView(nginx.url, Engine(CkptConfig(**SMALL)), stats_path=str(report))
-    with mount(build, str(mp)):
+    with mount(functools.partial(_build_reporting, nginx.url, str(report)), str(mp)):
         assert (mp / "m.bin").read_bytes() == data
     s = json.loads(report.read_text())
     assert s["bytes_consumed"] >= len(data) and s["bytes_fetched"] >= len(data)

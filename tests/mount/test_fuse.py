@@ -97,11 +97,16 @@ def test_killed_server_gives_clean_errors(need_fuse, tmp_path):
     assert not os.path.ismount(mp)
 
 
+def _broken_view():
+    raise FileNotFoundError("unknown tree sha256:123")
+
+
 def test_view_that_cannot_start_is_an_error_before_mounting(need_fuse, tmp_path):
-    def broken():
-        raise FileNotFoundError("unknown tree sha256:123")
     with pytest.raises(MountError, match="unknown tree"):
-        mount(broken, str(tmp_path))
+        mount(_broken_view, str(tmp_path))
+    assert not os.path.ismount(tmp_path)
+    with pytest.raises(MountError, match="must pickle"):
+        mount(lambda: DictView(), str(tmp_path))
     assert not os.path.ismount(tmp_path)
     with pytest.raises(MountError, match="not a directory"):
         mount(DictView, str(tmp_path / "nope"))

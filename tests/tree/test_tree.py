@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 
@@ -101,6 +102,11 @@ def test_path_traversal_refused(tmp_path):
         b.add_file("/a/../../etc/passwd", b"x")
 
 
+def _mounted_view(store, digest, tmp_path):
+    from bootseer.tree.view import TreeMountView
+    return TreeMountView(reader(store, digest, tmp_path))
+
+
 def test_mounted_tree(need_fuse, tmp_path, src):
     from bootseer.mount.fuse import mount
     from bootseer.tree.view import TreeMountView
@@ -108,7 +114,7 @@ def test_mounted_tree(need_fuse, tmp_path, src):
     digest, _ = build(store, src)
     mp = tmp_path / "mnt"
     mp.mkdir()
-    with mount(lambda: TreeMountView(reader(store, digest, tmp_path)), str(mp)):
+    with mount(functools.partial(_mounted_view, store, digest, tmp_path), str(mp)):
         assert (mp / "usr/lib/libbig.so").read_bytes() == (src / "usr/lib/libbig.so").read_bytes()
         assert os.readlink(mp / "usr/bin/alias") == "tool"
         assert sorted(os.listdir(mp / "usr/bin")) == ["alias", "hard", "tool"]

@@ -3,6 +3,7 @@ torch.load, safetensors and torch.distributed.checkpoint work unchanged on it.""
 
 from __future__ import annotations
 
+import functools
 import json
 import stat
 from pathlib import Path
@@ -64,10 +65,16 @@ def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefe
     from bootseer.mount.fuse import mount
     list_files(url)  # a wrong URL or a dead server fails here, clearly
 
-    def factory():
-        engine = Engine(url, fetch=config.fetch, staging=staging_dir(config),
-                        memory_budget=memory_budget, mode=mode)
-        if prefetch and mode == "striped":
-            engine.prefetch()
-        return CkptView(engine, stats_path)
+    factory = functools.partial(build_view, url, config, memory_budget, mode, prefetch,
+                                stats_path)
     return mount(factory, mountpoint, name="bootseer-ckpt")
+
+
+def build_view(url: str, config: BootseerConfig, memory_budget: int, mode: str,
+                prefetch: bool, stats_path: str | None) -> "CkptView":
+    """Runs in the mount's server process."""
+    engine = Engine(url, fetch=config.fetch, staging=staging_dir(config),
+                    memory_budget=memory_budget, mode=mode)
+    if prefetch and mode == "striped":
+        engine.prefetch()
+    return CkptView(engine, stats_path)

@@ -233,13 +233,17 @@ class RemoteDirView:
         self.engine.close()
 
 
+def _build_view(url: str, mode: str, config) -> "RemoteDirView":
+    from bootseer.config import BootseerConfig
+    cfg = config or BootseerConfig.from_env()
+    return RemoteDirView(url, Engine(cfg.ckpt, cfg.fetch), mode=mode)
+
+
 def view_factory(url: str, *, mode: str = "striped", config=None):
-    """For :func:`bootseer.mount.fuse.mount`: the view is built in the server process."""
-    def build():
-        from bootseer.config import BootseerConfig
-        cfg = config or BootseerConfig.from_env()
-        return RemoteDirView(url, Engine(cfg.ckpt, cfg.fetch), mode=mode)
-    return build
+    """For :func:`bootseer.mount.fuse.mount`: the view is built in the server process
+    (a partial of a module-level function, so it pickles into the spawned server)."""
+    import functools
+    return functools.partial(_build_view, url, mode, config)
 
 
 __all__ = ["RemoteDirView", "view_factory", "PathOutsideRoot", "BlobNotFound"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 
@@ -26,19 +27,15 @@ def register(sub) -> None:
 
 def _mount(args) -> int:
     from bootseer.config import BootseerConfig
-    from bootseer.ckpt.engine import Engine
-    from bootseer.ckpt.mount import CkptView, staging_dir
+    from bootseer.ckpt.mount import build_view
     from bootseer.ckpt.remote import list_files
     from bootseer.mount.fuse import run_foreground
     config = BootseerConfig.from_env()
     list_files(args.url)
     mode = "single" if args.single_stream or args.mode == "sequential" else "striped"
 
-    def factory():
-        e = Engine(args.url, fetch=config.fetch, staging=staging_dir(config), mode=mode)
-        if not args.no_prefetch and mode == "striped":
-            e.prefetch()
-        return CkptView(e)
+    factory = functools.partial(build_view, args.url, config, 1 << 30, mode,
+                                not args.no_prefetch, None)
     return run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
 
 

@@ -4,6 +4,7 @@ precision, stall time, bytes and requests to the store) written to ``state_dir``
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -90,6 +91,12 @@ class ImageSession:
             log.warning("cannot write the recording: %s", e)
 
 
+def _session_view(config, tree, state_dir, record, profile, window_timeout_s) -> TreeMountView:
+    """Runs in the mount's server process."""
+    return ImageSession(config, tree, state_dir, record=record, profile=profile,
+                        window_timeout_s=window_timeout_s).view()
+
+
 def mount_image(config: BootseerConfig, ref: str, mountpoint: str, state_dir: str, *,
                 record: bool = True, prefetch: bool = True, profile_digest: str | None = None,
                 window_timeout_s: float = 600.0):
@@ -107,7 +114,7 @@ def mount_image(config: BootseerConfig, ref: str, mountpoint: str, state_dir: st
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
         if profile is not None:
             prof.check(profile, tree)
-    handle = mount(lambda: ImageSession(config, tree, state_dir, record=record, profile=profile,
-                                        window_timeout_s=window_timeout_s).view(),
-                   mountpoint, name=f"bootseer-image-{tree[7:19]}")
+    factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
+                                window_timeout_s)
+    handle = mount(factory, mountpoint, name=f"bootseer-image-{tree[7:19]}")
     return handle, tree, profile

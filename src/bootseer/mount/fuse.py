@@ -14,6 +14,7 @@ import errno
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import stat
 import subprocess
@@ -106,16 +107,16 @@ def operations(view: TreeView):
     return Ops()
 
 
-def _serve(view_factory, mountpoint: str, name: str, ready_fd: int) -> None:
+def _serve(view_factory, mountpoint: str, name: str, ready) -> None:
     import mfusepy
     os.setsid()
     try:
         view = view_factory()
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        os.write(ready_fd, f"error: {type(e).__name__}: {e}".encode()[:4000])
+        ready.send(f"error: {type(e).__name__}: {e}"[:4000])
         os._exit(3)
-    os.write(ready_fd, b"ok")
-    os.close(ready_fd)
+    ready.send("ok")
+    ready.close()
     # SIGTERM/SIGINT/SIGHUP: libfuse installs its own handlers (only over SIG_DFL) that end
     # the loop and unmount; a Python handler would never run while fuse_main blocks in C.
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -184,14 +185,31 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
         raise MountError(f"{mountpoint} is already a mount point")
     if not os.path.exists("/dev/fuse"):
         raise MountError("/dev/fuse is missing: FUSE is not available here")
-    ctx = multiprocessing.get_context("fork")
-    rfd, wfd = os.pipe()
-    proc = ctx.Process(target=_serve, args=(view_factory, mountpoint, name, wfd), daemon=False,
+    # spawn, not fork: a forked child inherits every descriptor other threads hold at that
+    # instant (a subprocess's exec-status pipe, another mount's ready pipe, pooled
+    # sockets, file locks), and their owners then wait forever for an EOF (seen as a node
+    # of bench/e2e hung in `uv` while its image mount started). A spawned server inherits
+    # nothing; the view factory must pickle (a module-level function or a partial of one).
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        pickle.dumps(view_factory)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise MountError(f"the view factory for {name} must pickle (a module-level "
+                         f"function or a functools.partial of one): {e}") from None
+    r, w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_serve, args=(view_factory, mountpoint, name, w), daemon=False,
                        name=f"bootseer-fuse-{name}")
     proc.start()
-    os.close(wfd)
-    with os.fdopen(rfd, "rb") as r:
-        status = r.read(4096).decode(errors="replace")
+    w.close()
+    status = ""
+    while proc.is_alive() or r.poll(0):
+        if r.poll(0.05):
+            try:
+                status = r.recv()
+            except EOFError:
+                pass
+            break
+    r.close()
     if status != "ok":
         proc.join(5)
         raise MountError(f"cannot serve {name} at {mountpoint}: "
