@@ -126,6 +126,7 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
             results = S.start_nodes(start, nodes=args.nodes, work=scratch, netns=netns,
                                     run_args=run_args, cmd=cmd, base_env=base_env)
             S.cleanup_nodes(scratch, start)
+            S.keep_logs(results, out / "logs" / start.name)
             ready = [r.ready_s for r in results if r.ready_s is not None]
             say(f"  {len(ready)}/{len(results)} nodes ready"
                 + (f", slowest at {max(ready):.1f} s" if ready else ""))

@@ -98,3 +98,13 @@ def start_nodes(start: Start, *, nodes: int, work: Path, netns: str | None,
 
 def cleanup_nodes(work: Path, start: Start) -> None:
     shutil.rmtree(work / "nodes" / start.name, ignore_errors=True)
+
+
+def keep_logs(results: list[NodeResult], dest: Path) -> None:
+    """Copy each node's log and summary out of the scratch tmpfs (removed at the end)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        for src in (r.log, r.log.with_suffix(".json")):
+            if src.exists():
+                shutil.copy2(src, dest / src.name)

@@ -103,7 +103,8 @@ def registry_available() -> bool:
 def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: int | None = None,
                 limit_rate: str | None = None, autoindex: bool = True,
                 netns: str | None = None, workers: int = 2,
-                extra_locations: str = "", tls: tuple[str, str] | None = None) -> Server:
+                extra_locations: str = "", tls: tuple[str, str] | None = None,
+                access_log: bool = False) -> Server:
     """Serve ``root`` read-only over HTTP/1.1 with range support and a JSON listing.
 
     ``limit_rate`` (e.g. ``"15m"`` bytes/s) caps each connection: one storage node's stream.
@@ -129,7 +130,7 @@ pid {workdir}/nginx.pid;
 error_log {workdir}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    access_log off;
+    access_log {f"{workdir}/access.log" if access_log else "off"};
     sendfile on;
     tcp_nopush on;
     keepalive_requests 100000;
