@@ -116,3 +116,31 @@ def test_killed_filler_leaves_nothing_visible(tmp_path):
     c = NodeCache(CacheConfig(dir=str(tmp_path), budget_bytes=10**8))
     assert not c.contains(d)
     assert c.get_or_fill(d, lambda: b) == b  # the lock was released by the kernel
+
+
+def _fill(dir_: str, start: int, n: int) -> None:
+    c = NodeCache(CacheConfig(dir=dir_, budget_bytes=10_500))
+    for i in range(start, start + n):
+        c.put(*blob(i))
+
+
+def test_budget_holds_across_processes_and_recovers_from_hand_deletion(tmp_path):
+    """The bytes in use are shared through the lock file: two processes filling one cache
+    never exceed the budget; an entry removed by hand only makes the figure err high,
+    and the next full budget rescans instead of failing."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path), k * 40, 40)) for k in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    c = NodeCache(CacheConfig(dir=str(tmp_path), budget_bytes=10_500))
+    assert c.stats()["bytes"] <= 10_500
+    for f in (tmp_path / "data").rglob("*"):
+        if f.is_file():
+            f.unlink()
+    for i in range(100, 130):
+        c.put(*blob(i))
+    s = c.stats()
+    assert s["bytes"] <= 10_500 and s["entries"] == 10
