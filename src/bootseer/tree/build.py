@@ -90,8 +90,16 @@ class TreeBuilder:
                          **({"xattrs": xattrs} if xattrs else {})})
 
     def remove(self, path: str) -> None:
-        """Whiteout: drop ``path`` and everything under it."""
+        """Whiteout: drop ``path`` and everything under it. Also called before every file
+        a layer adds, so the common cases (absent, not a directory) cost no scan: parents
+        are always entries, so an absent path has nothing under it."""
         path = self._norm(path)
+        e = self.entries.get(path)
+        if e is None:
+            return
+        if e["type"] != "d":
+            del self.entries[path]
+            return
         for p in [p for p in self.entries if p == path or p.startswith(path + "/")]:
             del self.entries[p]
 
