@@ -1,0 +1,109 @@
+"""bench/fetch: the fetcher against one stream, on an emulated link.
+
+    .venv/bin/python bench/fetch/run.py [--size-mib 256] [--rate 1gbit] [--per-connection 125m]
+
+A blob in the store layout is served by nginx inside a network namespace whose loopback
+is shaped with tc tbf to --rate, each connection capped by nginx limit_rate (one storage
+node's stream). Variants, measured side by side in one run, each 3 times (median):
+  one stream        a single GET of the whole blob
+  fetcher           bootseer's fetcher: 8 MiB parts, many in flight, verified
+  fetcher, no verify
+Goals (issue #2): fetcher >= 85% of the link and >= 6x one stream. Note: nginx lets the
+first second of each request through unthrottled, so the per-connection cap binds only
+requests longer than one second (the single stream), not 8 MiB parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from bootseer.demo.link import rate_bits, shaped_namespace  # noqa: E402
+from bootseer.testing import servers  # noqa: E402
+
+CLIENT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from bootseer.config import FetchConfig
+from bootseer.store import open_store
+from bootseer.store import http
+from bootseer.store.fetch import Fetcher, fetch_blob
+url, digest, size, reps = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+store = open_store(url)
+blob_url = store._blob_url(digest)
+out = {}
+def one_stream():
+    assert len(http.get_range(blob_url, 0, size)) == size
+def fetcher(verify):
+    with Fetcher(FetchConfig(verify=verify)) as f:
+        assert len(fetch_blob(f, store, digest, size=size, verify=verify)) == size
+for name, fn in [("one stream", one_stream), ("fetcher", lambda: fetcher(True)),
+                 ("fetcher, no verify", lambda: fetcher(False))]:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
+    out[name] = times
+print(json.dumps(out))
+"""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mib", type=int, default=256)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--per-connection", default="125m", help="bits/s per connection")
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("bench/fetch needs root (network namespace, tmpfs)", file=sys.stderr)
+        return 1
+    per_conn = int(rate_bits(args.per_connection + "bit") / 8)
+    scratch = Path(tempfile.mkdtemp(prefix="bsbench-", dir="/var/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.size_mib * 2 + 64}m", "tmpfs",
+                    str(scratch)], check=True)
+    try:
+        from bootseer.store import open_store, sha256_digest
+        data = os.urandom(args.size_mib << 20)
+        digest = sha256_digest(data)
+        open_store(str(scratch / "store")).write(digest, data)
+        del data
+        with shaped_namespace(args.rate) as ns:
+            web = servers.start_nginx(scratch / "store", scratch / "nginx", netns=ns,
+                                      limit_rate=str(per_conn))
+            try:
+                out = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-c",
+                                      CLIENT, str(ROOT / "src"), web.url, digest,
+                                      str(args.size_mib << 20), str(args.reps)],
+                                     check=True, capture_output=True, text=True).stdout
+            finally:
+                web.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(scratch)])
+        scratch.rmdir()
+    res = json.loads(out)
+    link = rate_bits(args.rate) / 8 / 2**20
+    base = statistics.median(res["one stream"])
+    print(f"blob {args.size_mib} MiB, link {args.rate} ({link:.0f} MiB/s), "
+          f"{args.per_connection}bit/s per connection, median of {args.reps}")
+    print(f"{'variant':22} {'s':>7} {'MiB/s':>8} {'% link':>7} {'x one stream':>13}")
+    for name, times in res.items():
+        t = statistics.median(times)
+        mibs = args.size_mib / t
+        print(f"{name:22} {t:7.2f} {mibs:8.1f} {100 * mibs / link:6.1f}% {base / t:12.1f}x")
+    (ROOT / "bench/results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench/results/fetch.json").write_text(json.dumps({"args": vars(args), "runs": res}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
