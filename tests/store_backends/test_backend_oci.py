@@ -223,3 +223,31 @@ def test_bearer_token_auth(registry):
         with pytest.raises(StoreError, match="token service .* refused the credentials") as e:
             bad.stat(DIGEST)
         assert "nope" not in str(e.value)
+
+
+def _claim(url, i, barrier, results):
+    b = open_store(url)
+    d = sha256_digest(f"claim {i}".encode())
+    barrier.wait()
+    results.put((i, b.set_ref("leases/build", d, exclusive=True)))
+
+
+def test_exclusive_claim_has_one_winner_across_processes(registry):
+    """The registry has no atomic create: several processes that all see the tag absent
+    all put it, and the settle-and-read-back makes exactly one of them the winner."""
+    import multiprocessing
+    url = f"oci://127.0.0.1:{registry.port}/bs/claims"
+    b = open_store(url)
+    for i in range(4):
+        b.write(sha256_digest(f"claim {i}".encode()), f"claim {i}".encode())
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(url, i, barrier, results)) for i in range(4)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(10)
+    winners = [i for i, won in got.items() if won]
+    assert len(winners) == 1
+    assert b.get_ref("leases/build") == sha256_digest(f"claim {winners[0]}".encode())

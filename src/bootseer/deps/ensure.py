@@ -171,50 +171,40 @@ def publish(store, prefix: str, key: str) -> str:
 def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None,
            key: str | None = None, config: BootseerConfig | None = None,
            wait_s: float = 600.0, lease_ttl_s: float = LEASE_TTL_S) -> Result:
+    """Make ``prefix`` hold the environment of ``spec``: warm, restored, built once per key
+    across nodes, or (no snapshot in time, store read-only) installed here.
+
+    With ``key`` (resolved once per job by the launcher), nothing is resolved unless this
+    node ends up building: a cold node restores, or waits for the one builder, without
+    touching the package index, so N nodes cost the index one build's requests."""
     import sys
     config = config or BootseerConfig.from_env()
     prefix = os.path.abspath(prefix)
     python = python or sys.executable
-    if key is not None:
-        # The launcher resolved once per job and handed every node the key: a warm node
-        # returns at once, a cold one restores without resolving (no index traffic).
-        m = read_marker(prefix)
-        if m and m.get("key") == key:
-            return Result("warm", key, prefix)
-        _check_prefix(prefix)
-        store = open_store(config.store.url, config)
-        published = store.get_ref(env_ref(key))
-        if published is not None:
-            os.makedirs(os.path.dirname(prefix), exist_ok=True)
-            with _PREFIX_LOCK, open(f"{prefix}.lock", "a+") as lf:
-                fcntl.lockf(lf, fcntl.LOCK_EX)
-                m = read_marker(prefix)
-                if m and m.get("key") == key:
-                    return Result("warm", key, prefix)
-                try:
-                    restore(store, published, prefix, config, key)
-                    return Result("restored", key, prefix)
-                except StoreError as e:
-                    log.warning("restoring %s failed (%s): resolving and installing", key[:19], e)
-    with tracing.phase("deps.resolve"):
-        resolved = resolve_key(spec, prefix, python, index_urls)
-    if key is not None and resolved.key != key:
-        log.warning("given key %s does not match %s resolved here (index changed?): using %s",
-                    key[:19], spec, resolved.key[:19])
-    key = resolved.key
+    resolved = None
+
+    def resolve_once():
+        nonlocal resolved
+        if resolved is None:
+            with tracing.phase("deps.resolve"):
+                resolved = resolve_key(spec, prefix, python, index_urls)
+        return resolved
+
+    if key is None:
+        key = resolve_once().key
     m = read_marker(prefix)
     if m and m.get("key") == key:
         return Result("warm", key, prefix)
     _check_prefix(prefix)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    store = open_store(config.store.url, config)
     # one ensure per prefix on this node; lockf (not flock): never inherited by a process
-    # forked meanwhile (the FUSE servers of bootseer run), per process hence the thread lock
+    # forked meanwhile, per process hence the thread lock
     with _PREFIX_LOCK, open(f"{prefix}.lock", "a+") as lf:
         fcntl.lockf(lf, fcntl.LOCK_EX)
         m = read_marker(prefix)
         if m and m.get("key") == key:
             return Result("warm", key, prefix)
-        store = open_store(config.store.url, config)
         deadline = time.time() + wait_s
         lease = Lease(store, key, lease_ttl_s)
         while True:
@@ -230,23 +220,30 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                 break
             if lease.acquire():
                 try:
+                    r = resolve_once()
+                    if r.key != key:
+                        log.warning("given key %s does not match %s resolved here (index "
+                                    "changed?): publishing under %s", key[:19], spec,
+                                    r.key[:19])
                     with tracing.phase("deps.build"):
                         from bootseer.deps.build import build
-                        build(resolved.locked, prefix, python, index_urls)
-                    tree = publish(store, prefix, key)
-                    _write_marker(prefix, key, tree)
-                    return Result("built", key, prefix)
+                        build(r.locked, prefix, python, index_urls)
+                    tree = publish(store, prefix, r.key)
+                    _write_marker(prefix, r.key, tree)
+                    return Result("built", r.key, prefix)
                 except BaseException:
                     _rmtree(prefix)
                     raise
                 finally:
                     lease.release()
             if time.time() > deadline:
+                log.warning("no snapshot for %s after %.0f s", key[:19], wait_s)
                 break
             time.sleep(0.5)
-        log.warning("no snapshot for %s after %.0f s: installing on this node", key[:19], wait_s)
+        r = resolve_once()
+        log.warning("installing %s on this node", r.key[:19])
         with tracing.phase("deps.build", fallback=True):
             from bootseer.deps.build import build
-            build(resolved.locked, prefix, python, index_urls)
-        _write_marker(prefix, key, None)
-        return Result("installed", key, prefix)
+            build(r.locked, prefix, python, index_urls)
+        _write_marker(prefix, r.key, None)
+        return Result("installed", r.key, prefix)

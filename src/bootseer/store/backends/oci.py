@@ -32,6 +32,7 @@ import io
 import json
 import re
 import threading
+import time
 import urllib.parse
 from typing import BinaryIO, Iterator
 
@@ -408,24 +409,49 @@ class OciBackend:
         layers = json.loads(body).get("layers") or []
         return parse(layers[0]["digest"]) if layers else None
 
+    # How long an exclusive claim waits before reading back who won (see set_ref).
+    CLAIM_SETTLE_S = 1.0
+
     def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
-        """Point ``name`` at ``digest`` (which must be in the registry). ``exclusive`` is
-        check-then-put: the registry has no atomic create."""
+        """Point ``name`` at ``digest`` (which must be in the registry).
+
+        ``exclusive``: the registry has no atomic create, so a claim is check, put, settle,
+        read back: contenders that all saw the tag absent all put it, and after the settle
+        time every one of them reads the same last write, so exactly one wins. (A put
+        delayed past another's settle time can still make two winners; for leases that
+        costs a duplicate build of the same key, never a wrong result.)"""
         tag = ref_to_tag(name)
         parse(digest)
-        if exclusive and self.get_ref(name) is not None:
-            return False
+        if exclusive:
+            if self.get_ref(name) is not None:
+                return False
+            self._put_ref(tag, name, digest)
+            time.sleep(self.CLAIM_SETTLE_S)
+            return self.get_ref(name) == digest
+        self._put_ref(tag, name, digest)
+        return True
+
+    def _put_ref(self, tag: str, name: str, digest: Digest) -> None:
         size = self.stat(digest)
         config = sha256_digest(EMPTY_CONFIG)
-        self.write(config, EMPTY_CONFIG)
         manifest = json.dumps({
             "schemaVersion": 2, "mediaType": MANIFEST, "artifactType": REF_ARTIFACT,
             "config": {"mediaType": EMPTY_MEDIA, "digest": config, "size": len(EMPTY_CONFIG)},
             "layers": [{"mediaType": "application/octet-stream", "digest": digest,
                         "size": size}],
             "annotations": {_ANNOTATION: name}}, sort_keys=True).encode()
-        self.put_manifest(tag, manifest, MANIFEST)
-        return True
+        # Nodes setting refs at once all upload the same empty config blob; while one
+        # upload commits, the registry may call the blob unknown to another's manifest.
+        for attempt in range(5):
+            if not self.exists(config):
+                self.write(config, EMPTY_CONFIG)
+            try:
+                self.put_manifest(tag, manifest, MANIFEST)
+                return
+            except FetchError as e:
+                if "BLOB_UNKNOWN" not in str(e) or attempt == 4:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
 
     def delete_ref(self, name: str) -> None:
         self.delete_manifest(ref_to_tag(name))
