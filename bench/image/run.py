@@ -1,0 +1,133 @@
+"""bench/image: time to READY of a training image, pulled vs lazily mounted, on one node.
+
+    .venv/bin/python bench/image/run.py [--rate 1gbit] [--reps 1]
+
+The image is the demo's (built offline once: a Debian bookworm rootfs from the apt mirror,
+Python 3.11, torch CPU; ~330 MB compressed, ~1.1 GB unpacked), pushed to the Debian
+docker-registry inside a network namespace whose loopback is shaped to --rate, and
+converted into a bootseer store in the same registry. The workload imports torch and its
+distributed checkpoint module, then signals ready. Every variant runs on a fresh node
+(empty node cache, fresh podman root):
+
+  (1) pull + run        bootseer run --baseline: podman pull + unpack, then podman run
+  (2) lazy              bootseer run, no profile yet (records and publishes one at READY)
+  (3) lazy + prefetch   bootseer run on a fresh node, prefetching the recorded hot blocks
+  (4) fully local       (1)'s container run alone, the image already unpacked on disk
+Goals (issue #4): (3) <= 0.25 x (1); (3) <= 0.5 x (2); (3) <= 1.3 x (4); coverage >= 95%,
+precision >= 80%; (2) never slower than (1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from bootseer.demo import assets as A  # noqa: E402
+from bootseer.demo.main import DEFAULT_ASSETS, scratch_tmpfs, shaped_link  # noqa: E402
+from bootseer.testing import servers  # noqa: E402
+
+WORKLOAD = ("import os, torch, torch.nn, torch.distributed.checkpoint; "
+            "open(os.environ['BOOTSEER_READY_FILE'], 'w').close(); print('READY')")
+
+
+def run_variant(name: str, flags: list[str], *, scratch: Path, netns: str | None, ref: str,
+                store: str, attempt: int) -> dict:
+    node = scratch / "nodes" / f"{attempt}"
+    node.mkdir(parents=True)
+    summary = node / "summary.json"
+    env = {**os.environ, "BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(node / "cache"),
+           "BOOTSEER_TRACE_LOCATION": str(scratch / "trace"), "BOOTSEER_TRACE_JOB_ID": "img",
+           "BOOTSEER_TRACE_ATTEMPT": str(attempt), "BOOTSEER_TRACE_NODE": "node0"}
+    argv = [sys.executable, "-m", "bootseer", "run", "--image", ref, *flags, "--summary",
+            str(summary), "--", "python3", "-c", WORKLOAD]
+    if netns:
+        argv = ["nsenter", f"--net=/run/netns/{netns}", *argv]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if p.returncode != 0 or not summary.exists():
+        raise SystemExit(f"{name} failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+    s = json.loads(summary.read_text())
+    row = {"ready_s": s["ready_s"]}
+    prep = s["phases"].get("startup.prepare")
+    if prep:
+        row["prepare_s"] = prep["end"]
+    if "--baseline" in flags and prep:
+        row["local_run_s"] = s["ready_s"] - prep["end"]
+    for f in (scratch / "trace" / "img" / str(attempt)).glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("phase") == "image.window":
+                row.update({k: e["attrs"].get(k) for k in
+                            ("coverage", "precision", "stall_s", "store_bytes",
+                             "store_requests", "read_bytes")})
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--reps", type=int, default=1, help="repetitions of each variant (median)")
+    p.add_argument("--assets", default=DEFAULT_ASSETS)
+    p.add_argument("--out", default=str(ROOT / "bench/results/image.json"))
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("bench/image needs root (network namespace, FUSE, podman)", file=sys.stderr)
+        return 1
+    assets = A.build_all(args.assets, say=lambda m: print(m, flush=True))
+    results: dict[str, list[dict]] = {}
+    with scratch_tmpfs("12g") as scratch, shaped_link(args.rate) as netns:
+        reg = servers.start_registry(scratch / "registry", scratch / "registry-run", netns=netns)
+        try:
+            ns = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
+            ref = f"127.0.0.1:{reg.port}/bench/train:latest"
+            subprocess.run([*ns, "skopeo", "copy", "-q", "--dest-tls-verify=false",
+                            f"oci-archive:{assets.image_archive}:demo/train:latest",
+                            f"docker://{ref}"], check=True)
+            store = f"oci://127.0.0.1:{reg.port}/bootseer"
+            subprocess.run([*ns, sys.executable, "-m", "bootseer", "image", "convert", ref,
+                            "--to", store], check=True, stdout=subprocess.DEVNULL)
+            print(f"image {ref}, link {args.rate}; variants on fresh nodes:", flush=True)
+            attempt = 0
+            for rep in range(args.reps):
+                for name, flags in [("(1) pull + run", ["--baseline"]),
+                                    ("(2) lazy", ["--no-prefetch"]),
+                                    ("(3) lazy + prefetch", [])]:
+                    attempt += 1
+                    row = run_variant(name, flags, scratch=scratch, netns=netns, ref=ref,
+                                      store=store, attempt=attempt)
+                    results.setdefault(name, []).append(row)
+                    if "local_run_s" in row:
+                        results.setdefault("(4) fully local", []).append(
+                            {"ready_s": row["local_run_s"]})
+                    print(f"  {name:22} ready {row['ready_s']:6.2f} s  "
+                          + "  ".join(f"{k} {v:.3g}" for k, v in row.items()
+                                      if k != "ready_s" and isinstance(v, (int, float))),
+                          flush=True)
+        finally:
+            reg.stop()
+    med = {k: statistics.median(r["ready_s"] for r in rows) for k, rows in results.items()}
+    print(f"\n{'variant':22} {'ready s':>8} {'x (1)':>7}")
+    for k in ["(1) pull + run", "(2) lazy", "(3) lazy + prefetch", "(4) fully local"]:
+        print(f"{k:22} {med[k]:8.2f} {med[k] / med['(1) pull + run']:7.2f}")
+    r3 = results["(3) lazy + prefetch"][-1]
+    print(f"goals: (3)/(1) {med['(3) lazy + prefetch'] / med['(1) pull + run']:.2f} (<= 0.25), "
+          f"(3)/(2) {med['(3) lazy + prefetch'] / med['(2) lazy']:.2f} (<= 0.5), "
+          f"(3)/(4) {med['(3) lazy + prefetch'] / med['(4) fully local']:.2f} (<= 1.3), "
+          f"coverage {r3.get('coverage') or 0:.1%} (>= 95%), "
+          f"precision {r3.get('precision') or 0:.1%} (>= 80%), "
+          f"(2)/(1) {med['(2) lazy'] / med['(1) pull + run']:.2f} (<= 1)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
