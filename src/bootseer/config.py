@@ -136,8 +136,6 @@ class CkptConfig:
     """Concurrent connections to one storage host."""
     readahead_max_bytes: int = 256 * 1024**2
     """Largest read-ahead window of one sequential cursor."""
-    hedge_factor: float = 3.0
-    """A stripe slower than this multiple of the median is re-issued (where replicas exist)."""
 
     def __post_init__(self) -> None:
         for name in ("stripe_bytes", "memory_budget_bytes", "max_stripes_in_flight", "per_host"):

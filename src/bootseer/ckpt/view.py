@@ -214,8 +214,7 @@ class RemoteDirView:
                 "requests": e["requests"], "retries": e["retries"], "stall_s": e["stall_s"],
                 "memory_budget_bytes": self.engine.budget.total,
                 "memory_peak_bytes": e["budget_peak"], "budget_waits": e["budget_waits"],
-                "elapsed_s": elapsed, "fetched_bytes_per_s": e["bytes"] / max(elapsed, 1e-9),
-                "hedged": 0}
+                "elapsed_s": elapsed, "fetched_bytes_per_s": e["bytes"] / max(elapsed, 1e-9)}
 
     def read(self, path: str, size: int, offset: int) -> bytes:
         return self._reader(path).read(offset, size)
