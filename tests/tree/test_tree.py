@@ -120,3 +120,23 @@ def test_mounted_tree(need_fuse, tmp_path, src):
         assert sorted(os.listdir(mp / "usr/bin")) == ["alias", "hard", "tool"]
         assert os.getxattr(mp / "usr/bin/tool", "user.bootseer") == b"x1"
         assert stat.S_IMODE(os.stat(mp / "usr/bin/tool").st_mode) == 0o4755
+
+
+def test_demand_miss_reads_ahead_the_small_files_beside_it(tmp_path):
+    """Without a profile, the first miss in a directory queues its small neighbours (a
+    Python import reads a package's files one by one); big files are left alone."""
+    import time
+    store = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(store)
+    for i in range(6):
+        b.add_file(f"/pkg/m{i}.py", os.urandom(3000))
+    b.add_file("/pkg/big.bin", os.urandom(600 << 10))
+    digest = b.finish()
+    r = reader(store, digest, tmp_path)
+    r.read("/pkg/m0.py", 3000, 0)
+    small = [r.entries[f"/pkg/m{i}.py"]["chunks"][0] for i in range(1, 6)]
+    deadline = time.time() + 10
+    while not all(r.has_chunk(c) for c in small) and time.time() < deadline:
+        time.sleep(0.02)
+    assert all(r.has_chunk(c) for c in small)
+    assert not r.has_chunk(r.entries["/pkg/big.bin"]["chunks"][0])

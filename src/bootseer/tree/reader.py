@@ -58,6 +58,7 @@ class TreeReader:
                          "stall_s": 0.0}
         self._lock = threading.Lock()
         self._touched: set[str] = set()   # LRU clock bumped once per chunk per process
+        self._read_ahead_dirs: set[str] = set()
 
     # -- metadata -----------------------------------------------------------------------------
     def entry(self, path: str) -> dict:
@@ -118,7 +119,10 @@ class TreeReader:
         if self.on_chunk is not None:
             self.on_chunk(ref[0], path, ref[4], False)
         t0 = time.monotonic()
-        raw = self.submit_chunk(ref, Priority.DEMAND).result()
+        fut = self.submit_chunk(ref, Priority.DEMAND)
+        if path:
+            self._read_ahead(path, ref)
+        raw = fut.result()
         data = self._decompress(raw, ref)
         with self._lock:
             self.counters["chunks_fetched"] += 1
@@ -127,6 +131,51 @@ class TreeReader:
         if self.cache is not None:
             self.cache.put(ref[0], data)
         return data
+
+    # Demand read-ahead: without a profile every miss is a round trip, and a Python import
+    # reads a package's small files one by one. On the first miss in a directory, the
+    # small files beside it are queued at PREFETCH priority (they sit next to each other in
+    # the pack, so the fetcher coalesces them into few requests), and so are the next
+    # chunks of the file being read. Demand reads still go first.
+    READ_AHEAD_FILE_CHUNKS = 4
+    READ_AHEAD_DIR_BYTES = 4 << 20
+    READ_AHEAD_SMALL_FILE = 256 << 10
+
+    def _read_ahead(self, path: str, ref: list) -> None:
+        if self.cache is None:
+            return
+        e = self.entries.get(path)
+        refs: list[list] = []
+        if e is not None and e.get("chunks"):
+            chunks = e["chunks"]
+            i = next((k for k, c in enumerate(chunks) if c[0] == ref[0]), None)
+            if i is not None:
+                refs += chunks[i + 1:i + 1 + self.READ_AHEAD_FILE_CHUNKS]
+        parent = path.rsplit("/", 1)[0] or "/"
+        with self._lock:
+            first = parent not in self._read_ahead_dirs
+            self._read_ahead_dirs.add(parent)
+        if first:
+            budget = self.READ_AHEAD_DIR_BYTES
+            for name in self.children.get(parent, ()):
+                sib = self.entries.get(f"{parent.rstrip('/')}/{name}")
+                if sib is None or sib["type"] != "f" or sib["size"] > self.READ_AHEAD_SMALL_FILE:
+                    continue
+                refs += sib["chunks"]
+                budget -= sib["size"]
+                if budget <= 0:
+                    break
+        for r in sorted((r for r in refs if not self.has_chunk(r)), key=lambda c: (c[1], c[2])):
+            fut = self.submit_chunk(r, Priority.PREFETCH)
+            fut.add_done_callback(lambda f, r=r: self._stash(r, f))
+
+    def _stash(self, ref: list, fut: Future) -> None:
+        """A read-ahead chunk arrived: verify and cache it (errors only cost the hint)."""
+        try:
+            if not self.has_chunk(ref):
+                self.store_chunk(ref, fut.result())
+        except Exception as e:  # noqa: BLE001 - read-ahead never fails a read
+            log.debug("read-ahead of %s failed: %s", ref[0][:19], e)
 
     def store_chunk(self, ref: list, raw: bytes) -> None:
         """Verify and cache a chunk fetched by prefetch."""
