@@ -113,3 +113,26 @@ def test_pulled_image_run_passes_status_and_127(registry, busybox_rootfs, tmp_pa
     r = bootseer("run", "--pull", "--image", ref, "--", "python3", "-c", "pass")
     assert r.returncode == 127
     assert "'python3' not found in image" in r.stderr
+
+
+def test_checkpoint_staged_before_the_command_is_read_locally(index, ckpt_dir, nginx_factory,
+                                                              tmp_path):
+    """Striped checkpoint + snapshot pipelines: the checkpoint's prefetch finishes while the
+    environment is built, so the command gets the staged files (hard links), not FUSE."""
+    need(is_root(), "FUSE mounts need root")
+    index_url, spec = index
+    ck = nginx_factory(ckpt_dir)
+    script = ('import os; d = os.environ["BOOTSEER_CKPT_DIR"]; '
+              'print("dir", d, os.path.ismount(d)); '
+              'print("bytes", open(os.path.join(d, "shard0.bin"), "rb").read() == '
+              f'open({str(ckpt_dir / "shard0.bin")!r}, "rb").read())')
+    env = {**os.environ, "BOOTSEER_STORE_URL": str(tmp_path / "store"),
+           "BOOTSEER_CACHE_DIR": str(tmp_path / "node" / "cache")}
+    r = bootseer("run", "--deps", str(spec), "--prefix", str(tmp_path / "env"),
+                 "--index-url", index_url, "--ckpt", f"{ck.url}/", "--",
+                 sys.executable, "-c", script, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "bytes True" in r.stdout
+    line = next(l for l in r.stdout.splitlines() if l.startswith("dir "))
+    assert "mirror-" in line and line.endswith("False"), line
+    assert not list((tmp_path / "node" / "ckpt").glob("mirror-*")), "mirror left behind"

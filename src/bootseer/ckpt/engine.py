@@ -55,6 +55,12 @@ class Budget:
             self.cond.notify_all()
 
 
+def staged_name(remote: RemoteFile) -> str:
+    """The staging file name of one remote file version (path + size + mtime/etag);
+    ``<name>.complete`` marks it fully staged."""
+    return hashlib.sha256(remote.key.encode()).hexdigest()[:32]
+
+
 class StagedFile:
     """One remote file, its stripes, its staging copy, its cursors."""
 
@@ -62,7 +68,7 @@ class StagedFile:
         self.e, self.remote = engine, remote
         self.stripe = engine.stripe
         self.nstripes = (remote.size + self.stripe - 1) // self.stripe
-        h = hashlib.sha256(remote.key.encode()).hexdigest()[:32]
+        h = staged_name(remote)
         self.path = engine.staging / h
         self.done_marker = engine.staging / f"{h}.complete"
         self.done: set[int] = set(range(self.nstripes)) if self.done_marker.exists() else set()

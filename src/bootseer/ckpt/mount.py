@@ -18,6 +18,30 @@ def staging_dir(config: BootseerConfig) -> Path:
     return Path(config.cache.dir).parent / "ckpt"
 
 
+def staged_mirror(url: str, config: BootseerConfig, name: str) -> Path | None:
+    """If every file of ``url`` is fully staged on this node, a directory laid out as the
+    checkpoint made of hard links to the staged copies (``None`` otherwise). A job started
+    after the prefetch finished then reads local files, not the FUSE view."""
+    import os
+    import shutil
+    from bootseer.ckpt.engine import staged_name
+    from bootseer.ckpt.remote import list_files
+    staging = staging_dir(config)
+    links = []
+    for path, remote in list_files(url).items():
+        h = staged_name(remote)
+        if not (staging / f"{h}.complete").exists():
+            return None
+        links.append((staging / h, path.lstrip("/")))
+    mirror = staging / name
+    shutil.rmtree(mirror, ignore_errors=True)
+    for src, rel in links:
+        (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.link(src, mirror / rel)   # same filesystem as the staging copies by construction
+    mirror.mkdir(parents=True, exist_ok=True)
+    return mirror
+
+
 class CkptView:
     def __init__(self, engine: Engine, stats_path: str | None = None):
         self.engine, self.stats_path = engine, stats_path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -107,6 +108,7 @@ class StripedCheckpoint(Pipeline):
         self.url, self.config, self.state, self.target = url, config, state, target
         self.rank, self.world = rank, world
         self.handle = None
+        self.mirror = None
 
     def prepare(self, timeline) -> Prepared:
         from bootseer.ckpt.mount import mount_checkpoint
@@ -116,7 +118,25 @@ class StripedCheckpoint(Pipeline):
                                        rank=self.rank, world=self.world)
         return Prepared(path=str(mp), target=self.target, env_var="BOOTSEER_CKPT_DIR")
 
+    def finalize(self, prepared: Prepared) -> Prepared:
+        """Prefetch already done when the command starts: give it the staged files (hard
+        links, local reads) instead of the FUSE view, which stays mounted but idle."""
+        from bootseer.ckpt.mount import staged_mirror
+        try:
+            self.mirror = staged_mirror(self.url, self.config, f"mirror-{os.getpid()}")
+        except (OSError, StoreError) as e:
+            log.info("checkpoint stays on the striped mount: %s", e)
+            return prepared
+        if self.mirror is None:
+            return prepared
+        tracing.mark("ckpt.staged", path=str(self.mirror))
+        return Prepared(path=str(self.mirror), target=self.target, env_var="BOOTSEER_CKPT_DIR",
+                        attrs=prepared.attrs)
+
     def close(self) -> None:
         if self.handle is not None:
             self.handle.unmount()
+        if self.mirror is not None:
+            import shutil
+            shutil.rmtree(self.mirror, ignore_errors=True)
 

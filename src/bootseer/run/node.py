@@ -138,6 +138,7 @@ class NodeRun:
         self.pipelines = list(pipelines.values())
         results: dict[str, P.Prepared] = {}
         errors: list[tuple[str, BaseException]] = []
+        self._final: dict[str, P.Pipeline] = {}   # per name, after any fallback
 
         def work(name: str, pipeline: P.Pipeline) -> None:
             try:
@@ -160,9 +161,12 @@ class NodeRun:
         if errors:
             name, err = errors[0]
             raise RunError(f"{name} pipeline failed: {err}") from err
+        for name, prepared in list(results.items()):
+            results[name] = self._final[name].finalize(prepared)
         return results
 
     def _prepare_one(self, name: str, pipeline: P.Pipeline) -> P.Prepared:
+        self._final[name] = pipeline
         with self.timeline.phase(f"{name}.{pipeline.kind}", mode=pipeline.mode) as span:
             try:
                 prepared = pipeline.prepare(self.timeline)
@@ -171,6 +175,7 @@ class NodeRun:
                 span.set(fallback=str(e)[:200])
                 replacement = pipeline.fallback()
                 self.pipelines[self.pipelines.index(pipeline)] = replacement
+                self._final[name] = replacement
                 prepared = replacement.prepare(self.timeline)
             span.set(**prepared.attrs)
             return prepared

@@ -45,6 +45,11 @@ class Pipeline:
     def prepare(self, timeline) -> Prepared:
         raise NotImplementedError
 
+    def finalize(self, prepared: Prepared) -> Prepared:
+        """Called once every pipeline is prepared, just before the command starts: a
+        pipeline may hand over something better than what it prepared by then."""
+        return prepared
+
     def on_ready(self) -> None:
         pass
 
