@@ -151,3 +151,36 @@ def test_expired_lease_is_taken_over(index, tmp_path):
     r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"),
                  lease_ttl_s=5)
     assert r.how == "built"
+
+
+def test_four_node_processes_one_builds_three_restore(index, registry, tmp_path):
+    """Four processes, each a fresh node (own mount namespace, own cache, the same prefix
+    path), start the same environment at once against the real index and a registry
+    store: one takes the lease and builds, three wait for the publish and restore."""
+    from tests.conftest import is_root, need
+    need(is_root() and shutil.which("unshare") is not None, "mount namespaces need root")
+    urls, spec = index
+    root = "/opt/bootseer-test-deps"
+    os.makedirs(root, exist_ok=True)
+    store = f"oci://127.0.0.1:{registry.port}/bs/deps4"
+    env = {**os.environ, "BOOTSEER_STORE_URL": store}
+    key = subprocess.run([PY, "-m", "bootseer", "deps", "key", str(spec), "--prefix",
+                          f"{root}/env", "--python", PY, "--index-url", urls[0]],
+                         capture_output=True, text=True, env=env, check=True).stdout.strip()
+    procs = []
+    for i in range(4):
+        node = tmp_path / f"node{i}"
+        (node / "opt").mkdir(parents=True)
+        ensure = (f"{PY} -m bootseer deps ensure {spec} --prefix {root}/env --python {PY} "
+                  f"--index-url {urls[0]} --key {key} && "
+                  f"{root}/env/bin/python -c 'import bsdeps_one as a, bsdeps_two as b; print(a.X + b.Y)'")
+        script = (f"mount --bind {node}/opt {root} && "
+                  f"BOOTSEER_CACHE_DIR={node}/cache exec sh -c \"{ensure}\"")
+        procs.append(subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh",
+                                       "-c", script], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    hows = sorted(o[0].split()[0] for o in outs)
+    assert hows == ["built", "restored", "restored", "restored"], outs
+    assert all(o[0].split()[-1] == "3" for o in outs), outs

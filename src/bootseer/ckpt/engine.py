@@ -245,14 +245,29 @@ class Engine:
                 f = self._open[path] = StagedFile(self, remote)
             return f
 
-    def prefetch(self, plan: list[str] | None = None) -> threading.Thread:
-        """Stream the plan's files (default: all, small ones first) into staging."""
+    SMALL_FILE = 1 << 20
+
+    def prefetch(self, plan: list[str] | None = None, *, start_after: str | None = None,
+                 wait_max_s: float = 300.0) -> threading.Thread:
+        """Stream the plan's files (default: all, small ones first) into staging.
+
+        ``start_after``: a file whose creation releases the large files (small ones, such
+        as DCP's ``.metadata``, go at once). ``bootseer run`` creates it when the image and
+        the environment are prepared, so the checkpoint, needed only once the job has
+        imported its code, does not take the link from what the job needs first."""
         order = plan or sorted(self.files, key=lambda p: (self.files[p].size, p))
 
         def run():
+            nonlocal start_after
             for p in order:
                 if self.closed:
                     return
+                if start_after and self.files[p].size > self.SMALL_FILE:
+                    deadline = time.monotonic() + wait_max_s
+                    while not os.path.exists(start_after) and time.monotonic() < deadline \
+                            and not self.closed:
+                        time.sleep(0.05)
+                    start_after = None
                 try:
                     self.file(p).prefetch_all()
                 except Exception:  # noqa: BLE001 - prefetch never fails the load

@@ -81,24 +81,27 @@ class CkptView:
 
 def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefetch: bool = True,
                      mode: str = "striped", rank: int | None = None, world: int | None = None,
-                     stats_path: str | None = None, memory_budget: int = 1 << 30):
+                     stats_path: str | None = None, memory_budget: int = 1 << 30,
+                     start_after: str | None = None):
     """Serve ``url`` at ``mountpoint``; with ``prefetch`` stream every file into the node's
     staging area right away (the plan: small files first, so DCP's .metadata and
-    safetensors headers land first). Listing errors surface here, before mounting."""
+    safetensors headers land first; large files once ``start_after`` exists, if given).
+    Listing errors surface here, before mounting."""
     from bootseer.ckpt.remote import list_files
     from bootseer.mount.fuse import mount
     list_files(url)  # a wrong URL or a dead server fails here, clearly
 
     factory = functools.partial(build_view, url, config, memory_budget, mode, prefetch,
-                                stats_path)
+                                stats_path, start_after)
     return mount(factory, mountpoint, name="bootseer-ckpt")
 
 
 def build_view(url: str, config: BootseerConfig, memory_budget: int, mode: str,
-                prefetch: bool, stats_path: str | None) -> "CkptView":
+                prefetch: bool, stats_path: str | None,
+                start_after: str | None = None) -> "CkptView":
     """Runs in the mount's server process."""
     engine = Engine(url, fetch=config.fetch, staging=staging_dir(config),
                     memory_budget=memory_budget, mode=mode)
     if prefetch and mode == "striped":
-        engine.prefetch()
+        engine.prefetch(start_after=start_after)
     return CkptView(engine, stats_path)

@@ -19,8 +19,9 @@ EAGER_SHARE = 0.7
 
 class Prefetcher:
     def __init__(self, reader: TreeReader, profile: dict | None, *, window: int = 512,
-                 batch: int = 256):
+                 batch: int = 256, done_file: str | None = None):
         self.reader, self.window, self.batch = reader, window, batch
+        self.done_file = done_file
         by_digest = {c[0]: c for c in reader.all_chunks()}
         hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", []) if row[0] in by_digest]
         total = sum(c[4] for c in by_digest.values()) or 1
@@ -68,6 +69,8 @@ class Prefetcher:
             log.warning("prefetch stopped: %s", e)
             self.stats["errors"] += 1
         self.stats["seconds"] = time.monotonic() - t0
+        if self.done_file:
+            open(self.done_file, "a").close()
 
     def _complete(self, ref, fut) -> None:
         try:

@@ -22,6 +22,7 @@ from bootseer.tree.view import TreeMountView
 
 log = logging.getLogger(__name__)
 TRIGGER = "close-window"
+PREFETCHED = "prefetched"   # created in state_dir when the hot blocks are local
 
 
 class ImageSession:
@@ -39,9 +40,12 @@ class ImageSession:
         self.reader.on_chunk = self.recorder
         self.record = record
         self.prefetcher = None
+        done = str(self.state / PREFETCHED)
         if profile is not None:
             from bootseer.image.prefetch import Prefetcher
-            self.prefetcher = Prefetcher(self.reader, profile).start()
+            self.prefetcher = Prefetcher(self.reader, profile, done_file=done).start()
+        else:
+            open(done, "a").close()   # nothing to prefetch
         self._done = threading.Event()
         threading.Thread(target=self._watch_window, daemon=True, name="bootseer-window").start()
 

@@ -15,6 +15,9 @@ from bootseer.run import tracing
 from bootseer.run.pipelines import FallbackPossible, Pipeline, Prepared, PullImage
 
 log = logging.getLogger(__name__)
+# Created in the node's state dir once every pipeline is prepared and settled: releases
+# the checkpoint's large files.
+PREPARED = "prepared"
 
 
 class LazyImage(Pipeline):
@@ -42,6 +45,10 @@ class LazyImage(Pipeline):
 
     def fallback(self) -> Pipeline:
         return PullImage(self.ref, self.state)
+
+    def settled(self) -> bool:
+        from bootseer.image.session import PREFETCHED
+        return (self.rec_dir / PREFETCHED).exists()
 
     def on_ready(self) -> None:
         """Close the recording window; publish this start's profile (merged with the
@@ -114,8 +121,12 @@ class StripedCheckpoint(Pipeline):
         from bootseer.ckpt.mount import mount_checkpoint
         mp = self.state / "mnt"
         mp.mkdir(parents=True, exist_ok=True)
+        # Large files wait for the node's "prepared" signal (environment restored, image
+        # hot blocks local): the checkpoint is read only after the job imported its code,
+        # and streaming it earlier delays the image's reads behind it on the link.
         self.handle = mount_checkpoint(self.url, str(mp), self.config, prefetch=True,
-                                       rank=self.rank, world=self.world)
+                                       rank=self.rank, world=self.world,
+                                       start_after=str(self.state.parent / PREPARED))
         return Prepared(path=str(mp), target=self.target, env_var="BOOTSEER_CKPT_DIR")
 
     def finalize(self, prepared: Prepared) -> Prepared:

@@ -161,9 +161,28 @@ class NodeRun:
         if errors:
             name, err = errors[0]
             raise RunError(f"{name} pipeline failed: {err}") from err
+        threading.Thread(target=self._release_background, daemon=True,
+                         name="bootseer-settle").start()
         for name, prepared in list(results.items()):
             results[name] = self._final[name].finalize(prepared)
         return results
+
+    def _release_background(self, max_wait_s: float = 60.0) -> None:
+        """Once every pipeline has settled (or after ``max_wait_s``), release the large
+        background transfers (the checkpoint's data files)."""
+        from bootseer.run.lazy import PREPARED
+        deadline = time.monotonic() + max_wait_s
+        while time.monotonic() < deadline:
+            try:
+                if all(p.settled() for p in self._final.values()):
+                    break
+            except OSError:
+                break
+            time.sleep(0.05)
+        try:
+            (self.state / PREPARED).touch()
+        except OSError:  # the node is shutting down
+            pass
 
     def _prepare_one(self, name: str, pipeline: P.Pipeline) -> P.Prepared:
         self._final[name] = pipeline

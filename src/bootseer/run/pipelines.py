@@ -50,6 +50,11 @@ class Pipeline:
         pipeline may hand over something better than what it prepared by then."""
         return prepared
 
+    def settled(self) -> bool:
+        """Done with the link for now (a lazy image: its hot blocks are local). Large
+        background transfers (the checkpoint) wait for every pipeline to settle."""
+        return True
+
     def on_ready(self) -> None:
         pass
 
