@@ -24,6 +24,7 @@ Everything started is stopped by PID; mounts, the tmpfs and the namespace are re
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -37,6 +38,13 @@ sys.path.insert(0, str(HERE.parents[2] / "src"))
 
 from bootseer.config import parse_size  # noqa: E402
 
+
+
+def remote_view(url, cfg, mode, stats_path):
+    """The mount's view, built in the spawned FUSE server (so: module level, picklable)."""
+    from bootseer.ckpt.striped import Engine
+    from bootseer.ckpt.view import RemoteDirView
+    return RemoteDirView(url, Engine(cfg.ckpt, cfg.fetch), mode=mode, stats_path=stats_path)
 
 def shaped_namespace(name: str, link: str) -> None:
     subprocess.run(["ip", "netns", "add", name], check=True)
@@ -178,10 +186,7 @@ def inner(args) -> int:
         mp = scratch / f"mnt-{label.split()[0]}"
         mp.mkdir()
         report = scratch / f"stats-{label.split()[0]}.json"
-
-        def build():
-            return RemoteDirView(server.url, Engine(cfg.ckpt, cfg.fetch), mode=mode,
-                                 stats_path=str(report))
+        build = functools.partial(remote_view, server.url, cfg, mode, str(report))
         with mount(build, str(mp), name=f"ckpt-{label.split()[0]}") as h:
             load(label, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
         s = json.loads(report.read_text())
@@ -228,8 +233,7 @@ def inner(args) -> int:
                     mp = scratch / f"mnt-6{how}"
                     mp.mkdir()
 
-                    def build():
-                        return RemoteDirView(st_server.url, Engine(cfg.ckpt, cfg.fetch))
+                    build = functools.partial(remote_view, st_server.url, cfg, "striped", None)
                     with mount(build, str(mp), name="ckpt-st"):
                         dt = 0.0
                         for p in sorted(mp.iterdir()):
