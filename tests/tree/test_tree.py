@@ -140,3 +140,57 @@ def test_demand_miss_reads_ahead_the_small_files_beside_it(tmp_path):
         time.sleep(0.02)
     assert all(r.has_chunk(c) for c in small)
     assert not r.has_chunk(r.entries["/pkg/big.bin"]["chunks"][0])
+
+
+def test_cache_budget_smaller_than_the_tree_evicts_and_serves_right(tmp_path):
+    """A node cache far smaller than the tree: every file still reads back exactly, and the
+    cache never holds more than its budget."""
+    store = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(store, chunk_size=64 << 10, pack_size=1 << 20)
+    files = {f"/d{i % 3}/f{i}": os.urandom(50_000 + 9_000 * i) for i in range(24)}
+    for path, data in files.items():
+        b.add_file(path, data)
+    digest = b.finish()
+    budget = 256 << 10
+    cache = NodeCache(CacheConfig(dir=str(tmp_path / "cache"), budget_bytes=budget))
+    r = TreeReader(store, digest, Fetcher(FetchConfig(max_inflight=8)), cache)
+    assert sum(len(d) for d in files.values()) > 10 * budget
+    for _ in range(2):                      # a second pass reads evicted chunks again
+        for path, data in files.items():
+            got = b"".join(r.read(path, 100_000, off) for off in range(0, len(data), 100_000))
+            assert got == data, path
+    s = cache.stats()
+    assert s["bytes"] <= budget and s["evictions"] > 0
+
+
+def test_store_killed_mid_run_is_eio_not_a_hang(need_fuse, nginx_factory, tmp_path):
+    """The store (nginx serving the store layout) dies while the tree is mounted: cached
+    files still read, an uncached one fails with EIO after the retries, nothing hangs."""
+    import errno
+    import time
+    local = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(local, chunk_size=64 << 10)
+    b.add_file("/a.bin", os.urandom(200_000))
+    b.add_file("/sub/b.bin", os.urandom(200_000))
+    digest = b.finish()
+    server = nginx_factory(tmp_path / "store")
+    from bootseer.mount.fuse import mount
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    factory = functools.partial(_http_tree_view, server.url, digest, str(tmp_path / "cache"))
+    with mount(factory, str(mp)):
+        assert len((mp / "a.bin").read_bytes()) == 200_000
+        server.stop()
+        assert len((mp / "a.bin").read_bytes()) == 200_000      # served from the cache
+        t = time.monotonic()
+        with pytest.raises(OSError) as e:
+            (mp / "sub/b.bin").read_bytes()
+        assert e.value.errno == errno.EIO and time.monotonic() - t < 30
+    assert not os.path.ismount(mp)
+
+
+def _http_tree_view(url, digest, cache_dir):
+    from bootseer.tree.view import TreeMountView
+    fetch = FetchConfig(retries=2, backoff_s=0.05, timeout_s=2, deadline_s=10)
+    return TreeMountView(TreeReader(open_store(url), digest, Fetcher(fetch),
+                                    NodeCache(CacheConfig(dir=cache_dir, budget_bytes=1 << 30))))
