@@ -184,3 +184,32 @@ def test_four_node_processes_one_builds_three_restore(index, registry, tmp_path)
     hows = sorted(o[0].split()[0] for o in outs)
     assert hows == ["built", "restored", "restored", "restored"], outs
     assert all(o[0].split()[-1] == "3" for o in outs), outs
+
+
+def test_process_killed_mid_restore_leaves_no_partial_prefix(index, tmp_path, nginx_factory):
+    """A restore killed halfway (slow store) leaves no prefix at all; the next ensure
+    restores a whole environment and sweeps the dead process's temporary directory."""
+    import signal
+    import time
+    urls, spec = index
+    prefix = str(tmp_path / "env")
+    r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    E._rmtree(prefix)
+    slow = nginx_factory(tmp_path / "store", limit_rate="1k")   # a store that crawls
+    env = {**os.environ, "BOOTSEER_STORE_URL": slow.url,
+           "BOOTSEER_CACHE_DIR": str(tmp_path / "b" / "cache")}
+    p = subprocess.Popen([PY, "-m", "bootseer", "deps", "ensure", str(spec), "--prefix", prefix,
+                          "--python", PY, "--key", r.key], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not any(n.startswith("env.restoring-") for n in os.listdir(tmp_path)):
+        assert p.poll() is None and time.time() < deadline, p.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert not os.path.exists(prefix)                     # nothing partial is visible
+    r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, key=r.key,
+                  config=cfg(tmp_path, "c"))
+    assert r2.how == "restored" and imports(prefix) == "3"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("env.restoring-")]

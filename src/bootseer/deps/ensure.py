@@ -126,6 +126,7 @@ def restore(store, manifest_digest: str, prefix: str, config: BootseerConfig, ke
     from bootseer.tree.extract import extract
     from bootseer.tree.reader import TreeReader
     manifest = json.loads(store.read(manifest_digest))
+    _sweep_leftovers(prefix)
     tmp = f"{prefix}.restoring-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -143,6 +144,17 @@ def restore(store, manifest_digest: str, prefix: str, config: BootseerConfig, ke
     except BaseException:
         _rmtree(tmp)
         raise
+
+
+def _sweep_leftovers(prefix: str) -> None:
+    """Remove ``<prefix>.restoring-<pid>`` / ``.old-<pid>`` left by a killed process (the
+    prefix itself is only ever renamed into place whole, so it is never partial)."""
+    import glob
+    for path in glob.glob(f"{glob.escape(prefix)}.restoring-*") + \
+            glob.glob(f"{glob.escape(prefix)}.old-*"):
+        pid = path.rsplit("-", 1)[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _rmtree(path)
 
 
 def _rmtree(path: str) -> None:
