@@ -70,9 +70,11 @@ def test_key_handed_to_a_cold_node_restores_without_the_index(index, tmp_path, n
     r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
     E._rmtree(prefix)
     dead = ["http://127.0.0.1:9/simple"]       # the index is unreachable now
+    seen = []
     r2 = E.ensure(str(spec), prefix, python=PY, index_urls=dead, key=r.key,
-                  config=cfg(tmp_path, "b"))
+                  config=cfg(tmp_path, "b"), progress=lambda n, total: seen.append((n, total)))
     assert r2.how == "restored" and imports(prefix) == "3"
+    assert seen and sum(n for n, _ in seen) == seen[-1][1]   # the progress bar's feed
     assert E.ensure(str(spec), prefix, python=PY, index_urls=dead, key=r.key,
                     config=cfg(tmp_path, "b")).how == "warm"
 

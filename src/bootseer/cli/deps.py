@@ -39,9 +39,17 @@ def _config(url):
 
 
 def _ensure(args) -> int:
+    from tqdm import tqdm
     from bootseer.deps.ensure import ensure
-    r = ensure(args.spec, args.prefix, python=args.python, index_urls=args.index_url,
-               key=args.key, config=_config(args.store), wait_s=args.wait)
+    with tqdm(unit="B", unit_scale=True, desc="restore", disable=not sys.stderr.isatty(),
+              leave=False) as bar:
+        def progress(n: int, total: int) -> None:
+            if bar.total != total:
+                bar.total = total
+            bar.update(n)
+        r = ensure(args.spec, args.prefix, python=args.python, index_urls=args.index_url,
+                   key=args.key, config=_config(args.store), wait_s=args.wait,
+                   progress=progress)
     print(f"{r.how} {r.key} {r.prefix}")
     return 0
 

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bootseer.config import BootseerConfig
 from bootseer.deps.resolve import DepsError, FORMAT, resolve_key
@@ -120,7 +121,10 @@ class Lease:
             pass
 
 
-def restore(store, manifest_digest: str, prefix: str, config: BootseerConfig, key: str) -> None:
+def restore(store, manifest_digest: str, prefix: str, config: BootseerConfig, key: str,
+            progress: Callable[[int, int], None] | None = None) -> None:
+    """Fetch and extract the snapshot into a temporary sibling, then rename it into place.
+    ``progress(bytes, total)`` is called as chunks arrive."""
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.extract import extract
@@ -132,7 +136,9 @@ def restore(store, manifest_digest: str, prefix: str, config: BootseerConfig, ke
     try:
         with tracing.phase("deps.fetch") as span, Fetcher(config.fetch) as f:
             reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
-            n = extract(reader, tmp, readonly=True)
+            total = sum(c[4] for c in reader.all_chunks())
+            n = extract(reader, tmp, readonly=True,
+                        progress=(lambda b: progress(b, total)) if progress else None)
             span.set(bytes=n)
         os.chmod(tmp, 0o755)
         _write_marker(tmp, key, manifest["tree"])
@@ -182,7 +188,8 @@ def publish(store, prefix: str, key: str) -> str:
 
 def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None,
            key: str | None = None, config: BootseerConfig | None = None,
-           wait_s: float = 600.0, lease_ttl_s: float = LEASE_TTL_S) -> Result:
+           wait_s: float = 600.0, lease_ttl_s: float = LEASE_TTL_S,
+           progress: Callable[[int, int], None] | None = None) -> Result:
     """Make ``prefix`` hold the environment of ``spec``: warm, restored, built once per key
     across nodes, or (no snapshot in time, store read-only) installed here.
 
@@ -223,7 +230,7 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
             published = store.get_ref(env_ref(key))
             if published is not None:
                 try:
-                    restore(store, published, prefix, config, key)
+                    restore(store, published, prefix, config, key, progress)
                     return Result("restored", key, prefix)
                 except StoreError as e:  # corrupt or unreachable snapshot: never a half env
                     log.warning("restoring %s failed (%s): installing on this node", key[:19], e)
