@@ -180,3 +180,27 @@ def test_unknown_image_is_refused_before_mounting(need_fuse, tmp_path):
                  env={"BOOTSEER_STORE_URL": str(tmp_path / "s")})
     assert r.returncode == 1 and "not found" in r.stderr
     assert not os.path.ismount(tmp_path)
+
+
+def test_convert_announces_the_tree_next_to_its_source(busybox_image, registry, tmp_path):
+    """Converting a registry image pushes an artifact manifest whose subject is the source
+    manifest, listed under the OCI 1.1 tag-schema fallback (the Debian registry has no
+    referrers API); a second conversion refreshes it instead of duplicating it."""
+    from bootseer.image import referrer
+    from bootseer.store.backends.oci import OciBackend
+    store = str(tmp_path / "store")
+    for _ in range(2):
+        r = bootseer("image", "convert", busybox_image, "--to", store)
+        assert r.returncode == 0, r.stderr
+    tree = r.stdout.strip().splitlines()[-1]
+    found = referrer.find(busybox_image)
+    assert [(f["tree"], f["store"]) for f in found] == [(tree, store)]
+    url, tag = referrer.registry_ref(busybox_image)
+    repo = OciBackend(url)
+    _, _, subject = repo.get_manifest(tag)
+    artifact = json.loads(repo.get_manifest(found[0]["artifact"])[0])
+    assert artifact["subject"]["digest"] == subject
+    assert artifact["artifactType"] == referrer.ARTIFACT_TYPE
+    assert referrer.registry_ref("docker-archive:/x.tar") is None
+    assert referrer.registry_ref("127.0.0.1:5000/a/b@sha256:ab") == ("oci://127.0.0.1:5000/a/b",
+                                                                    "sha256:ab")

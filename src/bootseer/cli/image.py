@@ -80,6 +80,9 @@ def _mount(args) -> int:
     from bootseer.image.session import mount_image
     config = _config(args.store)
     state = tempfile.mkdtemp(prefix="bsimg-")
+    stop = []   # handlers first: a SIGTERM once the mount is visible must still unmount
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda n, f: stop.append(n))
     handle, tree, profile = mount_image(
         config, args.ref, args.mountpoint, state, record=args.record,
         prefetch=args.prefetch is not None,
@@ -87,9 +90,6 @@ def _mount(args) -> int:
         window_timeout_s=args.window)
     print(f"mounted {tree} at {args.mountpoint}"
           + (f", prefetching {len(profile['chunks'])} hot chunks" if profile else ""), flush=True)
-    stop = []
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda n, f: stop.append(n))
     while not stop and handle.proc.is_alive():
         time.sleep(0.2)
     handle.unmount()

@@ -147,6 +147,9 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
     if store.writable:
         store.set_ref(ref_name(src), digest)
         store.set_ref(f"images/by-manifest/{manifest_digest.replace(':', '-')}", digest)
+    from bootseer.image import referrer
+    if referrer.registry_ref(src) is not None:   # announce the tree next to its source
+        referrer.publish(src, digest, store.read(digest), store.url)
     return digest
 
 

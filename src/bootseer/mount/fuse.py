@@ -229,12 +229,19 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
 def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,
                    name: str = "bootseer") -> int:
     """For the CLI: mount, wait for SIGINT/SIGTERM, unmount."""
-    handle = mount(view_factory, mountpoint, name=name)
     stop = {"sig": None}
 
     def on_signal(signum, _frame):
         stop["sig"] = signum
+    # Handlers first: the mount is visible to others before mount() returns, and a
+    # SIGTERM in between must still unmount cleanly, not kill us with the mount left.
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        handle = mount(view_factory, mountpoint, name=name)
+    except BaseException:
+        for s, h in old.items():
+            signal.signal(s, h)
+        raise
     try:
         print(f"mounted {name} at {mountpoint} (Ctrl-C or SIGTERM to unmount)", flush=True)
         while stop["sig"] is None and handle.proc.is_alive():
