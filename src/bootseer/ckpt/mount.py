@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
 import stat
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
 from bootseer.mount.view import Attr
 
-from bootseer.ckpt.engine import Engine
+from bootseer.ckpt.engine import Engine, staged_name
+from bootseer.ckpt.remote import list_files
 
 
 def staging_dir(config: BootseerConfig) -> Path:
@@ -22,10 +25,6 @@ def staged_mirror(url: str, config: BootseerConfig, name: str) -> Path | None:
     """If every file of ``url`` is fully staged on this node, a directory laid out as the
     checkpoint made of hard links to the staged copies (``None`` otherwise). A job started
     after the prefetch finished then reads local files, not the FUSE view."""
-    import os
-    import shutil
-    from bootseer.ckpt.engine import staged_name
-    from bootseer.ckpt.remote import list_files
     staging = staging_dir(config)
     links = []
     for path, remote in list_files(url).items():
@@ -87,12 +86,12 @@ def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefe
     staging area right away (the plan: small files first, so DCP's .metadata and
     safetensors headers land first; large files once ``start_after`` exists, if given).
     Listing errors surface here, before mounting."""
-    from bootseer.ckpt.remote import list_files
     from bootseer.mount.fuse import mount
     list_files(url)  # a wrong URL or a dead server fails here, clearly
 
-    factory = functools.partial(build_view, url, config, memory_budget, mode, prefetch,
-                                stats_path, start_after)
+    factory = functools.partial(build_view, url, config, memory_budget=memory_budget,
+                                mode=mode, prefetch=prefetch, stats_path=stats_path,
+                                start_after=start_after)
     return mount(factory, mountpoint, name="bootseer-ckpt")
 
 

@@ -34,8 +34,8 @@ def _mount(args) -> int:
     list_files(args.url)
     mode = "single" if args.single_stream or args.mode == "sequential" else "striped"
 
-    factory = functools.partial(build_view, args.url, config, 1 << 30, mode,
-                                not args.no_prefetch, None)
+    factory = functools.partial(build_view, args.url, config, memory_budget=1 << 30,
+                                mode=mode, prefetch=not args.no_prefetch, stats_path=None)
     return run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
 
 

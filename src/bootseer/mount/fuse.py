@@ -191,15 +191,16 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
     # of bench/e2e hung in `uv` while its image mount started). A spawned server inherits
     # nothing; the view factory must pickle (a module-level function or a partial of one).
     ctx = multiprocessing.get_context("spawn")
-    try:
-        pickle.dumps(view_factory)
-    except (pickle.PicklingError, AttributeError, TypeError) as e:
-        raise MountError(f"the view factory for {name} must pickle (a module-level "
-                         f"function or a functools.partial of one): {e}") from None
     r, w = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_serve, args=(view_factory, mountpoint, name, w), daemon=False,
                        name=f"bootseer-fuse-{name}")
-    proc.start()
+    try:
+        proc.start()   # pickles the factory for the new interpreter
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        r.close()
+        w.close()
+        raise MountError(f"the view factory for {name} must pickle (a module-level "
+                         f"function or a functools.partial of one): {e}") from None
     w.close()
     status = ""
     while proc.is_alive() or r.poll(0):

@@ -12,12 +12,9 @@ from pathlib import Path
 from bootseer.config import BootseerConfig
 from bootseer.errors import StoreError
 from bootseer.run import tracing
-from bootseer.run.pipelines import FallbackPossible, Pipeline, Prepared, PullImage
+from bootseer.run.pipelines import PREPARED, FallbackPossible, Pipeline, Prepared, PullImage
 
 log = logging.getLogger(__name__)
-# Created in the node's state dir once every pipeline is prepared and settled: releases
-# the checkpoint's large files.
-PREPARED = "prepared"
 
 
 class LazyImage(Pipeline):

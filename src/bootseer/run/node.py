@@ -170,7 +170,6 @@ class NodeRun:
     def _release_background(self, max_wait_s: float = 60.0) -> None:
         """Once every pipeline has settled (or after ``max_wait_s``), release the large
         background transfers (the checkpoint's data files)."""
-        from bootseer.run.lazy import PREPARED
         deadline = time.monotonic() + max_wait_s
         while time.monotonic() < deadline:
             try:
@@ -180,7 +179,7 @@ class NodeRun:
                 break
             time.sleep(0.05)
         try:
-            (self.state / PREPARED).touch()
+            (self.state / P.PREPARED).touch()
         except OSError:  # the node is shutting down
             pass
 

@@ -35,6 +35,11 @@ class FallbackPossible(BootseerError):
     still work (e.g. the store is unreachable but the registry is not)."""
 
 
+# Created in the node's state dir once every pipeline is prepared and settled: releases
+# large background transfers (the checkpoint's data files).
+PREPARED = "prepared"
+
+
 class Pipeline:
     kind = "?"
     mode = "bootseer"
