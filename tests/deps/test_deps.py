@@ -15,6 +15,7 @@ import pytest
 from bootseer.config import BootseerConfig
 from bootseer.demo.assets import write_simple_index
 from bootseer.deps import ensure as E
+from bootseer.deps.snapshot import rmtree
 from bootseer.deps.resolve import DepsError
 from tests.run.test_baseline import make_wheel
 
@@ -54,7 +55,7 @@ def test_build_once_restore_warm(index, tmp_path):
     assert r.how == "built" and imports(prefix) == "3"
     assert E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"),
                     key=r.key).how == "warm"
-    E._rmtree(prefix)                      # a fresh node: same prefix, empty cache
+    rmtree(prefix)                      # a fresh node: same prefix, empty cache
     r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"))
     assert r2.how == "restored" and r2.key == r.key and imports(prefix) == "3"
     mode = os.stat(f"{prefix}/lib/python3.11/site-packages/bsdeps_one/__init__.py").st_mode
@@ -68,7 +69,7 @@ def test_key_handed_to_a_cold_node_restores_without_the_index(index, tmp_path, n
     urls, spec = index
     prefix = str(tmp_path / "env")
     r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
-    E._rmtree(prefix)
+    rmtree(prefix)
     dead = ["http://127.0.0.1:9/simple"]       # the index is unreachable now
     seen = []
     r2 = E.ensure(str(spec), prefix, python=PY, index_urls=dead, key=r.key,
@@ -123,7 +124,7 @@ def test_corrupt_snapshot_installs_instead(index, tmp_path):
     urls, spec = index
     prefix = str(tmp_path / "env")
     E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
-    E._rmtree(prefix)
+    rmtree(prefix)
     from bootseer.store import open_store
     store = open_store(str(tmp_path / "store"))
     for d in store.list():  # corrupt every pack blob (big ones), keep manifests/TOCs
@@ -196,7 +197,7 @@ def test_process_killed_mid_restore_leaves_no_partial_prefix(index, tmp_path, ng
     urls, spec = index
     prefix = str(tmp_path / "env")
     r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
-    E._rmtree(prefix)
+    rmtree(prefix)
     slow = nginx_factory(tmp_path / "store", limit_rate="1k")   # a store that crawls
     env = {**os.environ, "BOOTSEER_STORE_URL": slow.url,
            "BOOTSEER_CACHE_DIR": str(tmp_path / "b" / "cache")}

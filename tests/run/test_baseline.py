@@ -19,12 +19,16 @@ from tests.conftest import need, is_root
 pytestmark = pytest.mark.timeout(240)
 
 
-def make_wheel(dest, name: str, version: str, body: str) -> None:
-    """A minimal pure-Python wheel, written by hand (PEP 427)."""
+def make_wheel(dest, name: str, version: str, body: str, scripts: dict | None = None) -> None:
+    """A minimal pure-Python wheel, written by hand (PEP 427); ``scripts`` are console
+    entry points (``{"cmd": "module:function"}``)."""
     dist = f"{name}-{version}.dist-info"
     files = {f"{name}/__init__.py": body.encode(),
              f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
              f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    if scripts:
+        files[f"{dist}/entry_points.txt"] = ("[console_scripts]\n" + "".join(
+            f"{k} = {v}\n" for k, v in scripts.items())).encode()
     record = []
     for path, data in files.items():
         h = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

@@ -17,7 +17,16 @@ def register(sub) -> None:
     v.add_argument("--key", help="key from 'bootseer deps key' (skips resolving on a warm node)")
     v.add_argument("--store", metavar="URL")
     v.add_argument("--wait", type=float, default=600.0, help="seconds to wait for another builder")
+    v.add_argument("--mount", action="store_true",
+                   help="mount the snapshot lazily at PREFIX instead of restoring it (a FUSE "
+                        "server keeps serving after this returns; 'bootseer deps umount' stops it)")
+    v.add_argument("--window", type=float, default=120.0, metavar="S",
+                   help="with --mount: seconds of start-up reads recorded as the hot-block "
+                        "profile that the next node's mount prefetches (default 120)")
     v.set_defaults(func=_ensure)
+    v = verbs.add_parser("umount", help="stop the lazy mount of an environment (--mount)")
+    v.add_argument("prefix")
+    v.set_defaults(func=_umount)
     v = verbs.add_parser("key", help="resolve SPEC and print the environment key")
     v.add_argument("spec")
     v.add_argument("--prefix", required=True)
@@ -27,6 +36,12 @@ def register(sub) -> None:
     v = verbs.add_parser("ls", help="environments published in the store")
     v.add_argument("--store", metavar="URL")
     v.set_defaults(func=_ls)
+    v = verbs.add_parser("gc", help="remove least recently used environments on this node "
+                                    "until the rest fit SIZE (never one in use)")
+    v.add_argument("--max-size", default="50G", metavar="SIZE",
+                   help="disk the environments on this node may use (default 50G)")
+    v.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    v.set_defaults(func=_gc)
     v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
     v.add_argument("prefix")
     v.add_argument("--store", metavar="URL")
@@ -49,8 +64,28 @@ def _ensure(args) -> int:
             bar.update(n)
         r = ensure(args.spec, args.prefix, python=args.python, index_urls=args.index_url,
                    key=args.key, config=_config(args.store), wait_s=args.wait,
-                   progress=progress)
+                   progress=progress, mount=args.mount, mount_window_s=args.window)
     print(f"{r.how} {r.key} {r.prefix}")
+    return 0
+
+
+def _umount(args) -> int:
+    import os
+    from bootseer.deps.mounted import unmount
+    if not unmount(os.path.abspath(args.prefix)):
+        print(f"no lazy environment is mounted at {args.prefix}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _gc(args) -> int:
+    from bootseer.config import parse_size
+    from bootseer.deps.node import gc
+    report = gc(_config(None), parse_size(args.max_size, "--max-size"), dry_run=args.dry_run)
+    for env, action in report:
+        print(f"{action}\t{env.bytes / 2**20:.0f} MiB\t{env.prefix}\t{env.key[:19]}")
+    if not report:
+        print("no environments recorded on this node")
     return 0
 
 
@@ -74,33 +109,42 @@ def _ls(args) -> int:
 def _verify(args) -> int:
     import hashlib
     import os
-    from bootseer.deps.ensure import read_marker
+    from bootseer.deps.relocate import rewrite_bytes
+    from bootseer.deps.snapshot import read_marker
     from bootseer.errors import BootseerError
     from bootseer.store import open_store
     from bootseer.store.fetch import Fetcher
-    from bootseer.tree.reader import load_toc
+    from bootseer.tree.reader import TreeReader
     m = read_marker(args.prefix)
     if not m or not m.get("tree"):
         raise BootseerError(f"{args.prefix} is not a restored bootseer environment")
+    moved = m.get("relocated") or {}
+    rewritten = {"/" + p for p in moved.get("text", [])}
     store = open_store(args.store, _config(args.store))
-    with Fetcher() as f:
-        toc = load_toc(store, m["tree"], f)
     bad = 0
-    for e in toc["entries"]:
-        if e["type"] != "f":
-            continue
-        path = os.path.join(args.prefix, e["path"].lstrip("/"))
-        try:
-            data = open(path, "rb").read()
-        except OSError:
-            print(f"missing {e['path']}")
-            bad += 1
-            continue
-        cs = toc["chunk_size"]
-        for i, c in enumerate(e["chunks"]):
-            if "sha256:" + hashlib.sha256(data[i * cs:(i + 1) * cs]).hexdigest() != c[0]:
+    with Fetcher() as f:
+        reader = TreeReader(store, m["tree"], f)
+        cs = reader.toc["chunk_size"]
+        for e in reader.toc["entries"]:
+            if e["type"] != "f":
+                continue
+            path = os.path.join(args.prefix, e["path"].lstrip("/"))
+            try:
+                data = open(path, "rb").read()
+            except OSError:
+                print(f"missing {e['path']}")
+                bad += 1
+                continue
+            if e["path"] in rewritten:   # relocated: the snapshot's bytes, rewritten
+                want = rewrite_bytes(reader.read(e["path"], e["size"], 0), moved["from"],
+                                     os.path.abspath(args.prefix))
+                ok = data == want
+            else:
+                ok = all("sha256:" + hashlib.sha256(data[i * cs:(i + 1) * cs]).hexdigest()
+                         == c[0] for i, c in enumerate(e["chunks"])) and \
+                    len(data) == e["size"]
+            if not ok:
                 print(f"modified {e['path']}")
                 bad += 1
-                break
     print(f"{'OK' if not bad else 'FAILED'}: {bad} problem(s)")
     return 1 if bad else 0

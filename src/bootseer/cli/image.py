@@ -99,17 +99,13 @@ def _mount(args) -> int:
 def _publish(config, state, record: bool) -> int:
     import os
     from bootseer.image import profile as prof
-    from bootseer.store import open_store
     figures = os.path.join(state, "figures.json")
     if os.path.exists(figures):
         print(open(figures).read(), file=sys.stderr)
-    path = os.path.join(state, "profile.json")
-    if record and os.path.exists(path):
-        store = open_store(config.store.url, config)
-        new = json.load(open(path))
-        old = prof.latest(store, new["tree"])
-        merged = prof.merge([new] + ([old] if old else []))
-        print(f"profile {prof.push(store, merged)} ({len(merged['chunks'])} chunks)", file=sys.stderr)
+    if record:
+        digest = prof.publish_recorded(config, os.path.join(state, "profile.json"))
+        if digest:
+            print(f"profile {digest}", file=sys.stderr)
     return 0
 
 

@@ -77,9 +77,11 @@ class Resolved:
     key: str
     locked: str
     interp: dict
+    portable: str
+    """The key without the prefix: snapshots of these pins at another prefix."""
 
 
-def environment_key(locked: str, interp: dict, prefix: str, *, base_image: str | None = None,
+def environment_key(locked: str, interp: dict, prefix: str | None, *, base_image: str | None = None,
                     options: dict | None = None) -> str:
     """sha256 over what makes an environment reusable. Index URLs are not in it: the
     pins carry artifact hashes, so where they came from does not matter."""
@@ -87,7 +89,8 @@ def environment_key(locked: str, interp: dict, prefix: str, *, base_image: str |
                   if l.strip() and not l.strip().startswith("#"))
     doc = {"format": FORMAT, "pins": pins, "python": {k: interp[k] for k in
                                                       ("impl", "version", "soabi", "platform")},
-           "libc": interp.get("libc"), "prefix": os.path.abspath(prefix),
+           "libc": interp.get("libc"),
+           "prefix": os.path.abspath(prefix) if prefix is not None else None,
            "base_image": base_image, "options": options or {}}
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -95,4 +98,5 @@ def environment_key(locked: str, interp: dict, prefix: str, *, base_image: str |
 def resolve_key(spec: str, prefix: str, python: str, index_urls=None) -> Resolved:
     locked = resolve(spec, python, index_urls)
     interp = interpreter(python)
-    return Resolved(environment_key(locked, interp, prefix), locked, interp)
+    return Resolved(environment_key(locked, interp, prefix), locked, interp,
+                    environment_key(locked, interp, None))

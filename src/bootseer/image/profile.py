@@ -88,3 +88,22 @@ def load(store, digest: str) -> dict:
 def latest(store, tree: str) -> dict | None:
     d = store.get_ref(ref_for(tree))
     return None if d is None else load(store, d)
+
+
+def publish_recorded(config, path: str) -> str | None:
+    """Merge a start's recorded profile (``path``) into the tree's published one and push
+    the result; None when nothing was recorded or the store is read-only."""
+    import logging
+    import os
+    from bootseer.store import open_store
+    if not os.path.exists(path):
+        return None
+    store = open_store(config.store.url, config)
+    if not store.writable:
+        logging.getLogger(__name__).info(
+            "store %s is read-only: the hot-block profile is not published", store.url)
+        return None
+    with open(path) as f:
+        new = json.load(f)
+    old = latest(store, new["tree"])
+    return push(store, merge([new] + ([old] if old else [])))

@@ -64,17 +64,7 @@ class LazyImage(Pipeline):
 
     def _publish(self) -> None:
         from bootseer.image import profile as prof
-        from bootseer.store import open_store
-        path = self.rec_dir / "profile.json"
-        if not path.exists():
-            return
-        store = open_store(self.config.store.url, self.config)
-        if not store.writable:
-            log.info("store %s is read-only: the hot-block profile is not published", store.url)
-            return
-        new = json.loads(path.read_text())
-        old = prof.latest(store, new["tree"])
-        self.published = prof.push(store, prof.merge([new] + ([old] if old else [])))
+        self.published = prof.publish_recorded(self.config, str(self.rec_dir / "profile.json"))
 
     def close(self) -> None:
         if self.handle is not None:

@@ -1,0 +1,112 @@
+"""Lazy environments (``deps ensure --mount``): the snapshot's tree served read-only at
+the prefix by a FUSE server that outlives the command, so a job starts importing before
+the environment is local; what it reads is fetched on demand, verified, and cached.
+
+The server (``python -m bootseer.deps.mountd``) runs in its own session. It is the image
+mount's machinery (``ImageSession``): the start's reads are recorded, the tree's hot-block
+profile is published when the window closes, and the next node's mount prefetches it.
+Its state sits next to the prefix: ``<prefix>.mount.json`` (key, tree, server pid) names
+a live mount; ``<prefix>.mount-state/`` holds the recording and the server's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from bootseer.config import BootseerConfig
+from bootseer.deps.resolve import DepsError
+
+
+def sidecar(prefix: str) -> str:
+    return f"{prefix}.mount.json"
+
+
+def state_dir(prefix: str) -> str:
+    return f"{prefix}.mount-state"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mounted_info(prefix: str) -> dict | None:
+    """The live lazy mount at ``prefix`` (``{"key", "tree", "pid"}``), or None."""
+    try:
+        info = json.loads(open(sidecar(prefix)).read())
+    except (OSError, ValueError):
+        return None
+    if os.path.ismount(prefix) and _alive(int(info.get("pid", 0))):
+        return info
+    return None
+
+
+def mount_env(config: BootseerConfig, tree: str, prefix: str, key: str, *,
+              window_s: float = 120.0, timeout_s: float = 120.0) -> dict:
+    """Start the server and return once the environment is visible at ``prefix``."""
+    if os.path.ismount(prefix):
+        raise DepsError(f"{prefix} is already a mount point")
+    os.makedirs(prefix, exist_ok=True)
+    state = state_dir(prefix)
+    os.makedirs(state, exist_ok=True)
+    log_path = os.path.join(state, "server.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bootseer.deps.mountd", prefix, tree, key, state,
+             str(window_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            start_new_session=True, close_fds=True)
+    proc.stdin.write(pickle.dumps(config))
+    proc.stdin.close()
+    line = b""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line = proc.stdout.readline()
+            break
+        if proc.poll() is not None:
+            break
+    proc.stdout.close()
+    if line.strip() != b"ready":
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        tail = " | ".join(open(log_path, errors="replace").read().strip().splitlines()[-4:])
+        raise DepsError(f"cannot mount the environment at {prefix}: "
+                        f"{line.decode(errors='replace').strip() or tail or 'server died'}")
+    return mounted_info(prefix) or {"key": key, "tree": tree, "pid": proc.pid}
+
+
+def unmount(prefix: str, timeout_s: float = 20.0) -> bool:
+    """Stop the lazy mount at ``prefix`` (its server unmounts on SIGTERM). False if none."""
+    info = mounted_info(prefix)
+    if info is None:
+        if os.path.ismount(prefix) and os.path.exists(sidecar(prefix)):   # server died
+            subprocess.run(["fusermount3", "-u", "-z", prefix], capture_output=True)
+        return False
+    pid = int(info["pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while (_alive(pid) or os.path.ismount(prefix)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    if os.path.ismount(prefix):
+        subprocess.run(["fusermount3", "-u", "-z", prefix], capture_output=True)
+    try:
+        os.unlink(sidecar(prefix))
+    except FileNotFoundError:
+        pass
+    return True

@@ -1,0 +1,154 @@
+"""The environments on this node, for ``bootseer deps gc``.
+
+Every ``ensure`` records the prefix it served (one small JSON file per prefix next to the
+node cache, rewritten atomically, so concurrent ensures never contend). ``gc`` removes
+the least recently used environments until the rest fit under a size cap, and never one
+that a running process uses: its ``<prefix>.lock`` is held (an ensure, a ``bootseer run``)
+or ``/proc`` shows a process whose executable, command line, working directory, open
+files or mapped libraries lie under the prefix.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootseer.config import BootseerConfig
+
+log = logging.getLogger(__name__)
+
+
+def records_dir(config: BootseerConfig) -> Path:
+    return Path(config.cache.dir).parent / "envs"
+
+
+def record_use(config: BootseerConfig, prefix: str, key: str, how: str) -> None:
+    d = records_dir(config)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / (hashlib.sha256(prefix.encode()).hexdigest()[:32] + ".json")
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"prefix": prefix, "key": key, "how": how,
+                                   "last_used": time.time()}))
+        tmp.rename(path)
+    except OSError as e:   # bookkeeping only: never fail an ensure for it
+        log.warning("cannot record the use of %s: %s", prefix, e)
+
+
+@dataclass
+class NodeEnv:
+    prefix: str
+    key: str
+    last_used: float
+    bytes: int
+    record: Path
+    mounted: bool = False
+
+
+def _size(path: str) -> int:
+    total, seen = 0, set()
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def environments(config: BootseerConfig) -> list[NodeEnv]:
+    """Recorded environments that still exist, least recently used first."""
+    from bootseer.deps.mounted import mounted_info
+    out = []
+    for rec in sorted(records_dir(config).glob("*.json")):
+        try:
+            info = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            continue
+        prefix = info["prefix"]
+        mounted = mounted_info(prefix) is not None
+        if not mounted and not os.path.isdir(prefix):
+            rec.unlink(missing_ok=True)    # removed by hand: forget it
+            continue
+        # a lazy mount holds no disk of its own (its chunks are in the node cache)
+        out.append(NodeEnv(prefix, info["key"], info["last_used"],
+                           0 if mounted else _size(prefix), rec, mounted))
+    return sorted(out, key=lambda e: e.last_used)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+def users(prefix: str) -> list[int]:
+    """PIDs of processes that use anything under ``prefix``."""
+    prefix = os.path.realpath(prefix)
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        base = f"/proc/{pid}"
+        try:
+            paths = [os.readlink(f"{base}/cwd"), os.readlink(f"{base}/exe")]
+            with open(f"{base}/cmdline", "rb") as f:
+                paths += [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            try:
+                fds = os.listdir(f"{base}/fd")
+            except OSError:
+                fds = []
+            for fd in fds:
+                try:
+                    paths.append(os.readlink(f"{base}/fd/{fd}"))
+                except OSError:
+                    pass
+            with open(f"{base}/maps") as f:
+                paths += [line.split(None, 5)[5].strip() for line in f
+                          if len(line.split(None, 5)) == 6]
+        except OSError:   # exited meanwhile, or not ours to look at
+            continue
+        if any(_under(p, prefix) for p in paths):
+            found.append(int(pid))
+    return found
+
+
+def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
+    """Remove least-recently-used environments until the others fit in ``max_bytes``.
+    Returns ``(env, action)`` for each one considered: removed, in use, or kept."""
+    from bootseer.deps.snapshot import rmtree
+    envs = environments(config)
+    total = sum(e.bytes for e in envs)
+    report = []
+    for env in envs:
+        if total <= max_bytes or env.mounted:   # a lazy mount holds no disk of its own
+            report.append((env, "kept"))
+            continue
+        lock = open(f"{env.prefix}.lock", "a+")
+        try:
+            try:
+                fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                report.append((env, "in use (ensure or run holds its lock)"))
+                continue
+            pids = users(env.prefix)
+            if pids:
+                report.append((env, f"in use (pid {', '.join(map(str, pids[:5]))})"))
+                continue
+            if not dry_run:
+                gone = f"{env.prefix}.old-{os.getpid()}"   # vanishes whole, never half
+                os.rename(env.prefix, gone)
+                rmtree(gone)
+                env.record.unlink(missing_ok=True)
+            total -= env.bytes
+            report.append((env, "removed" if not dry_run else "would remove"))
+        finally:
+            lock.close()
+    return report

@@ -1,0 +1,141 @@
+"""Snapshots of environments: publish a built prefix as a tree, restore one into place.
+
+A restore extracts into a temporary sibling of the prefix and renames it into place with
+the completion marker written last, so a killed restore leaves nothing half-visible. A
+snapshot made at another prefix is relocated on the way (see ``relocate``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from bootseer import trace as tracing
+from bootseer.config import BootseerConfig
+from bootseer.deps import compat, relocate
+from bootseer.deps.resolve import FORMAT
+from bootseer.store.digest import sha256_digest
+
+log = logging.getLogger(__name__)
+MARKER = ".bootseer-env.json"
+
+
+def env_ref(key: str) -> str:
+    return f"deps/env/{key.removeprefix('sha256:')}"
+
+
+def portable_ref(portable_key: str) -> str:
+    return f"deps/portable/{portable_key.removeprefix('sha256:')}"
+
+
+def read_marker(prefix: str) -> dict | None:
+    """The completion marker of a restored or built prefix, or of a live lazy mount."""
+    try:
+        return json.loads((Path(prefix) / MARKER).read_text())
+    except (OSError, ValueError):
+        from bootseer.deps.mounted import mounted_info
+        return mounted_info(prefix)
+
+
+def write_marker(prefix: str, key: str, tree: str | None, **extra) -> None:
+    tmp = Path(prefix) / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, "key": key, "tree": tree,
+                               "created": time.time(), **extra}))
+    tmp.rename(Path(prefix) / MARKER)
+
+
+def load_manifest(store, digest: str) -> dict:
+    return json.loads(store.read(digest))
+
+
+def check_driver(manifest: dict) -> None:
+    compat.check(manifest.get("cuda"), compat.driver_version(),
+                 f"the environment {manifest.get('key', '')[:19]}")
+
+
+def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str,
+            progress: Callable[[int, int], None] | None = None) -> None:
+    """Fetch and extract the snapshot into a temporary sibling, relocate it if it was
+    made at another prefix, then rename it into place. ``progress(bytes, total)`` is
+    called as chunks arrive."""
+    from bootseer.store.cache import NodeCache
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.extract import extract
+    from bootseer.tree.reader import TreeReader
+    made_at = manifest["prefix"]
+    relocate.check(manifest.get("relocations"), made_at, prefix)   # before fetching
+    sweep_leftovers(prefix)
+    tmp = f"{prefix}.restoring-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with tracing.phase("deps.fetch") as span, Fetcher(config.fetch) as f:
+            reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
+            total = sum(c[4] for c in reader.all_chunks())
+            n = extract(reader, tmp, readonly=True,
+                        progress=(lambda b: progress(b, total)) if progress else None)
+            span.set(bytes=n)
+        extra = {}
+        if made_at != prefix:
+            with tracing.phase("deps.relocate") as span:
+                span.set(paths=relocate.rewrite(tmp, manifest["relocations"], made_at, prefix))
+            extra["relocated"] = {"from": made_at, **manifest["relocations"]}
+        os.chmod(tmp, 0o755)
+        write_marker(tmp, key, manifest["tree"], **extra)
+        old = f"{prefix}.old-{os.getpid()}"
+        if os.path.exists(prefix):
+            os.rename(prefix, old)
+        os.rename(tmp, prefix)
+        rmtree(old)
+    except BaseException:
+        rmtree(tmp)
+        raise
+
+
+def sweep_leftovers(prefix: str) -> None:
+    """Remove ``<prefix>.restoring-<pid>`` / ``.old-<pid>`` left by a killed process (the
+    prefix itself is only ever renamed into place whole, so it is never partial)."""
+    for path in glob.glob(f"{glob.escape(prefix)}.restoring-*") + \
+            glob.glob(f"{glob.escape(prefix)}.old-*"):
+        pid = path.rsplit("-", 1)[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            rmtree(path)
+
+
+def rmtree(path: str) -> None:
+    if os.path.exists(path):
+        for root, dirs, _ in os.walk(path):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), 0o755)
+        os.chmod(path, 0o755)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(store, prefix: str, key: str, portable_key: str | None = None) -> str:
+    """Snapshot the built ``prefix`` and publish it under ``key`` (and ``portable_key``,
+    so that the same pins wanted at another prefix are relocated, not rebuilt)."""
+    from bootseer.tree.build import TreeBuilder, add_directory
+    with tracing.phase("deps.publish"):
+        b = TreeBuilder(store)
+        add_directory(b, prefix)
+        tree = b.finish(meta={"kind": "bootseer.env", "key": key, "prefix": prefix})
+        manifest = {"format": FORMAT, "key": key, "tree": tree, "prefix": prefix,
+                    "created": time.time(), "relocations": relocate.scan(prefix, prefix),
+                    "cuda": compat.installed_cuda_runtime(prefix)}
+        publish_manifest(store, manifest, key, portable_key)
+        return tree
+
+
+def publish_manifest(store, manifest: dict, key: str, portable_key: str | None = None) -> str:
+    blob = json.dumps({**manifest, "key": key}).encode()
+    d = sha256_digest(blob)
+    store.write(d, blob)
+    store.set_ref(env_ref(key), d)
+    if portable_key is not None:
+        store.set_ref(portable_ref(portable_key), d)
+    return d
