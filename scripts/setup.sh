@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman runc skopeo buildah
+APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman catatonit runc skopeo buildah
               busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs debootstrap
               apache2-utils)
 

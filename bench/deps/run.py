@@ -16,6 +16,10 @@ namespace with its own empty caches and the same prefix path, all on a tmpfs.
   bootseer build        bootseer deps ensure, empty store: builds once and publishes
   bootseer restore      bootseer deps ensure --key on a fresh node (the snapshot is published)
   bootseer warm         the same node again (prefix present, marker valid)
+  bootseer mount        deps ensure --mount on a fresh node: the snapshot served lazily, so
+                        the import fetches what it reads (first mount: no profile; it
+                        records and publishes the start's hot blocks)
+  bootseer mount+prof   the same on another fresh node, prefetching the recorded profile
 Then N nodes at once on an empty store: N x uv cold vs N x bootseer deps ensure --key (the
 key resolved once for the job, as `bootseer run --deps-key` does: one node resolves and
 builds under the lease, the others wait for the publish and restore).
@@ -101,17 +105,19 @@ class Bench:
         return subprocess.Popen(self.argv(node, script), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 
-    def timed(self, node: Path, script: str) -> tuple[float, float]:
-        """(seconds for ``script``, seconds of the first import in the result)."""
+    def timed(self, node: Path, script: str, after: str = "") -> tuple[float, float]:
+        """(seconds for ``script``, seconds of the first import in the result); ``after``
+        runs once the import is timed (not counted)."""
         t = time.perf_counter()
-        p = self.start(node, f"{script} && {PREFIX}/bin/python -X importtime -c "
+        p = self.start(node, f"{script} && {PREFIX}/bin/python -c "
                              f"'import time; t=time.perf_counter(); import {IMPORTS}; "
-                             f"print(\"IMPORT\", time.perf_counter()-t)' 2>/dev/null")
+                             f"print(\"IMPORT\", time.perf_counter()-t, flush=True)' "
+                             f"2>/dev/null{after}")
         out, _ = p.communicate()
         self.log(out)
         if p.returncode != 0:
             raise SystemExit(f"variant failed (exit {p.returncode}):\n{out[-3000:]}")
-        total = time.perf_counter() - t
+        total = time.perf_counter() - t - self.after_s(out)
         imp = float(next(l for l in out.splitlines() if l.startswith("IMPORT")).split()[1])
         return total - imp, imp
 
@@ -125,10 +131,21 @@ class Bench:
         return (f"{uv} venv -q --python {PYTHON} {PREFIX} && {uv} pip install -q --python "
                 f"{PREFIX}/bin/python --compile-bytecode --index-url {self.index_url} -r {self.spec}")
 
-    def ensure(self, key: str | None = None) -> str:
+    @staticmethod
+    def after_s(out: str) -> float:
+        return sum(float(l.split()[1]) for l in out.splitlines() if l.startswith("AFTER "))
+
+    def ensure(self, key: str | None = None, mount: bool = False) -> str:
         k = f" --key {key}" if key else ""
+        m = " --mount --window 30" if mount else ""
         return (f"{shlex.quote(sys.executable)} -m bootseer deps ensure {self.spec} "
-                f"--prefix {PREFIX} --python {PYTHON} --index-url {self.index_url}{k}")
+                f"--prefix {PREFIX} --python {PYTHON} --index-url {self.index_url}{k}{m}")
+
+    def umount(self) -> str:
+        """Stop the lazy mount (publishing the profile); its time is not the start's."""
+        py = shlex.quote(sys.executable)
+        return (f"; t=$({py} -c 'import time; print(time.time())'); {py} -m bootseer deps "
+                f"umount {PREFIX}; {py} -c \"import time; print('AFTER', time.time() - $t)\"")
 
     def key(self) -> str:
         p = subprocess.run([*(["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns
@@ -218,6 +235,9 @@ def main() -> int:
             node = b.node()
             row("bootseer restore", *b.timed(node, b.ensure(key)))
             row("bootseer warm", *b.timed(node, b.ensure(key)))
+            row("bootseer mount", *b.timed(b.node(), b.ensure(key, mount=True), b.umount()))
+            row("bootseer mount+prof", *b.timed(b.node(), b.ensure(key, mount=True),
+                                                b.umount()))
             n = args.nodes
             row(f"{n} nodes uv cold", b.parallel([(b.node(), b.uv()) for _ in range(n)]))
             # An empty store for the N-node ensure: a new repository name.
@@ -240,6 +260,12 @@ def main() -> int:
           f"{restore['import_s'] / rows['pip install']['import_s']:.2f} (<= 1.1), "
           f"index requests {n} nodes {rows[f'{n} nodes bootseer ensure']['index_requests']}"
           f" vs one build {rows['bootseer build']['index_requests']}")
+    ready = {k: rows[k]["seconds"] + rows[k]["import_s"] for k in
+             ("pip install", "uv cold", "bootseer restore", "bootseer mount",
+              "bootseer mount+prof")}
+    print("environment ready and main packages imported (the start a job waits for): "
+          + ", ".join(f"{k} {v:.2f} s ({v / ready['uv cold']:.2f}x uv cold)"
+                      for k, v in ready.items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     return 0

@@ -41,23 +41,29 @@ def main(argv: list[str]) -> int:
     print("ready", flush=True)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)   # the ensure has stopped reading: never die of SIGPIPE
-    published = False
+    published = None
+
+    def publish() -> None:
+        nonlocal published
+        published = ""
+        try:
+            published = publish_recorded(config, os.path.join(rec, "profile.json"))
+            log.info("published the environment's hot-block profile %s", published)
+        except Exception as e:  # noqa: BLE001 - a profile is an optimisation
+            log.warning("cannot publish the hot-block profile: %s", e)
     try:
         while not stop and handle.proc.is_alive():
-            if not published and os.path.exists(os.path.join(rec, "figures.json")):
-                published = True
-                try:
-                    digest = publish_recorded(config, os.path.join(rec, "profile.json"))
-                    log.info("published the environment's hot-block profile %s", digest)
-                except Exception as e:  # noqa: BLE001 - a profile is an optimisation
-                    log.warning("cannot publish the hot-block profile: %s", e)
+            if published is None and os.path.exists(os.path.join(rec, "figures.json")):
+                publish()
             time.sleep(0.2)
     finally:
-        handle.unmount()
+        handle.unmount()    # closes the window if it was still open
         try:
             os.unlink(sidecar(prefix))
         except FileNotFoundError:
             pass
+    if published is None and os.path.exists(os.path.join(rec, "figures.json")):
+        publish()
     return 0
 
 

@@ -59,8 +59,8 @@ class Prefetcher:
                         self.stats["already_local"] += 1
                     else:
                         todo.append(ref)
-                for ref in sorted(todo, key=lambda c: (c[1], c[2])):
-                    pending.append((ref, self.reader.submit_chunk(ref, Priority.PREFETCH)))
+                todo.sort(key=lambda c: (c[1], c[2]))
+                pending.extend(zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH)))
                 while len(pending) >= self.window:
                     self._complete(*pending.popleft())
             while pending:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import logging
@@ -49,7 +50,12 @@ class Fetcher:
     def __init__(self, config: FetchConfig | None = None):
         self.config = config or FetchConfig()
         self._lock = threading.Condition()
-        self._heap: list[_Task] = []
+        # Queued tasks, two ways: a heap per storage host (the most urgent task of a host
+        # with a free connection is found without touching the others' queues), and per
+        # source a list sorted by offset (coalescing finds a task's neighbours by bisect).
+        # Both are cheap with many thousand queued chunks (a restore queues ~10k at once).
+        self._heaps: dict[str, list[_Task]] = {}
+        self._by_offset: dict[object, list[tuple[int, int, _Task]]] = {}
         self._by_range: dict[tuple, _Task] = {}
         self._host_busy: dict[str, int] = {}
         self._seq = itertools.count()
@@ -66,25 +72,41 @@ class Fetcher:
     def submit(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND
                ) -> Future:
         """Queue ``[start, end)`` of ``source``; the future resolves to the bytes."""
-        key = (source.key, start, end)
+        return self.submit_many([(source, start, end)], priority=priority)[0]
+
+    def submit_many(self, ranges, *, priority: Priority = Priority.DEMAND) -> list[Future]:
+        """Queue many ``(source, start, end)`` at once: one lock round and one wake-up
+        for the batch (a restore queues ~10k chunks; one by one, the submitting thread
+        and 64 woken workers fight over the lock for a second)."""
+        futures = []
         with self._lock:
             if self._closed:
                 raise FetchError("fetcher is closed")
-            existing = self._by_range.get(key)
-            if existing is not None:
-                self._counters["deduplicated"] += 1
-                if existing.queued and priority < existing.priority:
-                    existing.priority = priority  # promote: re-heapify below
-                    heapq.heapify(self._heap)
-                    self._counters["promoted"] += 1
-                    self._lock.notify_all()
-                return existing.future
-            task = _Task(source, start, end, priority, next(self._seq),
-                         time.monotonic() + self.config.deadline_s)
-            self._by_range[key] = task
-            heapq.heappush(self._heap, task)
-            self._lock.notify()
-            return task.future
+            promoted = False
+            for source, start, end in ranges:
+                key = (source.key, start, end)
+                existing = self._by_range.get(key)
+                if existing is not None:
+                    self._counters["deduplicated"] += 1
+                    if existing.queued and priority < existing.priority:
+                        existing.priority = priority  # promote: re-heapify its host's queue
+                        heapq.heapify(self._heaps[existing.source.host])
+                        self._counters["promoted"] += 1
+                        promoted = True
+                    futures.append(existing.future)
+                    continue
+                task = _Task(source, start, end, priority, next(self._seq),
+                             time.monotonic() + self.config.deadline_s)
+                self._by_range[key] = task
+                heapq.heappush(self._heaps.setdefault(source.host, []), task)
+                bisect.insort(self._by_offset.setdefault(source.key, []),
+                              (start, task.seq, task))
+                futures.append(task.future)
+            if promoted or len(futures) > 1:
+                self._lock.notify_all()
+            else:
+                self._lock.notify()
+        return futures
 
     def read(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND
              ) -> bytes:
@@ -109,10 +131,13 @@ class Fetcher:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for t in self._heap:
-                if t.queued:
-                    t.future.set_exception(FetchError("fetcher closed before the read ran"))
-            self._heap.clear()
+            for heap in self._heaps.values():
+                for t in heap:
+                    if t.queued:
+                        t.queued = False
+                        t.future.set_exception(FetchError("fetcher closed before the read ran"))
+            self._heaps.clear()
+            self._by_offset.clear()
             self._lock.notify_all()
 
     def __enter__(self):
@@ -122,6 +147,17 @@ class Fetcher:
         self.close()
 
     # -- workers ------------------------------------------------------------------------------
+    def _dequeue(self, task: _Task) -> None:
+        """Under the lock: ``task`` is taken (it stays in its host heap, skipped later)."""
+        task.queued = False
+        lst = self._by_offset.get(task.source.key)
+        if lst is not None:
+            i = bisect.bisect_left(lst, (task.start, task.seq))
+            if i < len(lst) and lst[i][2] is task:
+                del lst[i]
+            if not lst:
+                del self._by_offset[task.source.key]
+
     def _take(self) -> list[_Task] | None:
         """Pop the most urgent task whose host has a free connection, plus queued tasks of
         the same source that extend it contiguously (coalescing)."""
@@ -130,35 +166,31 @@ class Fetcher:
                 if self._closed:
                     return None
                 cap = self.config.connections_per_host
-                skipped = []
                 task = None
-                while self._heap:
-                    t = heapq.heappop(self._heap)
-                    if not t.queued:
-                        continue
-                    if self._host_busy.get(t.source.host, 0) < cap:
-                        task = t
-                        break
-                    skipped.append(t)
-                for t in skipped:
-                    heapq.heappush(self._heap, t)
+                for host, heap in self._heaps.items():
+                    while heap and not heap[0].queued:
+                        heapq.heappop(heap)
+                    if heap and self._host_busy.get(host, 0) < cap and (
+                            task is None or heap[0] < task):
+                        task = heap[0]
                 if task is None:
                     self._lock.wait()
                     continue
+                heapq.heappop(self._heaps[task.source.host])
+                self._dequeue(task)
                 group = [task]
-                task.queued = False
                 end = task.end
                 # Merge small neighbours only: the parts of one large read stay separate
                 # requests (that is the striping).
                 gap = self.config.coalesce_gap_bytes
                 limit = min(self.config.max_coalesced_bytes, self.config.part_bytes)
                 while True:  # extend forward with queued neighbours of the same source
-                    nxt = min((t for t in self._heap if t.queued and t.source.key == task.source.key
-                               and 0 <= t.start - end <= gap and t.end - task.start <= limit),
-                              key=lambda t: t.start, default=None)
-                    if nxt is None or len(self._heap) > 4096:
+                    lst = self._by_offset.get(task.source.key, ())
+                    i = bisect.bisect_left(lst, (end,))
+                    if i == len(lst) or lst[i][0] - end > gap or lst[i][2].end - task.start > limit:
                         break
-                    nxt.queued = False
+                    nxt = lst[i][2]
+                    self._dequeue(nxt)
                     group.append(nxt)
                     end = nxt.end
                 if len(group) > 1:

@@ -18,17 +18,39 @@ def extract(reader: TreeReader, dest: str | Path, *, progress=None, chown: bool 
     dest.mkdir(parents=True, exist_ok=True)
     chown = (os.geteuid() == 0) if chown is None else chown
     entries = reader.toc["entries"]
-    # 1. fetch every chunk not already local, many in flight
-    futures = {}
+    # Every chunk not already local is queued at once (the fetcher coalesces neighbours
+    # in a pack into few large requests); files are then written in tree order as their
+    # chunks arrive, so decompressing and writing overlap the transfer, and a chunk's
+    # bytes are dropped once written (kept only while another file still needs them).
+    uses: dict[str, int] = {}
+    missing = {}
     for ref in reader.all_chunks():
         if not reader.has_chunk(ref):
-            futures[ref[0]] = (ref, reader.submit_chunk(ref, Priority.DEMAND))
-    local: dict[str, bytes] = {}
-    for digest, (ref, fut) in futures.items():
-        raw = fut.result()
-        local[digest] = reader._decompress(raw, ref)
-        if progress:
-            progress(ref[4])
+            missing.setdefault(ref[0], ref)
+    for e in entries:
+        for ref in e.get("chunks") or ():
+            uses[ref[0]] = uses.get(ref[0], 0) + 1
+    refs = list(missing.values())
+    pending = dict(zip((r[0] for r in refs), reader.submit_chunks(refs, Priority.DEMAND)))
+    kept: dict[str, bytes] = {}
+
+    def chunk_bytes(ref: list, path: str) -> bytes:
+        data = kept.get(ref[0])
+        if data is None:
+            fut = pending.pop(ref[0], None)
+            if fut is not None:
+                data = reader._decompress(fut.result(), ref)
+                if progress:
+                    progress(ref[4])
+            else:
+                data = reader.chunk(ref, path)
+        uses[ref[0]] -= 1
+        if uses[ref[0]] > 0:
+            kept[ref[0]] = data
+        else:
+            kept.pop(ref[0], None)
+        return data
+
     total = 0
     dirs = []
     for e in entries:
@@ -46,9 +68,7 @@ def extract(reader: TreeReader, dest: str | Path, *, progress=None, chown: bool 
         elif t == "f":
             with open(target, "wb") as f:
                 for ref in e["chunks"]:
-                    data = local.get(ref[0])
-                    if data is None:
-                        data = reader.chunk(ref, e["path"])
+                    data = chunk_bytes(ref, e["path"])
                     f.write(data)
                     total += len(data)
         else:

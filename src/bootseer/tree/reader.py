@@ -103,6 +103,10 @@ class TreeReader:
         return self.fetcher.submit(self._sources[ref[1]], ref[2], ref[2] + ref[3],
                                    priority=priority)
 
+    def submit_chunks(self, refs: list[list], priority: Priority) -> list[Future]:
+        return self.fetcher.submit_many([(self._sources[r[1]], r[2], r[2] + r[3])
+                                         for r in refs], priority=priority)
+
     def has_chunk(self, ref: list) -> bool:
         return self.cache is not None and self.cache.contains(ref[0])
 
@@ -165,8 +169,8 @@ class TreeReader:
                 budget -= sib["size"]
                 if budget <= 0:
                     break
-        for r in sorted((r for r in refs if not self.has_chunk(r)), key=lambda c: (c[1], c[2])):
-            fut = self.submit_chunk(r, Priority.PREFETCH)
+        todo = sorted((r for r in refs if not self.has_chunk(r)), key=lambda c: (c[1], c[2]))
+        for r, fut in zip(todo, self.submit_chunks(todo, Priority.PREFETCH)):
             fut.add_done_callback(lambda f, r=r: self._stash(r, f))
 
     def _stash(self, ref: list, fut: Future) -> None:
