@@ -14,6 +14,7 @@ import tarfile
 import pytest
 
 from bootseer.config import BootseerConfig
+from bootseer.errors import BlobNotFound
 from bootseer.image import convert, profile as prof
 from bootseer.store import open_store
 from tests.conftest import need, is_root
@@ -201,6 +202,16 @@ def test_convert_announces_the_tree_next_to_its_source(busybox_image, registry, 
     artifact = json.loads(repo.get_manifest(found[0]["artifact"])[0])
     assert artifact["subject"]["digest"] == subject
     assert artifact["artifactType"] == referrer.ARTIFACT_TYPE
+    # the same manifest under a new tag: found through the referrer, not a store ref
+    from bootseer.image.convert import resolve
+    from bootseer.store import open_store
+    retagged = busybox_image.rsplit(":", 1)[0] + ":retagged"
+    subprocess.run(["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false",
+                    f"docker://{busybox_image}", f"docker://{retagged}"], check=True,
+                   capture_output=True)
+    assert resolve(retagged, open_store(store)) == tree
+    with pytest.raises(BlobNotFound, match="announced in another store"):
+        resolve(retagged, open_store(str(tmp_path / "other-store")))
     assert referrer.registry_ref("docker-archive:/x.tar") is None
     assert referrer.registry_ref("127.0.0.1:5000/a/b@sha256:ab") == ("oci://127.0.0.1:5000/a/b",
                                                                     "sha256:ab")

@@ -11,6 +11,7 @@ root is refused. The tree's digest is published under refs so mounts can name th
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -19,8 +20,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from bootseer.errors import BootseerError
+from bootseer.errors import BootseerError, StoreError
 from bootseer.tree.build import TreeBuilder, TreeBuildError
+
+
+log = logging.getLogger(__name__)
 
 
 class ConvertError(BootseerError):
@@ -154,7 +158,9 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
 
 
 def resolve(ref: str, store) -> str:
-    """A tree digest from a digest, a store ref name, or a converted image's reference."""
+    """A tree digest from a digest, a store ref name, or a converted image's reference.
+    A registry image converted under another name (a new tag of the same manifest, or a
+    store that only holds the tree) is found through the referrer announced next to it."""
     from bootseer.errors import BlobNotFound
     if ref.startswith("sha256:"):
         return ref
@@ -165,5 +171,18 @@ def resolve(ref: str, store) -> str:
             d = None
         if d:
             return d
+    from bootseer.image import referrer
+    elsewhere = []
+    if referrer.registry_ref(ref) is not None:
+        try:
+            for found in referrer.find(ref):
+                if store.exists(found["tree"]):
+                    return found["tree"]
+                elsewhere.append(f"{found['tree']} in {found['store']}")
+        except (StoreError, OSError, ValueError, KeyError) as e:
+            log.info("no referrer lookup for %s: %s", ref, e)
+    hint = (f"; its converted tree is announced in another store ({', '.join(elsewhere)}): "
+            f"point BOOTSEER_STORE_URL there") if elsewhere else ""
     raise BlobNotFound(f"no converted image for {ref!r} in {store.url}: run "
-                       f"'bootseer image convert {ref} --to {store.url}' first", url=store.url)
+                       f"'bootseer image convert {ref} --to {store.url}' first{hint}",
+                       url=store.url)
