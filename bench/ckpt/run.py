@@ -7,7 +7,7 @@ served by nginx (``limit_rate`` per connection = one storage node's stream) insi
 network namespace whose loopback is shaped to ``--link``. The whole load runs inside that
 namespace. Variants (each a full ``dcp.load`` into preallocated tensors, verified):
 
-  1 mount-sequential  our FUSE mount, one buffer, one request in flight (the fuse-dfs baseline)
+  1 mount-single      our FUSE mount, one buffer, one request in flight (the fuse-dfs baseline)
   2 fsspec-http       torch's FsspecReader over fsspec's default HTTP file
   3 mount-striped     our FUSE mount, striped engine
   4 dcp-reader        StripedDCPReader (no mount)
@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,11 +41,14 @@ from bootseer.config import parse_size  # noqa: E402
 
 
 
-def remote_view(url, cfg, mode, stats_path):
-    """The mount's view, built in the spawned FUSE server (so: module level, picklable)."""
-    from bootseer.ckpt.striped import Engine
+def remote_view(url, cfg, mode, stats_path, staging):
+    """The mount's view, built in the spawned FUSE server (so: module level, picklable);
+    a fresh staging directory per variant, so no variant starts warm."""
+    from bootseer.ckpt.engine import Engine
+    from bootseer.ckpt.listing import RemoteDir
     from bootseer.ckpt.view import RemoteDirView
-    return RemoteDirView(url, Engine(cfg.ckpt, cfg.fetch), mode=mode, stats_path=stats_path)
+    return RemoteDirView(RemoteDir(url), Engine(cfg.ckpt, cfg.fetch, staging=staging),
+                         mode=mode, stats_path=stats_path)
 
 def shaped_namespace(name: str, link: str) -> None:
     subprocess.run(["ip", "netns", "add", name], check=True)
@@ -57,7 +61,8 @@ def shaped_namespace(name: str, link: str) -> None:
 def outer(args) -> int:
     ns = f"bsckpt{os.getpid()}"
     scratch = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
-    tmpfs_bytes = int(args.size * 3.4) + (256 << 20)  # DCP + safetensors + staging
+    # DCP + safetensors + two staging copies (each variant's is removed after it)
+    tmpfs_bytes = int(args.size * 4.4) + (256 << 20)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_bytes}", "tmpfs", str(scratch)],
                    check=True)
     try:
@@ -144,8 +149,7 @@ def inner(args) -> int:
     import torch.distributed.checkpoint as dcp
 
     from bootseer.ckpt.dcp import StripedDCPReader
-    from bootseer.ckpt.striped import Engine
-    from bootseer.ckpt.view import RemoteDirView
+    from bootseer.ckpt.engine import Engine
     from bootseer.config import BootseerConfig
     from bootseer.mount.fuse import mount
     from bootseer.testing.servers import start_nginx
@@ -186,9 +190,11 @@ def inner(args) -> int:
         mp = scratch / f"mnt-{label.split()[0]}"
         mp.mkdir()
         report = scratch / f"stats-{label.split()[0]}.json"
-        build = functools.partial(remote_view, server.url, cfg, mode, str(report))
+        staging = scratch / f"staging-{label.split()[0]}"
+        build = functools.partial(remote_view, server.url, cfg, mode, str(report), str(staging))
         with mount(build, str(mp), name=f"ckpt-{label.split()[0]}") as h:
             load(label, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
+        shutil.rmtree(staging, ignore_errors=True)
         s = json.loads(report.read_text())
         rows[-1].update(stripe_mem_peak_MB=round(s["memory_peak_bytes"] / 1e6),
                         budget_MB=round(s["memory_budget_bytes"] / 1e6),
@@ -200,7 +206,7 @@ def inner(args) -> int:
     wanted = set(args.variants.split(","))
     try:
         if "1" in wanted:
-            via_mount("1 mount-sequential", "sequential")
+            via_mount("1 mount-single", "single")
         if "2" in wanted:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
             load("2 fsspec-http", lambda out: dcp.load(
@@ -208,12 +214,10 @@ def inner(args) -> int:
         if "3" in wanted:
             via_mount("3 mount-striped", "striped")
         if "4" in wanted:
-            e = Engine(cfg.ckpt, cfg.fetch)
-            try:
+            with Engine(cfg.ckpt, cfg.fetch, staging=str(scratch / "staging-4")) as e:
                 load("4 dcp-reader", lambda out: dcp.load(
                     out, storage_reader=StripedDCPReader(server.url, e)))
-            finally:
-                e.close()
+            shutil.rmtree(scratch / "staging-4", ignore_errors=True)
         if "5" in wanted:
             from bootseer.ckpt.mount import mount_checkpoint
             for run in ("5 mount-prefetched", "5b second load (staging warm)"):
@@ -223,6 +227,8 @@ def inner(args) -> int:
                     if run.startswith("5 "):
                         time.sleep(args.lead)
                     load(run, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
+            from bootseer.ckpt.staging import node_staging_dir
+            shutil.rmtree(node_staging_dir(cfg), ignore_errors=True)  # the staging of (5)
         if "6" in wanted:
             st = scratch / "st"
             want = make_safetensors(st, args.size)
@@ -233,7 +239,8 @@ def inner(args) -> int:
                     mp = scratch / f"mnt-6{how}"
                     mp.mkdir()
 
-                    build = functools.partial(remote_view, st_server.url, cfg, "striped", None)
+                    build = functools.partial(remote_view, st_server.url, cfg, "striped", None,
+                                              str(scratch / f"staging-6{how}"))
                     with mount(build, str(mp), name="ckpt-st"):
                         dt = 0.0
                         for p in sorted(mp.iterdir()):
@@ -250,6 +257,7 @@ def inner(args) -> int:
                             if bad:
                                 raise SystemExit(f"safetensors tensors differ: {bad[:3]}")
                             del got
+                    shutil.rmtree(scratch / f"staging-6{how}", ignore_errors=True)
                     row = {"variant": label, "seconds": round(dt, 2),
                            "GB/s": round(st_bytes / dt / 1e9, 3),
                            "link_%": round(100 * st_bytes / dt / link_bps, 1)}

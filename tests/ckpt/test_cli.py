@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.mark.parametrize("mode", ["striped", "sequential"])
+@pytest.mark.parametrize("mode", ["striped", "single"])
 def test_cli_mount_reads_and_unmounts_on_sigterm(need_fuse, nginx, www, tmp_path, mode):
     data = os.urandom(3 * 1024 * 1024 + 7)
     (www / "model.bin").write_bytes(data)

@@ -10,7 +10,8 @@ import os
 import pytest
 
 from bootseer.ckpt.dcp import StripedDCPReader
-from bootseer.ckpt.striped import Engine
+from bootseer.ckpt.engine import Engine
+from bootseer.ckpt.listing import RemoteDir
 from bootseer.ckpt.view import RemoteDirView
 from bootseer.config import BootseerConfig, CkptConfig, FetchConfig
 from bootseer.mount.fuse import MountError, mount
@@ -22,7 +23,8 @@ FAST_FAIL = dict(retries=2, backoff_s=0.05, timeout_s=5, deadline_s=20)
 
 
 def _build(url, mode, ckpt):
-    return RemoteDirView(url, Engine(CkptConfig(**{**SMALL, **ckpt}), FetchConfig(**FAST_FAIL)),
+    return RemoteDirView(RemoteDir(url),
+                         Engine(CkptConfig(**{**SMALL, **ckpt}), FetchConfig(**FAST_FAIL)),
                          mode=mode)
 
 
@@ -69,7 +71,7 @@ def test_dcp_reader_over_nginx_matches_local_load(nginx_factory, dcp_dir):
         engine.close()
 
 
-@pytest.mark.parametrize("mode", ["striped", "sequential"])
+@pytest.mark.parametrize("mode", ["striped", "single"])
 def test_dcp_and_torch_load_through_the_mount(need_fuse, nginx_factory, dcp_dir, tmp_path, mode):
     import torch
     import torch.distributed.checkpoint as dcp
@@ -156,7 +158,7 @@ def test_config_section_from_env():
 
 
 def _build_reporting(url, report):
-    return RemoteDirView(url, Engine(CkptConfig(**SMALL)), stats_path=report)
+    return RemoteDirView(RemoteDir(url), Engine(CkptConfig(**SMALL)), stats_path=report)
 
 
 def test_mount_writes_a_load_report(need_fuse, nginx, www, tmp_path):
@@ -171,3 +173,22 @@ def test_mount_writes_a_load_report(need_fuse, nginx, www, tmp_path):
     s = json.loads(report.read_text())
     assert s["bytes_consumed"] >= len(data) and s["bytes_fetched"] >= len(data)
     assert s["first_byte_s"] is not None and s["memory_peak_bytes"] <= s["memory_budget_bytes"]
+
+
+def test_benchmark_view_factory_reads_both_modes(nginx, www, tmp_path):
+    """bench/ckpt/run.py builds its mounts with remote_view: the same engine, both modes."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location(
+        "bench_ckpt", os.path.join(os.path.dirname(__file__), "../../bench/ckpt/run.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = os.urandom(700 * KiB)
+    (www / "m.bin").write_bytes(data)
+    cfg = BootseerConfig.from_env(overrides={"ckpt": SMALL})
+    for mode in ("single", "striped"):
+        report = tmp_path / f"{mode}.json"
+        view = bench.remote_view(nginx.url, cfg, mode, str(report), str(tmp_path / mode))
+        assert view.read("/m.bin", len(data), 0) == data
+        view.close()
+        assert json.loads(report.read_text())["bytes_consumed"] == len(data)

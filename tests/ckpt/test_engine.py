@@ -11,14 +11,25 @@ import threading
 import pytest
 
 from bootseer.ckpt import api
+from bootseer.ckpt.budget import BudgetError, MemoryBudget
+from bootseer.ckpt.engine import Engine
+from bootseer.ckpt.listing import PathOutsideRoot, RemoteDir
+from bootseer.ckpt.prefetch import Prefetch, Span
 from bootseer.ckpt.source import FileChanged, HttpFileSource, open_source
-from bootseer.ckpt.striped import BudgetError, Engine, MemoryBudget
-from bootseer.ckpt.view import PathOutsideRoot, RemoteDirView
+from bootseer.ckpt.view import RemoteDirView
 from bootseer.config import CkptConfig, FetchConfig
 from bootseer.errors import FetchError
 
 pytestmark = pytest.mark.timeout(60)
 KiB = 1024
+
+
+def wait_budget_idle(e: Engine, timeout_s: float = 10) -> None:
+    """Read-ahead still in flight gives its budget back when it lands."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while e.budget.used and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def engine(**kw) -> Engine:
@@ -72,8 +83,9 @@ def test_sequential_random_and_concurrent_reads_match(nginx, data):
             t.join()
         assert not errors
         f.close()
+        wait_budget_idle(e)
         assert e.budget.peak <= e.budget.total and e.budget.used == 0
-        assert e.stats()["bytes"] >= len(data)
+        assert e.statistics().bytes_fetched >= len(data)
     finally:
         e.close()
 
@@ -85,7 +97,7 @@ def test_random_reads_fetch_exact_ranges(nginx, data):
         for off in (900_000, 10_000, 500_000):
             f.seek(off)
             assert f.read(100) == data[off:off + 100]
-        assert e.stats()["bytes"] == 300  # no stripes, no read-ahead
+        assert e.statistics().bytes_fetched == 300  # no stripes, no read-ahead
         f.close()
     finally:
         e.close()
@@ -173,7 +185,7 @@ def test_truncated_file_fails_clearly(nginx, www, data):
 def test_404_after_listing(nginx, www, data):
     e = engine()
     try:
-        view = RemoteDirView(nginx.url, e)
+        view = RemoteDirView(RemoteDir(nginx.url), e)
         assert view.getattr("/model.bin").size == len(data)
         (www / "model.bin").unlink()
         with pytest.raises(FileChanged, match="404"):
@@ -193,7 +205,7 @@ def test_server_killed_mid_load_retries_then_fails_with_url_and_offset(nginx, da
         with pytest.raises(FetchError) as ex:
             f.read(1000)
         assert "model.bin" in str(ex.value) and ex.value.offset == 700_000
-        assert e.stats()["retries"] >= 1
+        assert e.statistics().retries >= 1
     finally:
         e.close()
 
@@ -201,7 +213,7 @@ def test_server_killed_mid_load_retries_then_fails_with_url_and_offset(nginx, da
 def test_path_outside_root(nginx, www, data):
     e = engine()
     try:
-        view = RemoteDirView(nginx.url + "/", e)
+        view = RemoteDirView(RemoteDir(nginx.url + "/"), e)
         for bad in ("/../etc/passwd", "/a/../../x", "/.."):
             with pytest.raises(PathOutsideRoot):
                 view.getattr(bad)
@@ -215,16 +227,32 @@ def test_source_identity(nginx, data):
     assert s.read_range(5, 10) == data[5:10]
 
 
-def test_plan_hints_under_a_small_budget_never_deadlock(nginx, data):
+def test_plan_prefetch_under_a_small_budget_never_deadlocks(nginx, data):
     e = engine(memory_budget_bytes=192 * KiB)  # three stripes
     try:
         f = api.open(f"{nginx.url}/model.bin", engine=e)
-        assert f._r.hint(0, len(data)) == 3  # as far as the budget allows, never waits
-        f.seek(900_000)  # demand elsewhere: hinted stripes give way
+        plan = Prefetch(e, [Span(f.reader.source, 0, len(data))])  # waits for room
+        f.seek(900_000)  # demand elsewhere goes first
         assert f.read(50_000) == data[900_000:950_000]
         f.seek(0)
         assert f.read() == data
+        assert plan.join(30) and plan.failed == 0
         f.close()
         assert e.budget.peak <= 192 * KiB
+        assert e.statistics().bytes_fetched < 2 * len(data)  # the plan and the reads share
+    finally:
+        e.close()
+
+
+def test_staged_stripes_serve_a_second_open_without_refetching(nginx, data):
+    e = engine()
+    try:
+        with api.open(f"{nginx.url}/model.bin", engine=e) as f:
+            assert f.read() == data
+        fetched = e.statistics().bytes_fetched
+        with api.open(f"{nginx.url}/model.bin", engine=e) as f:
+            f.seek(123_456)
+            assert f.read(10_000) == data[123_456:133_456]  # staged: a local read
+        assert e.statistics().bytes_fetched == fetched
     finally:
         e.close()

@@ -1,7 +1,8 @@
 """``bootseer.ckpt.open(url)``: a binary file object over the striped engine.
 
 Usable by ``torch.load``, ``safetensors.torch.load`` (bytes), ``pickle`` and the DCP reader:
-``read``, ``readinto``, ``seek``, ``tell``, ``readable``, ``seekable``.
+``read``, ``readinto`` (straight into the caller's buffer from the staged copy),
+``seek``, ``tell``, ``readable``, ``seekable``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import io
 import os
 import threading
 
+from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.source import open_source
-from bootseer.ckpt.striped import Engine
 
 _engine: Engine | None = None
 _engine_pid = 0
@@ -19,24 +20,35 @@ _engine_lock = threading.Lock()
 
 
 def default_engine() -> Engine:
-    """The process-wide engine (one budget, one fetcher); rebuilt after a fork."""
+    """The process-wide engine (one budget, one fetcher, the node's staging directory);
+    rebuilt after a fork."""
     global _engine, _engine_pid
     with _engine_lock:
         if _engine is None or _engine_pid != os.getpid():
+            from bootseer.ckpt.staging import node_staging_dir
             from bootseer.config import BootseerConfig
             cfg = BootseerConfig.from_env()
-            _engine, _engine_pid = Engine(cfg.ckpt, cfg.fetch), os.getpid()
+            _engine = Engine(cfg.ckpt, cfg.fetch, staging=str(node_staging_dir(cfg)))
+            _engine_pid = os.getpid()
         return _engine
 
 
 class CkptFile(io.RawIOBase):
+    """One open remote file; its reader (and staged stripes) are shared with every other
+    open of the same file version in the process."""
+
     def __init__(self, reader, name: str):
         super().__init__()
         self._r, self.name, self._pos = reader, name, 0
+        self.consumed = 0
 
     @property
     def size(self) -> int:
         return self._r.size
+
+    @property
+    def reader(self):
+        return self._r
 
     def readable(self) -> bool:
         return True
@@ -54,37 +66,43 @@ class CkptFile(io.RawIOBase):
         self._pos = base + offset
         return self._pos
 
-    def read(self, size: int = -1) -> bytes:
+    def readinto(self, b) -> int:
         if self.closed:
             raise ValueError("I/O operation on closed file")
+        n = self._r.readinto(self._pos, memoryview(b).cast("B"))
+        self._pos += n
+        self.consumed += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
             size = max(0, self._r.size - self._pos)
-        data = self._r.read(self._pos, size)
-        self._pos += len(data)
-        return data
+        buf = bytearray(max(0, min(size, self._r.size - self._pos)))
+        n = self.readinto(buf)
+        return bytes(buf) if n == len(buf) else bytes(buf[:n])
 
     def readall(self) -> bytes:
         return self.read(-1)
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        n = len(data)
-        memoryview(b).cast("B")[:n] = data
-        return n
 
     def close(self) -> None:
         if not self.closed:
             self._r.close()
         super().close()
 
-    def stats(self) -> dict:
-        r = self._r
-        return {"size": r.size, "consumed": r.consumed, "first_byte_s": r.first_byte_s}
-
 
 def open(url: str, mode: str = "rb", *, engine: Engine | None = None,  # noqa: A001
          stripes: str = "striped", source=None) -> CkptFile:
-    """Open a remote checkpoint file (any fsspec URL, or a local path) for reading."""
+    """Open a remote checkpoint file (any fsspec URL, or a local path) for reading.
+
+    Args:
+        url: the file; ``http(s)://``, ``s3://``, ``hdfs://``, ``file://`` or a path.
+        mode: only ``"rb"``.
+        engine: the engine to read through (default: the process-wide one).
+        stripes: ``"striped"`` or ``"single"`` (the one-stream baseline).
+        source: a range source already made for ``url`` (skips the HEAD request).
+    Raises:
+        BlobNotFound: no file at ``url``.
+    """
     if mode != "rb":
         raise ValueError(f"bootseer.ckpt.open is read-only (mode {mode!r}); use 'rb'")
     engine = engine or default_engine()

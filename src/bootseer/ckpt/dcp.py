@@ -83,22 +83,27 @@ def StripedDCPReader(path: str, engine=None):  # noqa: N802 - a class factory (t
             self.path = self.fs.init_path(path)
 
         def read_data(self, plan, planner):
-            """Before torch reads item by item, put every range of the plan in flight
-            (plan prefetch from the DCP metadata), then read as torch does."""
+            """Before torch reads item by item, stream every range of the plan (plan
+            prefetch from the DCP metadata, within the budget), then read as torch does."""
+            from bootseer.ckpt.api import default_engine
+            from bootseer.ckpt.prefetch import Prefetch, Span
             ranges: dict[str, list[tuple[int, int]]] = {}
             for item in plan.items:
                 info = self.storage_data[item.storage_index]
                 ranges.setdefault(info.relative_path, []).append(
                     (info.offset, info.offset + info.length))
+            prefetch = None
             try:
-                for rel, spans in ranges.items():
+                spans = []
+                for rel, pairs in ranges.items():
                     path = self.fs.concat_path(self.path, rel)
                     f = self.fs.pinned[str(path)] = self.fs.open_file(path)
-                    for start, end in sorted(spans):
-                        if f._r.hint(start, end) == 0 and end > start:
-                            break  # budget full: the rest streams in with read-ahead
+                    spans += [Span(f.reader.source, a, b) for a, b in sorted(pairs) if b > a]
+                prefetch = Prefetch(self.fs.engine or default_engine(), spans)
                 return super().read_data(plan, planner)
             finally:
+                if prefetch is not None:
+                    prefetch.stop()
                 for f in self.fs.pinned.values():
                     f.close()
                 self.fs.pinned.clear()

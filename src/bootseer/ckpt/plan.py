@@ -6,6 +6,7 @@ the order a load will want them.
 * safetensors: the 8-byte little-endian header length + JSON header of each file gives
   every tensor's ``data_offsets``; the plan is the headers first (tiny, needed before any
   tensor), then the tensors in file order.
+* anything else: whole files, smallest first.
 
 ``split(plan, rank, world)`` gives one process of a node a contiguous 1/world share of the
 bytes, so ``world`` local ranks stream a node's copy once, in parallel.
@@ -112,3 +113,23 @@ def split(plan: list[Range], rank: int, world: int) -> list[Range]:
             out.append(Range(r.path, r.start + a - pos, r.start + b - pos))
         pos += r.length
     return out
+
+
+def file_plan(files: dict[str, int]) -> list[Range]:
+    """Whole files, smallest first: metadata and headers land before the bulk."""
+    return [Range(p, 0, n) for p, n in sorted(files.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+def metadata_plan(url: str, files: dict[str, int], *, opener=None) -> tuple[list[Range], str]:
+    """The plan from the checkpoint's own metadata and its kind (``dcp``, ``safetensors``),
+    or every file (``files``) when there is none. ``files``: relative path -> size."""
+    try:
+        if ".metadata" in files:
+            return dcp_plan(url, opener=opener), "dcp"
+        st = sorted(p for p in files if p.endswith(".safetensors"))
+        if st:
+            return safetensors_plan(url, st, opener=opener), "safetensors"
+    except PlanError as e:  # a plan is an optimisation: stream whole files instead
+        import logging
+        logging.getLogger(__name__).info("no metadata plan for %s: %s", url, e)
+    return file_plan(files), "files"

@@ -12,10 +12,8 @@ def register(sub) -> None:
     v = verbs.add_parser("mount", help="mount a remote checkpoint directory read-only (foreground)")
     v.add_argument("url", help="fsspec URL: http(s):// (JSON listing), hdfs://, webhdfs://, s3://, file://")
     v.add_argument("mountpoint")
-    v.add_argument("--single-stream", action="store_true",
-                   help="one sequential stream per file (the fuse-dfs baseline)")
-    v.add_argument("--mode", choices=("striped", "sequential"), default="striped",
-                   help="sequential = --single-stream: one buffer, one request in flight")
+    v.add_argument("--mode", choices=("striped", "single"), default="striped",
+                   help="single: one sequential stream per file (the fuse-dfs baseline)")
     v.add_argument("--no-prefetch", action="store_true", help="do not stream files in at mount")
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="stream a checkpoint into this node's staging area")
@@ -26,26 +24,30 @@ def register(sub) -> None:
 
 
 def _mount(args) -> int:
-    from bootseer.config import BootseerConfig
+    from bootseer.ckpt.listing import RemoteDir
     from bootseer.ckpt.mount import build_view
-    from bootseer.ckpt.remote import list_files
+    from bootseer.config import BootseerConfig
     from bootseer.mount.fuse import run_foreground
     config = BootseerConfig.from_env()
-    list_files(args.url)
-    mode = "single" if args.single_stream or args.mode == "sequential" else "striped"
-
-    factory = functools.partial(build_view, args.url, config, memory_budget=1 << 30,
-                                mode=mode, prefetch=not args.no_prefetch, stats_path=None)
+    RemoteDir(args.url).check_root()  # a wrong URL fails here, clearly
+    factory = functools.partial(build_view, args.url, config, mode=args.mode,
+                                prefetch=not args.no_prefetch)
     return run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
 
 
 def _prefetch(args) -> int:
-    from bootseer.config import BootseerConfig
     from bootseer.ckpt.engine import Engine
-    from bootseer.ckpt.mount import staging_dir
+    from bootseer.ckpt.listing import RemoteDir
+    from bootseer.ckpt.prefetch import start_plan
+    from bootseer.ckpt.staging import node_staging_dir
+    from bootseer.config import BootseerConfig
+    if (args.rank is None) != (args.world is None):
+        raise SystemExit("bootseer ckpt prefetch: give --rank and --world together")
     config = BootseerConfig.from_env()
-    e = Engine(args.url, fetch=config.fetch, staging=staging_dir(config))
-    e.prefetch().join()
-    print(json.dumps(e.stats(), default=str))
-    e.close()
-    return 0
+    with Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config))) as engine:
+        prefetch, kind = start_plan(engine, RemoteDir(args.url), rank=args.rank,
+                                    world=args.world)
+        prefetch.join()
+        print(json.dumps({"plan": kind, "stripes": len(prefetch.issued),
+                          "failed": prefetch.failed, **engine.statistics().as_dict()}))
+    return 1 if prefetch.failed else 0

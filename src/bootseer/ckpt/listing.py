@@ -1,0 +1,186 @@
+"""A remote checkpoint directory: its entries (size, mtime) and one range source per file.
+
+Listings come from nginx's JSON autoindex for ``http(s)://`` and from ``fs.ls`` for any
+other fsspec URL (``hdfs://``, ``webhdfs://``, ``s3://``, ``file://``, ``memory://``).
+Each directory is listed once, when first needed (a mount of 1,000 files costs one
+request, not 1,000 HEADs), and its entries are the identity every later read is checked
+against. nginx's autoindex hides dot files, so DCP's ``.metadata`` is probed by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import stat
+import threading
+import time
+import urllib.parse
+
+from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
+from bootseer.errors import BlobNotFound, FetchError, StoreError
+from bootseer.mount.view import Attr
+
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+HIDDEN_PROBED = (".metadata",)  # dot files checkpoints rely on (torch DCP)
+
+
+class PathOutsideRoot(PermissionError):
+    """A path that would leave the checkpoint directory."""
+
+
+def clean(path: str) -> str:
+    """'/a/b' -> 'a/b'; refuses anything that would leave the root."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts or any("\\" in p or "\0" in p for p in parts):
+        raise PathOutsideRoot(f"path {path!r} leaves the mounted root")
+    return "/".join(parts)
+
+
+def normalize_url(url: str) -> str:
+    """A local path becomes ``file://``; no trailing slash."""
+    if "://" not in url:
+        url = "file://" + os.path.abspath(url)
+    return url.rstrip("/") if not url.endswith("://") else url
+
+
+class RemoteDir:
+    """Lazy, cached listing of one checkpoint directory."""
+
+    def __init__(self, url: str):
+        self.url = normalize_url(url)
+        self.http = self.url.startswith(("http://", "https://"))
+        if not self.http:
+            import fsspec
+            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self._dirs: dict[str, dict[str, Attr | None]] = {}
+        self._lock = threading.Lock()
+
+    def url_of(self, rel: str) -> str:
+        return self.url + ("/" + urllib.parse.quote(rel) if rel else "")
+
+    # -- entries ------------------------------------------------------------------------------
+    def check_root(self) -> None:
+        """Fail now, clearly, when the root is missing or not a directory."""
+        if self.http:
+            self._list("")
+        elif not self.fs.isdir(self.root):
+            raise BlobNotFound(f"no checkpoint directory at {self.url}", url=self.url)
+
+    def attr(self, path: str) -> Attr:
+        rel = clean(path)
+        if not rel:
+            self.check_root()
+            return Attr(mode=DIR_MODE, size=0, mtime=time.time(), nlink=2)
+        parent, _, name = rel.rpartition("/")
+        entries = self._list(parent)
+        with self._lock:
+            known = name in entries
+            a = entries.get(name)
+        if not known and self.http and name.startswith("."):
+            a = self._probe(rel)
+            with self._lock:
+                entries[name] = a  # negative entries too: one probe per name
+        if a is None:
+            raise FileNotFoundError(path)
+        return a
+
+    def names(self, path: str) -> list[str]:
+        rel = clean(path)
+        if self.http:  # show DCP's hidden .metadata too when it is there
+            for hidden in HIDDEN_PROBED:
+                try:
+                    self.attr(f"{rel}/{hidden}")
+                except FileNotFoundError:
+                    pass
+        entries = self._list(rel)
+        with self._lock:
+            return [n for n, a in entries.items() if a is not None]
+
+    def source(self, path: str):
+        """The range source of one file, checked against its listed size and mtime."""
+        rel = clean(path)
+        a = self.attr(rel)
+        if a.is_dir:
+            raise IsADirectoryError(path)
+        if self.http:
+            return HttpFileSource(self.url_of(rel), a.size, a.mtime or None)
+        full = posixpath.join(self.root, rel)
+        info = self.fs.info(full)
+        return FsspecFileSource(self.fs, full, a.size, FsspecFileSource.stamp(info),
+                                url=self.url_of(rel))
+
+    def walk(self) -> dict[str, object]:
+        """Every file under the root (relative path -> source), listed recursively."""
+        out: dict[str, object] = {}
+        todo = [""]
+        while todo:
+            rel = todo.pop()
+            for name in self.names(rel):
+                child = f"{rel}/{name}" if rel else name
+                if self.attr(child).is_dir:
+                    todo.append(child)
+                else:
+                    out[child] = self.source(child)
+        return dict(sorted(out.items()))
+
+    # -- listing backends ---------------------------------------------------------------------
+    def _list(self, rel: str) -> dict[str, Attr | None]:
+        with self._lock:
+            hit = self._dirs.get(rel)
+        if hit is not None:
+            return hit
+        entries = self._list_http(rel) if self.http else self._list_fsspec(rel)
+        with self._lock:
+            return self._dirs.setdefault(rel, entries)
+
+    def _list_http(self, rel: str) -> dict[str, Attr | None]:
+        from bootseer.store.http import request
+        url = self.url_of(rel) + "/"
+        status, _h, body = request("GET", url)
+        if status == 404:
+            raise BlobNotFound(f"no checkpoint directory at {url} (404)", url=url)
+        if status != 200:
+            raise FetchError(f"listing {url} returned HTTP {status}", url=url)
+        try:
+            items = json.loads(body)
+        except ValueError as e:
+            raise StoreError(f"listing {url} is not a JSON autoindex (nginx: autoindex on; "
+                             "autoindex_format json;)", url=url) from e
+        out: dict[str, Attr | None] = {}
+        for it in items:
+            mtime = http_date(it.get("mtime")) or 0.0
+            if it.get("type") == "directory":
+                out[it["name"]] = Attr(mode=DIR_MODE, size=0, mtime=mtime, nlink=2)
+            elif it.get("type") == "file":
+                out[it["name"]] = Attr(mode=FILE_MODE, size=int(it.get("size", 0)), mtime=mtime)
+        return out
+
+    def _list_fsspec(self, rel: str) -> dict[str, Attr | None]:
+        path = posixpath.join(self.root, rel) if rel else self.root
+        try:
+            items = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            raise BlobNotFound(f"no checkpoint directory at {self.url_of(rel)}",
+                               url=self.url_of(rel)) from None
+        except OSError as e:
+            raise FetchError(f"listing {self.url_of(rel)} failed: {e}", url=self.url) from e
+        out: dict[str, Attr | None] = {}
+        for it in items:
+            name = posixpath.basename(it["name"].rstrip("/"))
+            stamp = FsspecFileSource.stamp(it)
+            mtime = stamp if isinstance(stamp, (int, float)) else 0.0
+            if it["type"] == "directory":
+                out[name] = Attr(mode=DIR_MODE, size=0, mtime=mtime, nlink=2)
+            else:
+                out[name] = Attr(mode=FILE_MODE, size=int(it["size"]), mtime=mtime)
+        return out
+
+    def _probe(self, rel: str) -> Attr | None:
+        from bootseer.store.http import request
+        status, h, _ = request("HEAD", self.url_of(rel))
+        if status != 200:
+            return None
+        return Attr(mode=FILE_MODE, size=int(h.get("content-length", 0)),
+                    mtime=http_date(h.get("last-modified")) or 0.0)

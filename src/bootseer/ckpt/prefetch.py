@@ -1,0 +1,130 @@
+"""Plan prefetch: stream a plan's byte ranges into the staging area before anyone reads.
+
+A background thread issues the stripes covering each range, in plan order, as read-ahead:
+it takes only budget that is free (a demand read always goes first) and waits for room
+otherwise, so a plan larger than the budget streams at the budget's pace. Stripes already
+staged or in flight are skipped, so a reader racing the plan never fetches twice.
+
+``start_after``: a file whose creation releases the large files (small ones, such as DCP's
+``.metadata`` and safetensors headers, go at once). ``bootseer run`` creates it when the
+image and the environment are prepared, so the checkpoint, needed only once the job has
+imported its code, does not take the link from what the job needs first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+SMALL_FILE_BYTES = 1 << 20  # metadata and headers: never held back by start_after
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """``[start, end)`` of one file's source."""
+    source: object
+    start: int
+    end: int
+
+
+class Prefetch:
+    """One plan streaming in; ``join`` waits until every stripe landed (or failed)."""
+
+    def __init__(self, engine, spans: list[Span], *, start_after: str | None = None,
+                 wait_max_s: float = 300.0):
+        self.engine = engine
+        if start_after:
+            spans = ([s for s in spans if s.source.size <= SMALL_FILE_BYTES]
+                     + [s for s in spans if s.source.size > SMALL_FILE_BYTES])
+        self.spans, self.start_after, self.wait_max_s = spans, start_after, wait_max_s
+        self.issued: list[tuple[str, int, int]] = []
+        """(url, start, end) of every stripe this prefetch requested, in order."""
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="bootseer-ckpt-prefetch")
+        self._thread.start()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _stopped(self) -> bool:
+        return self._stop.is_set() or self.engine.closed
+
+    def _run(self) -> None:
+        pending = []
+        released = not self.start_after
+        for span in self.spans:
+            if not released and span.source.size > SMALL_FILE_BYTES:
+                self._wait_start_signal()
+                released = True
+            f = self.engine.file(span.source)
+            S = f.S
+            for idx in range(span.start // S, (min(span.end, f.size) - 1) // S + 1):
+                while True:
+                    if self._stopped():
+                        return
+                    got = f.issue(idx, demand=False)
+                    if got is not False:
+                        break
+                    self.engine.budget.wait_room(0.1)
+                if got is not True:
+                    self.issued.append((span.source.url, *f.staged.span(idx)))
+                    pending.append((f, idx, got))
+        for f, idx, got in pending:
+            got.landed.wait()
+            if not f.staged.has(idx):
+                self.failed += 1
+        if self.failed:  # the readers that need these stripes fetch them again
+            log.info("checkpoint prefetch: %d of %d stripes failed", self.failed, len(pending))
+
+    def _wait_start_signal(self) -> None:
+        deadline = time.monotonic() + self.wait_max_s
+        while (not os.path.exists(self.start_after) and time.monotonic() < deadline
+               and not self._stopped()):
+            time.sleep(0.05)
+
+
+def start_plan(engine, remote, *, rank: int | None = None, world: int | None = None,
+               start_after: str | None = None) -> tuple[Prefetch, str]:
+    """Start streaming the checkpoint at ``remote`` (a RemoteDir) through ``engine``.
+
+    The plan is the checkpoint's own metadata plan (ckpt/plan.py), then the rest of every
+    file, so the staging copy ends complete (``staged_mirror``). With ``rank``/``world``,
+    only this rank's 1/world share of the plan: the node's ranks stream it once, together.
+    Returns the prefetch and the plan's kind."""
+    from bootseer.ckpt import plan as plans
+    from bootseer.ckpt.api import open as ckpt_open
+    sources = remote.walk()
+    sizes = {p: s.size for p, s in sources.items()}
+    ranges, kind = plans.metadata_plan(remote.url, sizes,
+                                       opener=lambda url: ckpt_open(url, engine=engine))
+    if world is not None:
+        ranges = plans.split(ranges, rank or 0, world)
+    else:
+        ranges = ranges + plans.file_plan(sizes)  # staged stripes are skipped: no refetch
+    spans = [Span(sources[r.path], r.start, r.end) for r in ranges if r.path in sources]
+    return Prefetch(engine, spans, start_after=start_after), kind
+
+
+def start_plan_soon(engine, remote, **kw) -> threading.Thread:
+    """:func:`start_plan` in the background (listing and metadata reads included), so a
+    mount is up at once; a planning failure is logged, never fatal: reads still work."""
+    def run() -> None:
+        try:
+            start_plan(engine, remote, **kw)
+        except Exception as e:  # noqa: BLE001 - prefetch is an optimisation
+            if not engine.closed:
+                log.warning("checkpoint prefetch of %s did not start: %s", remote.url, e)
+    t = threading.Thread(target=run, daemon=True, name="bootseer-ckpt-plan")
+    t.start()
+    return t

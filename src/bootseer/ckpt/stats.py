@@ -1,0 +1,77 @@
+"""The load report every checkpoint load produces: time to first byte, throughput, bytes
+fetched versus consumed, stalls (a reader waiting on the network), hedged reads, and the
+memory budget's peak."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadStats:
+    first_byte_s: float | None
+    """Seconds from the engine's start to the first byte handed to a reader."""
+    elapsed_s: float
+    bytes_consumed: int
+    """Bytes handed to readers."""
+    bytes_fetched: int
+    """Bytes received from storage (hedged duplicates included)."""
+    consumed_bytes_per_s: float
+    fetched_bytes_per_s: float
+    requests: int
+    retries: int
+    stalls: int
+    """Reads that waited on the network."""
+    stall_s: float
+    hedged_reads: int
+    """Stripes re-issued to another replica because they were slow."""
+    failovers: int
+    """Stripes served by another replica after one failed."""
+    memory_budget_bytes: int
+    memory_peak_bytes: int
+    budget_waits: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class LoadCounters:
+    """Mutable counters behind :class:`LoadStats` (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.first_byte_s: float | None = None
+        self.bytes_consumed = 0
+        self.stalls = 0
+        self.stall_s = 0.0
+        self.fetched_stripes = 0
+        self.hedged_reads = 0
+        self.failovers = 0
+        self._lock = threading.Lock()
+
+    def add(self, **deltas: float) -> None:
+        with self._lock:
+            for name, v in deltas.items():
+                setattr(self, name, getattr(self, name) + v)
+
+    def consumed(self, source, start: int, end: int) -> None:
+        """``[start, end)`` of ``source`` was handed to a reader."""
+        with self._lock:
+            if self.first_byte_s is None:
+                self.first_byte_s = time.monotonic() - self.started
+            self.bytes_consumed += end - start
+
+    def snapshot(self, fetch: dict, budget) -> LoadStats:
+        with self._lock:
+            elapsed = max(time.monotonic() - self.started, 1e-9)
+            return LoadStats(
+                first_byte_s=self.first_byte_s, elapsed_s=elapsed,
+                bytes_consumed=self.bytes_consumed, bytes_fetched=fetch["bytes"],
+                consumed_bytes_per_s=self.bytes_consumed / elapsed,
+                fetched_bytes_per_s=fetch["bytes"] / elapsed,
+                requests=fetch["requests"], retries=fetch["retries"], stalls=self.stalls,
+                stall_s=self.stall_s + fetch["stall_s"], hedged_reads=self.hedged_reads,
+                failovers=self.failovers, memory_budget_bytes=budget.total,
+                memory_peak_bytes=budget.peak, budget_waits=budget.waits)
