@@ -136,11 +136,21 @@ class CkptConfig:
     """Concurrent connections to one storage host."""
     readahead_max_bytes: int = 256 * 1024**2
     """Largest read-ahead window of one sequential cursor."""
+    hedge_multiple: float = 3.0
+    """With mirrors, a stripe in flight longer than this many times the median of recent
+    stripes is re-issued to another replica (hedged read); the first answer wins."""
+    hedge_min_s: float = 0.2
+    """Never hedge a stripe younger than this (seconds): below it, the median of a fast
+    link is noise and hedging would only double the traffic."""
 
     def __post_init__(self) -> None:
         for name in ("stripe_bytes", "memory_budget_bytes", "max_stripes_in_flight", "per_host"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ckpt.{name}", "must be > 0")
+        if self.hedge_multiple <= 1:
+            raise ConfigError("ckpt.hedge_multiple", "must be > 1 (a multiple of the median)")
+        if self.hedge_min_s < 0:
+            raise ConfigError("ckpt.hedge_min_s", "must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

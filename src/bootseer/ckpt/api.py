@@ -12,7 +12,8 @@ import os
 import threading
 
 from bootseer.ckpt.engine import Engine
-from bootseer.ckpt.source import open_source
+from bootseer.ckpt.replicas import Replicas, check_same
+from bootseer.ckpt.source import HttpFileSource, open_source
 
 _engine: Engine | None = None
 _engine_pid = 0
@@ -91,7 +92,8 @@ class CkptFile(io.RawIOBase):
 
 
 def open(url: str, mode: str = "rb", *, engine: Engine | None = None,  # noqa: A001
-         stripes: str = "striped", source=None) -> CkptFile:
+         stripes: str = "striped", source=None, mirrors: list[str] | tuple[str, ...] = ()
+         ) -> CkptFile:
     """Open a remote checkpoint file (any fsspec URL, or a local path) for reading.
 
     Args:
@@ -100,11 +102,28 @@ def open(url: str, mode: str = "rb", *, engine: Engine | None = None,  # noqa: A
         engine: the engine to read through (default: the process-wide one).
         stripes: ``"striped"`` or ``"single"`` (the one-stream baseline).
         source: a range source already made for ``url`` (skips the HEAD request).
+        mirrors: URLs of the same file on other http(s) servers: stripes go to each in
+            turn, slow ones are hedged, failed ones fail over (ckpt/replicas.py).
     Raises:
         BlobNotFound: no file at ``url``.
+        ReplicaMismatch: a mirror's file differs in size or mtime.
     """
     if mode != "rb":
         raise ValueError(f"bootseer.ckpt.open is read-only (mode {mode!r}); use 'rb'")
     engine = engine or default_engine()
     src = source or open_source(url)
+    if mirrors:
+        src = replicas_of(src, mirrors)
     return CkptFile(engine.reader(src, stripes), url)
+
+
+def replicas_of(source, mirrors) -> Replicas:
+    """``source`` and the same file at each mirror URL (checked: size and mtime)."""
+    if not isinstance(source, HttpFileSource):
+        raise ValueError(f"mirrors are supported for http(s) files, not {source.url}")
+    copies = [source]
+    for url in mirrors:
+        m = HttpFileSource.stat(url)
+        check_same(source.url, source.size, source.mtime, m.url, m.size, m.mtime)
+        copies.append(m)
+    return Replicas(copies)

@@ -18,13 +18,16 @@ def _fs_class():
     class EngineFS(FileSystemBase):
         """Read-only: paths are URL strings; streams are :class:`bootseer.ckpt.CkptFile`."""
 
-        def __init__(self, engine=None):
-            self.engine = engine
+        def __init__(self, engine=None, root: str = "", mirrors=()):
+            self.engine, self.root, self.mirrors = engine, root, tuple(mirrors)
             self.pinned: dict[str, object] = {}  # files kept open across a read_data call
 
         def open_file(self, path):
             from bootseer.ckpt.api import open as ckpt_open
-            return ckpt_open(str(path), engine=self.engine)
+            path = str(path)
+            rel = path[len(self.root):] if self.root and path.startswith(self.root) else None
+            mirrors = [m.rstrip("/") + rel for m in self.mirrors] if rel else []
+            return ckpt_open(path, engine=self.engine, mirrors=mirrors)
 
         @contextmanager
         def create_stream(self, path, mode):
@@ -72,14 +75,15 @@ def _fs_class():
     return EngineFS
 
 
-def StripedDCPReader(path: str, engine=None):  # noqa: N802 - a class factory (torch is heavy)
-    """A ``FileSystemReader`` over the engine; ``path`` is the checkpoint directory URL."""
+def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch is heavy
+    """A ``FileSystemReader`` over the engine; ``path`` is the checkpoint directory URL,
+    ``mirrors`` the URLs of exact copies of that directory (hedged reads)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     class _Reader(FileSystemReader):
         def __init__(self, path, engine=None):
             super().__init__(os.devnull)  # torch's local FileSystem is replaced just below
-            self.fs = _fs_class()(engine)
+            self.fs = _fs_class()(engine, str(path).rstrip("/"), mirrors)
             self.path = self.fs.init_path(path)
 
         def read_data(self, plan, planner):

@@ -28,6 +28,7 @@ import time
 from concurrent.futures import Future
 
 from bootseer.ckpt.budget import BudgetError, MemoryBudget
+from bootseer.ckpt.replicas import Hedger, Replicas
 from bootseer.ckpt.stats import LoadCounters, LoadStats
 from bootseer.ckpt.staging import StagedFile, StagingArea
 from bootseer.config import CkptConfig, FetchConfig
@@ -55,12 +56,16 @@ class Engine:
             raise
         self.staging = StagingArea(staging) if staging else StagingArea.temporary()
         self.counters = LoadCounters()
+        self.hedger = Hedger(self.config.hedge_multiple, self.config.hedge_min_s,
+                             2 * self.config.max_stripes_in_flight, self.counters)
         self._files: dict[str, StripedFile] = {}
         self._lock = threading.Lock()
         self.closed = False
 
     def file(self, source) -> "StripedFile":
         """The striped reader of ``source`` (one per file version, shared)."""
+        if isinstance(source, Replicas):  # mirrors: stripes are hedged with our timings
+            source = source.bind(self.hedger)
         with self._lock:
             f = self._files.get(source.key)
             if f is None:
@@ -71,6 +76,8 @@ class Engine:
         """A reader of ``source``: the shared striped one, or a new single-stream one."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {MODES}")
+        if isinstance(source, Replicas) and mode == "single":
+            source = source.sources[0]  # the baseline reads one server
         return self.file(source) if mode == "striped" else SingleStreamReader(self, source)
 
     def statistics(self) -> LoadStats:
@@ -79,6 +86,7 @@ class Engine:
     def close(self) -> None:
         self.closed = True
         self.fetcher.close()
+        self.hedger.close()
         self.staging.close()
 
     def __enter__(self) -> "Engine":

@@ -10,6 +10,7 @@ against. nginx's autoindex hides dot files, so DCP's ``.metadata`` is probed by 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import stat
@@ -17,9 +18,12 @@ import threading
 import time
 import urllib.parse
 
+from bootseer.ckpt.replicas import Replicas, ReplicaMismatch, check_same
 from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
 from bootseer.errors import BlobNotFound, FetchError, StoreError
 from bootseer.mount.view import Attr
+
+log = logging.getLogger(__name__)
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
@@ -46,11 +50,18 @@ def normalize_url(url: str) -> str:
 
 
 class RemoteDir:
-    """Lazy, cached listing of one checkpoint directory."""
+    """Lazy, cached listing of one checkpoint directory; ``mirrors``: base URLs of
+    exact copies (http(s) only), read as replicas of every file."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, mirrors: tuple[str, ...] | list[str] = ()):
         self.url = normalize_url(url)
         self.http = self.url.startswith(("http://", "https://"))
+        if mirrors and not self.http:
+            raise ValueError(f"mirrors are supported for http(s) checkpoints, not {self.url}")
+        for m in mirrors:
+            if not m.startswith(("http://", "https://")):
+                raise ValueError(f"mirror {m!r} is not an http(s) URL")
+        self.mirrors = [RemoteDir(m) for m in mirrors]
         if not self.http:
             import fsspec
             self.fs, self.root = fsspec.core.url_to_fs(self.url)
@@ -62,11 +73,29 @@ class RemoteDir:
 
     # -- entries ------------------------------------------------------------------------------
     def check_root(self) -> None:
-        """Fail now, clearly, when the root is missing or not a directory."""
-        if self.http:
-            self._list("")
-        elif not self.fs.isdir(self.root):
-            raise BlobNotFound(f"no checkpoint directory at {self.url}", url=self.url)
+        """Fail now, clearly, when the root is missing or not a directory, or a mirror
+        holds a different file under the same name. A mirror that cannot be listed is
+        dropped (logged): the primary serves."""
+        if not self.http:
+            if not self.fs.isdir(self.root):
+                raise BlobNotFound(f"no checkpoint directory at {self.url}", url=self.url)
+            return
+        entries = self._list("")
+        for m in list(self.mirrors):
+            try:
+                theirs = m._list("")
+            except (FetchError, OSError) as e:
+                log.warning("mirror %s is not reachable, reading without it: %s", m.url, e)
+                self.mirrors.remove(m)
+                continue
+            for name, a in entries.items():
+                b = theirs.get(name)
+                if a is None or a.is_dir:
+                    continue
+                if b is None:
+                    raise ReplicaMismatch(f"mirror {m.url} has no {name}, which {self.url} "
+                                          "has: refusing the mirror", url=m.url)
+                check_same(self.url_of(name), a.size, a.mtime, m.url_of(name), b.size, b.mtime)
 
     def attr(self, path: str) -> Attr:
         rel = clean(path)
@@ -105,7 +134,20 @@ class RemoteDir:
         if a.is_dir:
             raise IsADirectoryError(path)
         if self.http:
-            return HttpFileSource(self.url_of(rel), a.size, a.mtime or None)
+            primary = HttpFileSource(self.url_of(rel), a.size, a.mtime or None)
+            replicas = [primary]
+            for m in self.mirrors:
+                try:
+                    b = m.attr(rel)
+                except FileNotFoundError:
+                    raise ReplicaMismatch(f"mirror {m.url} has no {rel}, which {self.url} "
+                                          "has: refusing the mirror", url=m.url) from None
+                except FetchError as e:  # a dead mirror: the others serve
+                    log.warning("mirror %s is not reachable for %s: %s", m.url, rel, e)
+                    continue
+                check_same(primary.url, a.size, a.mtime, m.url_of(rel), b.size, b.mtime)
+                replicas.append(HttpFileSource(m.url_of(rel), b.size, b.mtime or None))
+            return Replicas(replicas) if len(replicas) > 1 else primary
         full = posixpath.join(self.root, rel)
         info = self.fs.info(full)
         return FsspecFileSource(self.fs, full, a.size, FsspecFileSource.stamp(info),

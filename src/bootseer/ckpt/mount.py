@@ -41,14 +41,16 @@ def staged_mirror(url: str, config: BootseerConfig, name: str) -> Path | None:
 def build_view(url: str, config: BootseerConfig, memory_budget: int | None = None,
                mode: str = "striped", prefetch: bool = True, stats_path: str | None = None,
                start_after: str | None = None, rank: int | None = None,
-               world: int | None = None) -> RemoteDirView:
+               world: int | None = None, mirrors: tuple[str, ...] = ()) -> RemoteDirView:
     """The mount's view; runs in the mount's server process. With ``prefetch`` (striped
-    mode), the checkpoint starts streaming into the node's staging area at once."""
+    mode), the checkpoint starts streaming into the node's staging area at once;
+    ``mirrors``: base URLs of exact copies of ``url`` (hedged reads, failover)."""
     ckpt = config.ckpt if memory_budget is None else dataclasses.replace(
         config.ckpt, memory_budget_bytes=memory_budget)
     engine = Engine(ckpt, config.fetch, staging=str(node_staging_dir(config)))
     try:
-        view = RemoteDirView(RemoteDir(url), engine, mode=mode, stats_path=stats_path)
+        view = RemoteDirView(RemoteDir(url, mirrors=mirrors), engine, mode=mode,
+                             stats_path=stats_path)
         if prefetch and mode == "striped":
             from bootseer.ckpt.prefetch import start_plan_soon
             start_plan_soon(engine, view.remote, rank=rank, world=world,
@@ -62,12 +64,14 @@ def build_view(url: str, config: BootseerConfig, memory_budget: int | None = Non
 def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefetch: bool = True,
                      mode: str = "striped", rank: int | None = None, world: int | None = None,
                      stats_path: str | None = None, memory_budget: int | None = None,
-                     start_after: str | None = None):
+                     start_after: str | None = None, mirrors: tuple[str, ...] = ()):
     """Serve ``url`` at ``mountpoint`` (returns the mount handle); see :func:`build_view`.
-    A wrong URL, a dead server or a budget below one stripe fails here, before mounting."""
+    A wrong URL, a dead server, a mirror holding other files or a budget below one stripe
+    fails here, before mounting."""
     from bootseer.mount.fuse import mount
-    RemoteDir(url).check_root()
+    RemoteDir(url, mirrors=mirrors).check_root()
     factory = functools.partial(build_view, url, config, memory_budget=memory_budget,
                                 mode=mode, prefetch=prefetch, stats_path=stats_path,
-                                start_after=start_after, rank=rank, world=world)
+                                start_after=start_after, rank=rank, world=world,
+                                mirrors=tuple(mirrors))
     return mount(factory, mountpoint, name="bootseer-ckpt")

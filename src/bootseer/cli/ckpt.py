@@ -6,6 +6,10 @@ import functools
 import json
 
 
+MIRROR_HELP = ("base URL of an exact copy of the checkpoint on another http(s) server "
+               "(repeatable): slow stripes are hedged to it, failed ones fail over")
+
+
 def register(sub) -> None:
     p = sub.add_parser("ckpt", help="striped checkpoint reads: mount, prefetch")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -15,11 +19,13 @@ def register(sub) -> None:
     v.add_argument("--mode", choices=("striped", "single"), default="striped",
                    help="single: one sequential stream per file (the fuse-dfs baseline)")
     v.add_argument("--no-prefetch", action="store_true", help="do not stream files in at mount")
+    v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="stream a checkpoint into this node's staging area")
     v.add_argument("url")
     v.add_argument("--rank", type=int)
     v.add_argument("--world", type=int)
+    v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
     v.set_defaults(func=_prefetch)
 
 
@@ -29,9 +35,9 @@ def _mount(args) -> int:
     from bootseer.config import BootseerConfig
     from bootseer.mount.fuse import run_foreground
     config = BootseerConfig.from_env()
-    RemoteDir(args.url).check_root()  # a wrong URL fails here, clearly
+    RemoteDir(args.url, mirrors=args.mirror).check_root()  # a wrong URL fails here, clearly
     factory = functools.partial(build_view, args.url, config, mode=args.mode,
-                                prefetch=not args.no_prefetch)
+                                prefetch=not args.no_prefetch, mirrors=tuple(args.mirror))
     return run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
 
 
@@ -45,8 +51,9 @@ def _prefetch(args) -> int:
         raise SystemExit("bootseer ckpt prefetch: give --rank and --world together")
     config = BootseerConfig.from_env()
     with Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config))) as engine:
-        prefetch, kind = start_plan(engine, RemoteDir(args.url), rank=args.rank,
-                                    world=args.world)
+        remote = RemoteDir(args.url, mirrors=args.mirror)
+        remote.check_root()
+        prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world)
         prefetch.join()
         print(json.dumps({"plan": kind, "stripes": len(prefetch.issued),
                           "failed": prefetch.failed, **engine.statistics().as_dict()}))

@@ -1,0 +1,120 @@
+"""Mirrors of a checkpoint on two real nginx servers: hedged reads around a slow replica,
+failover around a dead one, and a mirror that is not a copy refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from bootseer.ckpt import api
+from bootseer.ckpt.engine import Engine
+from bootseer.ckpt.listing import RemoteDir
+from bootseer.ckpt.replicas import ReplicaMismatch
+from bootseer.config import BootseerConfig, CkptConfig, FetchConfig
+
+pytestmark = pytest.mark.timeout(60)
+KiB = 1024
+SIZE = 4 * 1024 * KiB
+SLOW_RATE = "32k"  # bytes/s per connection: one 256 KiB stripe takes about 6 s
+
+
+def make_engine(**kw) -> Engine:
+    return Engine(CkptConfig(**{"stripe_bytes": 256 * KiB, "memory_budget_bytes": 4096 * KiB,
+                                "max_stripes_in_flight": 8, "hedge_min_s": 0.05, **kw}),
+                  FetchConfig(retries=1, backoff_s=0.05, timeout_s=10, deadline_s=30))
+
+
+@pytest.fixture
+def copies(tmp_path):
+    """The same checkpoint in two directories (same bytes, same mtimes: rsync -a)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    (a / "model.bin").write_bytes(os.urandom(SIZE))
+    (a / "small.bin").write_bytes(b"s" * 1000)
+    shutil.copytree(a, b)  # copy2: times kept
+    return a, b
+
+
+def test_slow_replica_is_hedged_and_the_load_stays_fast(nginx_factory, copies):
+    a, b = copies
+    fast, slow = nginx_factory(a), nginx_factory(b, limit_rate=SLOW_RATE)
+    want = (a / "model.bin").read_bytes()
+    with make_engine() as e:
+        remote = RemoteDir(slow.url, mirrors=[fast.url])  # the slow one is even the primary
+        remote.check_root()
+        f = e.file(remote.source("model.bin"))
+        t0 = time.monotonic()
+        assert f.read(0, SIZE) == want
+        took = time.monotonic() - t0
+        s = e.statistics()
+    # half the stripes go to the slow server first: unhedged, each would take about 6 s
+    assert took < 3.0, f"{took:.1f}s: slow stripes were not hedged"
+    assert s.hedged_reads >= 1
+
+
+def test_python_api_with_mirrors_hedges(nginx_factory, copies):
+    a, b = copies
+    fast, slow = nginx_factory(a), nginx_factory(b, limit_rate=SLOW_RATE)
+    with make_engine() as e, api.open(f"{slow.url}/model.bin", engine=e,
+                                      mirrors=[f"{fast.url}/model.bin"]) as f:
+        t0 = time.monotonic()
+        assert f.read() == (a / "model.bin").read_bytes()
+        assert time.monotonic() - t0 < 3.0
+        assert e.statistics().hedged_reads >= 1
+
+
+@pytest.mark.parametrize("dead", ["mirror", "primary"])
+def test_a_dead_replica_does_not_fail_the_read(nginx_factory, copies, dead):
+    a, b = copies
+    primary, mirror = nginx_factory(a), nginx_factory(b)
+    want = (a / "model.bin").read_bytes()
+    with make_engine() as e:
+        remote = RemoteDir(primary.url, mirrors=[mirror.url])
+        remote.check_root()
+        src = remote.source("model.bin")
+        (mirror if dead == "mirror" else primary).kill()
+        assert e.file(src).read(0, SIZE) == want
+        assert e.statistics().failovers >= 1
+
+
+def test_mirror_that_is_not_a_copy_is_refused(nginx_factory, copies):
+    a, b = copies
+    (b / "model.bin").write_bytes(os.urandom(SIZE + 1))
+    remote = RemoteDir(nginx_factory(a).url, mirrors=[nginx_factory(b).url])
+    with pytest.raises(ReplicaMismatch, match=r"model.bin.*\d+ bytes.*refusing the mirror"):
+        remote.check_root()
+    with pytest.raises(ReplicaMismatch, match="refusing the mirror"):
+        remote.source("model.bin")
+
+
+def test_mirror_of_another_file_is_refused_by_the_api(nginx_factory, copies):
+    a, b = copies
+    os.utime(b / "model.bin", (1e9, 1e9))
+    fast, other = nginx_factory(a), nginx_factory(b)
+    with make_engine() as e, pytest.raises(ReplicaMismatch, match="rsync -a"):
+        api.open(f"{fast.url}/model.bin", engine=e, mirrors=[f"{other.url}/model.bin"])
+
+
+def test_mount_with_a_mirror_reads_through_a_dead_primary(need_fuse, nginx_factory, copies,
+                                                          tmp_path):
+    from bootseer.ckpt.mount import mount_checkpoint
+    a, b = copies
+    primary, mirror = nginx_factory(a), nginx_factory(b)
+    config = BootseerConfig.from_env(overrides={
+        "cache": {"dir": str(tmp_path / "cache/blobs")},
+        "ckpt": {"stripe_bytes": 256 * KiB, "memory_budget_bytes": 4096 * KiB},
+        "fetch": {"retries": 1, "backoff_s": 0.05, "timeout_s": 10}})
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with mount_checkpoint(primary.url, str(mp), config, prefetch=False,
+                          mirrors=(mirror.url,)):
+        primary.kill()
+        assert (mp / "model.bin").read_bytes() == (a / "model.bin").read_bytes()
+    assert not os.path.ismount(mp)
+    (b / "small.bin").write_bytes(b"different size")
+    with pytest.raises(ReplicaMismatch, match="small.bin"):
+        mount_checkpoint(mirror.url, str(mp), config, mirrors=(nginx_factory(a).url,))
+    assert not os.path.ismount(mp)
