@@ -97,14 +97,19 @@ def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch 
                 ranges.setdefault(info.relative_path, []).append(
                     (info.offset, info.offset + info.length))
             prefetch = None
+            engine = self.fs.engine or default_engine()
             try:
                 spans = []
                 for rel, pairs in ranges.items():
                     path = self.fs.concat_path(self.path, rel)
                     f = self.fs.pinned[str(path)] = self.fs.open_file(path)
                     spans += [Span(f.reader.source, a, b) for a, b in sorted(pairs) if b > a]
-                prefetch = Prefetch(self.fs.engine or default_engine(), spans)
-                return super().read_data(plan, planner)
+                prefetch = Prefetch(engine, spans)
+                done = super().read_data(plan, planner)
+                if "://" in self.path:  # the next resume prefetches what this load read
+                    from bootseer.ckpt import profile
+                    profile.save(engine.staging.dir, self.path, engine.recorder)
+                return done
             finally:
                 if prefetch is not None:
                     prefetch.stop()

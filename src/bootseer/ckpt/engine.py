@@ -28,6 +28,7 @@ import time
 from concurrent.futures import Future
 
 from bootseer.ckpt.budget import BudgetError, MemoryBudget
+from bootseer.ckpt.profile import AccessRecorder
 from bootseer.ckpt.replicas import Hedger, Replicas
 from bootseer.ckpt.stats import LoadCounters, LoadStats
 from bootseer.ckpt.staging import StagedFile, StagingArea
@@ -56,6 +57,7 @@ class Engine:
             raise
         self.staging = StagingArea(staging) if staging else StagingArea.temporary()
         self.counters = LoadCounters()
+        self.recorder = AccessRecorder()
         self.hedger = Hedger(self.config.hedge_multiple, self.config.hedge_min_s,
                              2 * self.config.max_stripes_in_flight, self.counters)
         self._files: dict[str, StripedFile] = {}
@@ -79,6 +81,11 @@ class Engine:
         if isinstance(source, Replicas) and mode == "single":
             source = source.sources[0]  # the baseline reads one server
         return self.file(source) if mode == "striped" else SingleStreamReader(self, source)
+
+    def consumed(self, source, start: int, end: int) -> None:
+        """``[start, end)`` of ``source`` was handed to a reader: report and profile."""
+        self.counters.consumed(source, start, end)
+        self.recorder.add(source.url, source.key, start, end)
 
     def statistics(self) -> LoadStats:
         return self.counters.snapshot(self.fetcher.counters(), self.budget)
@@ -247,7 +254,7 @@ class StripedFile:
                 # (one 64 MiB read of a DCP tensor should prefetch the next tensor)
                 cursor.window = min(self.engine.config.readahead_max_bytes,
                                     max(2 * cursor.window, 2 * self.S, n))
-        self.engine.counters.consumed(self.source, end - n, end)
+        self.engine.consumed(self.source, end - n, end)
 
     def close(self) -> None:
         """Readers are shared per file version and outlive an open: nothing to free."""
@@ -280,7 +287,7 @@ class SingleStreamReader:
                 chunk = self._buf[lo:lo + end - pos]
                 out.append(chunk)
                 pos += len(chunk)
-        self.engine.counters.consumed(self.source, offset, end)
+        self.engine.consumed(self.source, offset, end)
         return b"".join(out)
 
     def readinto(self, offset: int, buf: memoryview) -> int:

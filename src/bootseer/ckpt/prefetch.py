@@ -98,16 +98,24 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
                start_after: str | None = None) -> tuple[Prefetch, str]:
     """Start streaming the checkpoint at ``remote`` (a RemoteDir) through ``engine``.
 
-    The plan is the checkpoint's own metadata plan (ckpt/plan.py), then the rest of every
-    file, so the staging copy ends complete (``staged_mirror``). With ``rank``/``world``,
-    only this rank's 1/world share of the plan: the node's ranks stream it once, together.
-    Returns the prefetch and the plan's kind."""
+    The plan is the access profile recorded by the previous load of these very file
+    versions (ckpt/profile.py) or else the checkpoint's own metadata plan (ckpt/plan.py),
+    then the rest of every file, so the staging copy ends complete (``staged_mirror``).
+    With ``rank``/``world``, only this rank's 1/world share of the plan: the node's ranks
+    stream it once, together. Returns the prefetch and the plan's kind (``profile``,
+    ``dcp``, ``safetensors`` or ``files``)."""
     from bootseer.ckpt import plan as plans
+    from bootseer.ckpt import profile
     from bootseer.ckpt.api import open as ckpt_open
     sources = remote.walk()
     sizes = {p: s.size for p, s in sources.items()}
-    ranges, kind = plans.metadata_plan(remote.url, sizes,
-                                       opener=lambda url: ckpt_open(url, engine=engine))
+    recorded, why = profile.load(engine.staging.dir, remote.url, sources)
+    if recorded:
+        ranges, kind = [plans.Range(p, a, b) for p, a, b in recorded], "profile"
+    else:
+        log.info("checkpoint %s: %s, planning from its metadata", remote.url, why)
+        ranges, kind = plans.metadata_plan(remote.url, sizes,
+                                           opener=lambda url: ckpt_open(url, engine=engine))
     if world is not None:
         ranges = plans.split(ranges, rank or 0, world)
     else:

@@ -4,12 +4,15 @@ from :class:`RemoteDir`, bytes from the engine (striped, or the single-stream ba
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 
 from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.listing import PathOutsideRoot, RemoteDir, clean
 from bootseer.mount.view import Attr
+
+log = logging.getLogger(__name__)
 
 
 class RemoteDirView:
@@ -59,6 +62,11 @@ class RemoteDirView:
         return {"url": self.url, "mode": self.mode, **self.engine.statistics().as_dict()}
 
     def close(self) -> None:
+        from bootseer.ckpt import profile
+        try:  # the next resume prefetches what this one read
+            profile.save(self.engine.staging.dir, self.url, self.engine.recorder)
+        except OSError as e:
+            log.warning("access profile of %s not saved: %s", self.url, e)
         if self.stats_path:
             tmp = f"{self.stats_path}.tmp"
             with open(tmp, "w") as f:

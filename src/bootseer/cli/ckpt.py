@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
+
+PLAN_NAMES = {"profile": "access profile recorded at the previous load",
+              "dcp": "DCP .metadata", "safetensors": "safetensors headers",
+              "files": "file list (no metadata, no recorded profile)"}
 
 
 MIRROR_HELP = ("base URL of an exact copy of the checkpoint on another http(s) server "
@@ -54,6 +59,7 @@ def _prefetch(args) -> int:
         remote = RemoteDir(args.url, mirrors=args.mirror)
         remote.check_root()
         prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world)
+        print(f"bootseer ckpt prefetch: plan from the {PLAN_NAMES[kind]}", file=sys.stderr)
         prefetch.join()
         print(json.dumps({"plan": kind, "stripes": len(prefetch.issued),
                           "failed": prefetch.failed, **engine.statistics().as_dict()}))

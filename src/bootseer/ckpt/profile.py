@@ -1,0 +1,101 @@
+"""Access profiles: the byte ranges a checkpoint load actually read, in order, so the next
+resume prefetches exactly those first (a better plan than the metadata's when the job
+reads a subset: one rank's shard, the model without the optimizer).
+
+Recorded by the engine for every read handed to a reader (mount, ``bootseer.ckpt.open``,
+the DCP reader), coalesced per file (a read that continues or overlaps the file's last
+range extends it). Saved when a mount is unmounted or a DCP load ends, next to the staging
+data, as ``<staging>/profiles-v1/<sha256(checkpoint URL)[:32]>.json``::
+
+    {"v": 1, "kind": "bootseer.ckpt.profile", "url": "<checkpoint URL>",
+     "files": {"<relative path>": "<file identity: url|size|mtime>"},
+     "ranges": [["<relative path>", start, end], ...]}
+
+A profile is used only while every file it names still has the recorded identity (path,
+size, mtime/ETag): a new checkpoint written under the same URL falls back to its metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import urllib.parse
+from pathlib import Path
+
+MAX_RANGES = 100_000  # a pathological random-read load must not grow without bound
+DIR = "profiles-v1"
+
+
+class AccessRecorder:
+    """The ordered, coalesced ranges read, per engine (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.ranges: list[list] = []      # [url, key, start, end]
+        self._last: dict[str, int] = {}   # url -> index of its latest range
+        self._lock = threading.Lock()
+
+    def add(self, url: str, key: str, start: int, end: int) -> None:
+        with self._lock:
+            i = self._last.get(url)
+            if i is not None:
+                r = self.ranges[i]
+                if r[1] == key and r[2] <= start <= r[3]:
+                    r[3] = max(r[3], end)
+                    return
+            if len(self.ranges) < MAX_RANGES:
+                self._last[url] = len(self.ranges)
+                self.ranges.append([url, key, start, end])
+
+    def under(self, root_url: str) -> tuple[dict[str, str], list[list]]:
+        """(files, ranges) recorded for files under ``root_url``, paths made relative."""
+        prefix = root_url.rstrip("/") + "/"
+        files: dict[str, str] = {}
+        ranges = []
+        with self._lock:
+            for url, key, start, end in self.ranges:
+                if url.startswith(prefix):
+                    rel = urllib.parse.unquote(url[len(prefix):])
+                    files[rel] = key
+                    ranges.append([rel, start, end])
+        return files, ranges
+
+
+def profile_path(staging_dir: str | os.PathLike, root_url: str) -> Path:
+    name = hashlib.sha256(root_url.rstrip("/").encode()).hexdigest()[:32]
+    return Path(staging_dir) / DIR / f"{name}.json"
+
+
+def save(staging_dir: str | os.PathLike, root_url: str, recorder: AccessRecorder) -> Path | None:
+    """Write the profile of ``root_url`` (atomically); None when nothing under it was read."""
+    files, ranges = recorder.under(root_url)
+    if not ranges:
+        return None
+    path = profile_path(staging_dir, root_url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"v": 1, "kind": "bootseer.ckpt.profile", "url": root_url.rstrip("/"),
+           "files": files, "ranges": ranges}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    os.replace(tmp, path)
+    return path
+
+
+def load(staging_dir: str | os.PathLike, root_url: str, sources: dict) -> tuple[list, str]:
+    """The recorded ranges ``[(rel, start, end)]`` of ``root_url`` if its files are still
+    the recorded versions (``sources``: relative path -> source), with a reason otherwise."""
+    path = profile_path(staging_dir, root_url)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return [], "no access profile recorded"
+    except (OSError, ValueError) as e:
+        return [], f"access profile {path} is unreadable: {e}"
+    if doc.get("kind") != "bootseer.ckpt.profile" or doc.get("v") != 1:
+        return [], f"{path} is not a version 1 checkpoint access profile"
+    for rel, key in doc["files"].items():
+        src = sources.get(rel)
+        if src is None or src.key != key:
+            return [], f"access profile recorded for another version of {rel}"
+    return [(rel, start, end) for rel, start, end in doc["ranges"]], "recorded access profile"
