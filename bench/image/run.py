@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/image/run.py [--rate 1gbit] [--reps 1]
 
-The image is the demo's (built offline once: a Debian bookworm rootfs from the apt mirror,
-Python 3.11, torch CPU; ~330 MB compressed, ~1.1 GB unpacked), pushed to the Debian
-docker-registry inside a network namespace whose loopback is shaped to --rate, and
-converted into a bootseer store in the same registry. The workload imports torch and its
-distributed checkpoint module, then signals ready. Every variant runs on a fresh node
-(empty node cache, fresh podman root):
+The image is built offline once (kept in the assets directory): the demo's layers (a Debian
+bookworm rootfs from the apt mirror, Python 3.11, torch CPU) plus a third layer with numpy,
+the application code and model-like data files (--data-mib in all, incompressible), about
+1.6 GB unpacked. It is pushed to the Debian docker-registry inside a network namespace
+whose loopback is shaped to --rate, and converted into a bootseer store in the same
+registry. The workload imports torch, its distributed checkpoint module, numpy and the app,
+reads a few MiB from each data file (a tokenizer table, an embedding slice), then signals
+ready. Every variant runs on a fresh node (empty node cache, fresh podman root):
 
   (1) pull + run        bootseer run --baseline: podman pull + unpack, then podman run
   (2) lazy              bootseer run, no profile yet (records and publishes one at READY)
@@ -34,8 +36,71 @@ from bootseer.demo import assets as A  # noqa: E402
 from bootseer.demo.main import DEFAULT_ASSETS, scratch_tmpfs, shaped_link  # noqa: E402
 from bootseer.testing import servers  # noqa: E402
 
-WORKLOAD = ("import os, torch, torch.nn, torch.distributed.checkpoint; "
+WORKLOAD = ("import os, sys; sys.path.insert(0, '/opt/app'); "
+            "import torch, torch.nn, torch.distributed.checkpoint, numpy, app.main; "
+            "app.main.warm_up(); "
             "open(os.environ['BOOTSEER_READY_FILE'], 'w').close(); print('READY')")
+DATA_FILES = 4
+APP = '''"""The benchmark's training application: at start-up it reads the parts of its data
+files a first step needs (a header, a vocabulary table, a slice of each shard)."""
+import glob
+import os
+
+import numpy
+
+DATA = "/opt/app/data"
+
+
+def warm_up():
+    total = 0
+    for path in sorted(glob.glob(os.path.join(DATA, "*.bin"))):
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            for offset in (0, size // 3, size - (4 << 20)):
+                f.seek(offset)
+                total += numpy.frombuffer(f.read(2 << 20), dtype=numpy.uint8).size
+    return total
+'''
+
+
+def build_bench_image(assets, data_mib: int, say) -> Path:
+    """The demo image plus a layer with numpy, the app and ``data_mib`` of data files."""
+    out = Path(assets.root) / f"bench-image-{data_mib}m.oci.tar"
+    if out.exists():
+        return out
+    work = Path(assets.root) / "bench-image.tmp"
+    subprocess.run(["rm", "-rf", str(work)], check=True)
+    layer = work / "layer"
+    site = layer / "usr/local/lib/python3.11/dist-packages"
+    say(f"build the benchmark image: demo image + numpy + app + {data_mib} MiB of data")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-compile",
+                    "--disable-pip-version-check", "--no-index", "--find-links",
+                    str(assets.index / "wheels"), "--target", str(site), "numpy"], check=True)
+    (layer / "opt/app/app").mkdir(parents=True)
+    (layer / "opt/app/app/__init__.py").write_text("")
+    (layer / "opt/app/app/main.py").write_text(APP)
+    (layer / "opt/app/data").mkdir(parents=True)
+    per = data_mib // DATA_FILES
+    for i in range(DATA_FILES):
+        with open(layer / f"opt/app/data/shard-{i:02d}.bin", "wb") as f:
+            for _ in range(per):
+                f.write(os.urandom(1 << 20))
+    store = f"/tmp/bsbi-{os.getpid()}"
+    b = ["buildah", "--root", f"{store}/r", "--runroot", f"{store}/rr", "--storage-driver", "vfs"]
+    try:
+        ctr = subprocess.run([*b, "from", f"oci-archive:{assets.image_archive}:demo/train:latest"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        subprocess.run([*b, "copy", ctr, f"{layer}/", "/"], check=True, capture_output=True)
+        subprocess.run([*b, "commit", "-q", ctr, "bench-train"], check=True,
+                       capture_output=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run([*b, "push", "-q", "bench-train", f"oci-archive:{tmp}:bench/train:latest"],
+                       check=True)
+        tmp.rename(out)
+    finally:
+        subprocess.run(["umount", "-R", "-l", f"{store}/r"], capture_output=True)
+        subprocess.run(["rm", "-rf", store, str(work)], check=True)
+    return out
 
 
 def run_variant(name: str, flags: list[str], *, scratch: Path, netns: str | None, ref: str,
@@ -76,12 +141,15 @@ def main() -> int:
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--reps", type=int, default=1, help="repetitions of each variant (median)")
     p.add_argument("--assets", default=DEFAULT_ASSETS)
+    p.add_argument("--data-mib", type=int, default=400,
+                   help="model-like data files in the image (MiB, default 400)")
     p.add_argument("--out", default=str(ROOT / "bench/results/image.json"))
     args = p.parse_args()
     if os.geteuid() != 0:
         print("bench/image needs root (network namespace, FUSE, podman)", file=sys.stderr)
         return 1
     assets = A.build_all(args.assets, say=lambda m: print(m, flush=True))
+    archive = build_bench_image(assets, args.data_mib, say=lambda m: print(m, flush=True))
     results: dict[str, list[dict]] = {}
     with scratch_tmpfs("12g") as scratch, shaped_link(args.rate) as netns:
         reg = servers.start_registry(scratch / "registry", scratch / "registry-run", netns=netns)
@@ -89,7 +157,7 @@ def main() -> int:
             ns = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
             ref = f"127.0.0.1:{reg.port}/bench/train:latest"
             subprocess.run([*ns, "skopeo", "copy", "-q", "--dest-tls-verify=false",
-                            f"oci-archive:{assets.image_archive}:demo/train:latest",
+                            f"oci-archive:{archive}:bench/train:latest",
                             f"docker://{ref}"], check=True)
             store = f"oci://127.0.0.1:{reg.port}/bootseer"
             subprocess.run([*ns, sys.executable, "-m", "bootseer", "image", "convert", ref,
