@@ -54,17 +54,25 @@ def _config(url):
 
 
 def _ensure(args) -> int:
-    from tqdm import tqdm
     from bootseer.deps.ensure import ensure
-    with tqdm(unit="B", unit_scale=True, desc="restore", disable=not sys.stderr.isatty(),
-              leave=False) as bar:
-        def progress(n: int, total: int) -> None:
-            if bar.total != total:
-                bar.total = total
-            bar.update(n)
+    bar = None
+
+    def progress(n: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:    # tqdm only when there is something to show (a warm node has not)
+            from tqdm import tqdm
+            bar = tqdm(unit="B", unit_scale=True, desc="restore", leave=False,
+                       disable=not sys.stderr.isatty())
+        if bar.total != total:
+            bar.total = total
+        bar.update(n)
+    try:
         r = ensure(args.spec, args.prefix, python=args.python, index_urls=args.index_url,
                    key=args.key, config=_config(args.store), wait_s=args.wait,
                    progress=progress, mount=args.mount, mount_window_s=args.window)
+    finally:
+        if bar is not None:
+            bar.close()
     print(f"{r.how} {r.key} {r.prefix}")
     return 0
 
