@@ -17,7 +17,7 @@ export BOOTSEER_CONFIG=${BOOTSEER_CONFIG:-/etc/bootseer.toml}
 exec bootseer run \
     --image "$IMAGE" \
     --deps /job/requirements.txt --prefix /opt/envs/train --python /usr/bin/python3.11 \
-    --ckpt "$CKPT" --ckpt-target /ckpt --rank "$NODE_RANK" --world "$NNODES" \
+    --ckpt "$CKPT" --ckpt-target /ckpt \
     --trace /shared/traces --job-id "$JOB_ID" --attempt "$ATTEMPT" --node "$(hostname)" \
     --bind /job:/job \
     -- torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node 8 \

@@ -56,8 +56,6 @@ def register(sub) -> None:
                    help="where CMD sees the checkpoint inside the container (default /ckpt)")
     g.add_argument("--no-stripe", action="store_true",
                    help="read the checkpoint as one sequential stream per file")
-    g.add_argument("--rank", type=int, help="this node's rank, for the prefetch plan")
-    g.add_argument("--world", type=int, help="number of ranks, for the prefetch plan")
     g = p.add_argument_group("job")
     g.add_argument("--baseline", action="store_true",
                    help="the conventional start: --pull --no-snapshot --no-stripe")
@@ -107,7 +105,6 @@ def spec_from_args(args):
                    python=args.python, index_urls=args.index_url,
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
                    ckpt_target=args.ckpt_target, stripe=not (args.no_stripe or args.baseline),
-                   rank=args.rank, world=args.world,
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
                    runtime=args.runtime, summary=args.summary)
 

@@ -77,8 +77,7 @@ def start_nodes(start: Start, *, nodes: int, work: Path, netns: str | None,
                "BOOTSEER_TRACE_NODE": name, "BOOTSEER_TRACE_ATTEMPT": str(start.attempt),
                "RANK": str(i)}
         argv = node_command(node_dir=node_dir, netns=netns, env=env, cmd=cmd,
-                            run_args=[*run_args, *start.flags, "--summary", str(summary),
-                                      "--rank", str(i), "--world", str(nodes)])
+                            run_args=[*run_args, *start.flags, "--summary", str(summary)])
         out = open(log, "wb")
         procs.append((name, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True), summary, log, out))

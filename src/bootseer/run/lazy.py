@@ -97,10 +97,8 @@ class SnapshotDeps(Pipeline):
 class StripedCheckpoint(Pipeline):
     kind = "stripe"
 
-    def __init__(self, url: str, config: BootseerConfig, state: Path, target: str, *,
-                 rank: int | None = None, world: int | None = None):
+    def __init__(self, url: str, config: BootseerConfig, state: Path, target: str):
         self.url, self.config, self.state, self.target = url, config, state, target
-        self.rank, self.world = rank, world
         self.handle = None
         self.mirror = None
 
@@ -111,8 +109,10 @@ class StripedCheckpoint(Pipeline):
         # Large files wait for the node's "prepared" signal (environment restored, image
         # hot blocks local): the checkpoint is read only after the job imported its code,
         # and streaming it earlier delays the image's reads behind it on the link.
+        # The whole plan, not a rank's share: ckpt.plan.split divides one node's copy among
+        # the processes that share its staging; every node here stages its own full copy
+        # (each node's job loads the checkpoint, and the staged mirror needs every file).
         self.handle = mount_checkpoint(self.url, str(mp), self.config, prefetch=True,
-                                       rank=self.rank, world=self.world,
                                        start_after=str(self.state.parent / PREPARED))
         return Prepared(path=str(mp), target=self.target, env_var="BOOTSEER_CKPT_DIR")
 

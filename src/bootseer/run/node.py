@@ -57,8 +57,6 @@ class RunSpec:
     ckpt: str | None = None
     ckpt_target: str = "/ckpt"
     stripe: bool = True
-    rank: int | None = None
-    world: int | None = None
     binds: list[C.Bind] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
