@@ -120,3 +120,37 @@ def test_dcp_reader_load_records_a_profile(nginx_factory, tmp_path):
     with Engine(cfg, staging=str(staging)) as e:
         prefetch, kind = start_plan(e, RemoteDir(server.url))
         assert kind == "dcp" and prefetch.join(30)  # no profile: the metadata plan
+
+
+def test_profile_pushed_to_the_store_serves_a_fresh_node(need_fuse, nginx_factory, tmp_path):
+    """A resume on fresh nodes (empty staging) plans from the profile another node pushed
+    to the shared store; a corrupt profile blob falls back to the metadata."""
+    from bootseer.ckpt.mount import mount_checkpoint
+    from bootseer.store import open_store
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    blob = os.urandom(2048 * KiB)
+    (d / "a.bin").write_bytes(blob)
+    (d / "b.bin").write_bytes(os.urandom(1024 * KiB))
+    server = nginx_factory(d)
+    store = str(tmp_path / "store")
+
+    def node(name: str) -> dict:
+        return {**os.environ, "BOOTSEER_CACHE_DIR": str(tmp_path / name / "cache/blobs"),
+                "BOOTSEER_CKPT_STRIPE_BYTES": str(STRIPE), "BOOTSEER_STORE_URL": store}
+    config = BootseerConfig.from_env(node("n1"))
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with mount_checkpoint(server.url, str(mp), config, prefetch=False):
+        fd = os.open(mp / "a.bin", os.O_RDONLY)
+        assert os.pread(fd, 100 * KiB, 512 * KiB) == blob[512 * KiB:612 * KiB]
+        os.close(fd)
+    digest = open_store(store).get_ref(profile.store_ref(server.url))
+    assert digest is not None
+    out, said = cli_prefetch(server.url, node("n2"))     # another node, nothing local
+    assert out["plan"] == "profile" and out["failed"] == 0
+    p = open_store(store).path(digest)                   # bit rot in the store
+    os.chmod(p, 0o644)
+    p.write_bytes(p.read_bytes().replace(b'"a.bin"', b'"x.bin"', 1))
+    out, said = cli_prefetch(server.url, node("n3"))
+    assert out["plan"] == "files" and out["failed"] == 0   # verified, refused, not used

@@ -29,7 +29,8 @@ def default_engine() -> Engine:
             from bootseer.ckpt.staging import node_staging_dir
             from bootseer.config import BootseerConfig
             cfg = BootseerConfig.from_env()
-            _engine = Engine(cfg.ckpt, cfg.fetch, staging=str(node_staging_dir(cfg)))
+            _engine = Engine(cfg.ckpt, cfg.fetch, staging=str(node_staging_dir(cfg)),
+                             store_url=cfg.store.url)
             _engine_pid = os.getpid()
         return _engine
 

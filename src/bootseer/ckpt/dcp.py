@@ -108,7 +108,8 @@ def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch 
                 done = super().read_data(plan, planner)
                 if "://" in self.path:  # the next resume prefetches what this load read
                     from bootseer.ckpt import profile
-                    profile.save(engine.staging.dir, self.path, engine.recorder)
+                    profile.save(engine.staging.dir, self.path, engine.recorder,
+                                 store_url=engine.store_url)
                 return done
             finally:
                 if prefetch is not None:

@@ -44,8 +44,9 @@ class Engine:
     file version (all cursors of all opens of that file share it)."""
 
     def __init__(self, config: CkptConfig | None = None, fetch: FetchConfig | None = None, *,
-                 staging: str | None = None):
+                 staging: str | None = None, store_url: str | None = None):
         self.config = config or CkptConfig()
+        self.store_url = store_url   # where access profiles are shared across nodes
         self.fetcher = Fetcher(dataclasses.replace(
             fetch or FetchConfig(), max_inflight=self.config.max_stripes_in_flight,
             connections_per_host=self.config.per_host, part_bytes=self.config.stripe_bytes,

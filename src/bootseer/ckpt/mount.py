@@ -47,7 +47,8 @@ def build_view(url: str, config: BootseerConfig, memory_budget: int | None = Non
     ``mirrors``: base URLs of exact copies of ``url`` (hedged reads, failover)."""
     ckpt = config.ckpt if memory_budget is None else dataclasses.replace(
         config.ckpt, memory_budget_bytes=memory_budget)
-    engine = Engine(ckpt, config.fetch, staging=str(node_staging_dir(config)))
+    engine = Engine(ckpt, config.fetch, staging=str(node_staging_dir(config)),
+                    store_url=config.store.url)
     try:
         view = RemoteDirView(RemoteDir(url, mirrors=mirrors), engine, mode=mode,
                              stats_path=stats_path)

@@ -109,7 +109,8 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     from bootseer.ckpt.api import open as ckpt_open
     sources = remote.walk()
     sizes = {p: s.size for p, s in sources.items()}
-    recorded, why = profile.load(engine.staging.dir, remote.url, sources)
+    recorded, why = profile.load(engine.staging.dir, remote.url, sources,
+                                 store_url=engine.store_url)
     if recorded:
         ranges, kind = [plans.Range(p, a, b) for p, a, b in recorded], "profile"
     else:

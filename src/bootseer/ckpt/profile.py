@@ -5,7 +5,9 @@ reads a subset: one rank's shard, the model without the optimizer).
 Recorded by the engine for every read handed to a reader (mount, ``bootseer.ckpt.open``,
 the DCP reader), coalesced per file (a read that continues or overlaps the file's last
 range extends it). Saved when a mount is unmounted or a DCP load ends, next to the staging
-data, as ``<staging>/profiles-v1/<sha256(checkpoint URL)[:32]>.json``::
+data, as ``<staging>/profiles-v1/<sha256(checkpoint URL)[:32]>.json``, and pushed to the
+store (when one is configured and writable) under ref ``ckpt/profile/<same name>``, so
+that a resume on fresh nodes finds it too::
 
     {"v": 1, "kind": "bootseer.ckpt.profile", "url": "<checkpoint URL>",
      "files": {"<relative path>": "<file identity: url|size|mtime>"},
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import urllib.parse
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 MAX_RANGES = 100_000  # a pathological random-read load must not grow without bound
 DIR = "profiles-v1"
 
@@ -62,13 +66,44 @@ class AccessRecorder:
         return files, ranges
 
 
+def _name(root_url: str) -> str:
+    return hashlib.sha256(root_url.rstrip("/").encode()).hexdigest()[:32]
+
+
 def profile_path(staging_dir: str | os.PathLike, root_url: str) -> Path:
-    name = hashlib.sha256(root_url.rstrip("/").encode()).hexdigest()[:32]
-    return Path(staging_dir) / DIR / f"{name}.json"
+    return Path(staging_dir) / DIR / f"{_name(root_url)}.json"
 
 
-def save(staging_dir: str | os.PathLike, root_url: str, recorder: AccessRecorder) -> Path | None:
-    """Write the profile of ``root_url`` (atomically); None when nothing under it was read."""
+def store_ref(root_url: str) -> str:
+    return f"ckpt/profile/{_name(root_url)}"
+
+
+def _push(store_url: str, root_url: str, blob: bytes) -> None:
+    from bootseer.store import open_store
+    from bootseer.store.digest import sha256_digest
+    store = open_store(store_url)
+    if store.writable:
+        d = sha256_digest(blob)
+        store.write(d, blob)
+        store.set_ref(store_ref(root_url), d)
+
+
+def _pull(store_url: str, root_url: str) -> bytes | None:
+    from bootseer.store import open_store
+    from bootseer.store.digest import verify
+    store = open_store(store_url)
+    d = store.get_ref(store_ref(root_url))
+    if d is None:
+        return None
+    blob = store.read(d)
+    verify(d, blob, source=store.url)
+    return blob
+
+
+def save(staging_dir: str | os.PathLike, root_url: str, recorder: AccessRecorder, *,
+         store_url: str | None = None) -> Path | None:
+    """Write the profile of ``root_url`` (atomically) and push it to ``store_url``; None
+    when nothing under it was read. A store that cannot take it costs a log line."""
     files, ranges = recorder.under(root_url)
     if not ranges:
         return None
@@ -77,19 +112,37 @@ def save(staging_dir: str | os.PathLike, root_url: str, recorder: AccessRecorder
     doc = {"v": 1, "kind": "bootseer.ckpt.profile", "url": root_url.rstrip("/"),
            "files": files, "ranges": ranges}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    blob = json.dumps(doc, separators=(",", ":")).encode()
+    tmp.write_bytes(blob)
     os.replace(tmp, path)
+    if store_url:
+        try:
+            _push(store_url, root_url, blob)
+        except Exception as e:  # noqa: BLE001 - the local copy is saved; sharing is a bonus
+            log.warning("checkpoint access profile not pushed to %s: %s", store_url, e)
     return path
 
 
-def load(staging_dir: str | os.PathLike, root_url: str, sources: dict) -> tuple[list, str]:
+def load(staging_dir: str | os.PathLike, root_url: str, sources: dict, *,
+         store_url: str | None = None) -> tuple[list, str]:
     """The recorded ranges ``[(rel, start, end)]`` of ``root_url`` if its files are still
-    the recorded versions (``sources``: relative path -> source), with a reason otherwise."""
+    the recorded versions (``sources``: relative path -> source), with a reason otherwise.
+    This node's own recording first, else the one pushed to the store by another node."""
     path = profile_path(staging_dir, root_url)
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        return [], "no access profile recorded"
+        try:
+            blob = _pull(store_url, root_url) if store_url else None
+        except Exception as e:  # noqa: BLE001 - no profile is a plan too (the metadata's)
+            return [], f"no access profile on this node, and the store's is unreadable: {e}"
+        if blob is None:
+            return [], "no access profile recorded"
+        path = f"{store_url} ref {store_ref(root_url)}"
+        try:
+            doc = json.loads(blob)
+        except ValueError as e:
+            return [], f"access profile {path} is unreadable: {e}"
     except (OSError, ValueError) as e:
         return [], f"access profile {path} is unreadable: {e}"
     if doc.get("kind") != "bootseer.ckpt.profile" or doc.get("v") != 1:

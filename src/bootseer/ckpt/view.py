@@ -64,7 +64,8 @@ class RemoteDirView:
     def close(self) -> None:
         from bootseer.ckpt import profile
         try:  # the next resume prefetches what this one read
-            profile.save(self.engine.staging.dir, self.url, self.engine.recorder)
+            profile.save(self.engine.staging.dir, self.url, self.engine.recorder,
+                         store_url=self.engine.store_url)
         except OSError as e:
             log.warning("access profile of %s not saved: %s", self.url, e)
         if self.stats_path:

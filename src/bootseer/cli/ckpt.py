@@ -55,7 +55,8 @@ def _prefetch(args) -> int:
     if (args.rank is None) != (args.world is None):
         raise SystemExit("bootseer ckpt prefetch: give --rank and --world together")
     config = BootseerConfig.from_env()
-    with Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config))) as engine:
+    with Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config)),
+                store_url=config.store.url) as engine:
         remote = RemoteDir(args.url, mirrors=args.mirror)
         remote.check_root()
         prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world)
