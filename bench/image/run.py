@@ -131,7 +131,8 @@ def run_variant(name: str, flags: list[str], *, scratch: Path, netns: str | None
             if e.get("phase") == "image.window":
                 row.update({k: e["attrs"].get(k) for k in
                             ("coverage", "precision", "stall_s", "store_bytes",
-                             "store_requests", "read_bytes")})
+                             "store_requests", "read_bytes", "window_s", "prefetch_seconds")
+                            if e["attrs"].get(k) is not None})
     return row
 
 
