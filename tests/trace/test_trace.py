@@ -74,6 +74,21 @@ def write_node(root, node, phases, ready, attempt=0, gpus=8, torn=False, rdzv=No
     (d / f"{node}-1.jsonl").write_text(text)
 
 
+def test_gating_phase_of_nodes_in_step_is_the_longest_innermost(tmp_path):
+    """No straggler: every node waited on the same long phase; the slowest node's biggest
+    excess over the median (a few ms of a short phase) is noise, not the cause. Overlapping
+    phases of equal length (prepare spans the pull) name the inner one."""
+    for i in range(4):
+        write_node(tmp_path, f"n{i}", [("startup.prepare", 0, 40 + i * 0.01),
+                                       ("image.pull", 0.05, 40 + i * 0.01),
+                                       ("deps.install", 0, 5 + (0.5 if i == 3 else 0)),
+                                       ("job.run", 40, 50 + i * 0.01)], 50 + i * 0.01)
+    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
+    s = analysis.summarize(v)
+    assert s.stragglers == [] and s.gating_node == "n3"
+    assert s.gating_phase == "image.pull"
+
+
 def test_report_names_gating_node_stragglers_and_killed(tmp_path):
     for i in range(6):
         slow = 30.0 if i == 4 else 0.0

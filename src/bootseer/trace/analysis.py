@@ -143,6 +143,20 @@ class Summary:
     gpu_seconds_lost: float
 
 
+def _gating_phase(slow: NodeView, phases: dict, *, straggler: bool) -> str | None:
+    """A straggler was gated by the phase that exceeds its cross-node median the most
+    (what made it late). A node in step with the others was gated by its longest phase;
+    phases traced in parallel threads overlap (``startup.prepare`` spans ``image.pull``), so
+    among phases within 2 % of the longest, the innermost (shortest) is named."""
+    own = {p: v for p, v in slow.phases.items() if p != UNTRACED} or slow.phases
+    if not own:
+        return None
+    if straggler:
+        return max(own, key=lambda p: (own[p] - phases[p]["median"], own[p]))
+    longest = max(own.values())
+    return min((p for p, v in own.items() if v >= 0.98 * longest), key=lambda p: own[p])
+
+
 def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     names = sorted({p for n in view.nodes for p in n.phases})
     phases = {}
@@ -157,15 +171,12 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     if done:
         slow = max(done, key=lambda n: n.ready)
         gating_node, gating_rank = slow.node, slow.last_rank
-        if slow.phases:
-            # the phase that exceeds its cross-node median the most gated this node
-            gating_phase = max(slow.phases, key=lambda p: (slow.phases[p] - phases[p]["median"],
-                                                          slow.phases[p]))
         readies = [n.ready for n in done]
         med = statistics.median(readies)
         mad = statistics.median(abs(r - med) for r in readies) * 1.4826
         limit = med + k * max(mad, 1e-9)
         stragglers = [n.node for n in done if n.ready > limit and len(done) > 2]
+        gating_phase = _gating_phase(slow, phases, straggler=slow.node in stragglers)
         fixed = []
         for n in done:
             excess = sum(max(0.0, v - phases[p]["median"]) for p, v in n.phases.items()) \
