@@ -28,8 +28,11 @@ def register(sub) -> None:
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="stream a checkpoint into this node's staging area")
     v.add_argument("url")
-    v.add_argument("--rank", type=int)
-    v.add_argument("--world", type=int)
+    v.add_argument("--rank", type=int,
+                   help="this process's index among --world processes of the node that share "
+                        "its staging: each streams a contiguous 1/W of the plan, so the node's "
+                        "copy is fetched once, in parallel")
+    v.add_argument("--world", type=int, help="number of such processes on this node")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
     v.set_defaults(func=_prefetch)
 
