@@ -136,3 +136,33 @@ def test_checkpoint_staged_before_the_command_is_read_locally(index, ckpt_dir, n
     line = next(l for l in r.stdout.splitlines() if l.startswith("dir "))
     assert "mirror-" in line and line.endswith("False"), line
     assert not list((tmp_path / "node" / "ckpt").glob("mirror-*")), "mirror left behind"
+
+
+def test_checkpoint_mirror_is_passed_to_the_striped_pipeline(index, ckpt_dir, nginx_factory,
+                                                             tmp_path):
+    """--ckpt-mirror reaches the checkpoint mount: an exact copy serves the load; a copy
+    whose files differ is refused before the command starts, naming the mirror."""
+    need(is_root(), "FUSE mounts need root")
+    index_url, spec = index
+    primary = nginx_factory(ckpt_dir)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for p in ckpt_dir.iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+        os.utime(copy / p.name, (p.stat().st_atime, p.stat().st_mtime))
+    mirror = nginx_factory(copy)
+    env = {**os.environ, "BOOTSEER_STORE_URL": str(tmp_path / "store"),
+           "BOOTSEER_CACHE_DIR": str(tmp_path / "node" / "cache")}
+    script = ('import os; d = os.environ["BOOTSEER_CKPT_DIR"]; '
+              'print("bytes", open(os.path.join(d, "shard0.bin"), "rb").read() == '
+              f'open({str(ckpt_dir / "shard0.bin")!r}, "rb").read())')
+    r = bootseer("run", "--deps", str(spec), "--prefix", str(tmp_path / "env"),
+                 "--index-url", index_url, "--ckpt", f"{primary.url}/", "--ckpt-mirror",
+                 f"{mirror.url}/", "--", sys.executable, "-c", script, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "bytes True" in r.stdout
+    (copy / "shard0.bin").write_bytes(os.urandom(1000))      # no longer a copy
+    r = bootseer("run", "--deps", str(spec), "--prefix", str(tmp_path / "env"),
+                 "--index-url", index_url, "--ckpt", f"{primary.url}/", "--ckpt-mirror",
+                 f"{mirror.url}/", "--", sys.executable, "-c", script, env=env)
+    assert r.returncode != 0 and mirror.url in r.stderr, r.stderr

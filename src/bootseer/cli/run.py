@@ -54,6 +54,9 @@ def register(sub) -> None:
     g.add_argument("--ckpt", metavar="URL", help="checkpoint directory (any fsspec URL)")
     g.add_argument("--ckpt-target", default="/ckpt", metavar="PATH",
                    help="where CMD sees the checkpoint inside the container (default /ckpt)")
+    g.add_argument("--ckpt-mirror", action="append", default=[], metavar="URL",
+                   help="an exact copy of the checkpoint on another http(s) server "
+                        "(repeatable): slow stripes are hedged to it, failed ones fail over")
     g.add_argument("--no-stripe", action="store_true",
                    help="read the checkpoint as one sequential stream per file")
     g = p.add_argument_group("job")
@@ -104,7 +107,7 @@ def spec_from_args(args):
                    prefix=args.prefix,
                    python=args.python, index_urls=args.index_url,
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
-                   ckpt_target=args.ckpt_target, stripe=not (args.no_stripe or args.baseline),
+                   ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror, stripe=not (args.no_stripe or args.baseline),
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
                    runtime=args.runtime, summary=args.summary)
 

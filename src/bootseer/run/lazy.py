@@ -98,8 +98,10 @@ class SnapshotDeps(Pipeline):
 class StripedCheckpoint(Pipeline):
     kind = "stripe"
 
-    def __init__(self, url: str, config: BootseerConfig, state: Path, target: str):
+    def __init__(self, url: str, config: BootseerConfig, state: Path, target: str, *,
+                 mirrors: tuple[str, ...] = ()):
         self.url, self.config, self.state, self.target = url, config, state, target
+        self.mirrors = mirrors
         self.handle = None
         self.mirror = None
 
@@ -114,7 +116,8 @@ class StripedCheckpoint(Pipeline):
         # the processes that share its staging; every node here stages its own full copy
         # (each node's job loads the checkpoint, and the staged mirror needs every file).
         self.handle = mount_checkpoint(self.url, str(mp), self.config, prefetch=True,
-                                       start_after=str(self.state.parent / PREPARED))
+                                       start_after=str(self.state.parent / PREPARED),
+                                       mirrors=self.mirrors)
         return Prepared(path=str(mp), target=self.target, env_var="BOOTSEER_CKPT_DIR")
 
     def finalize(self, prepared: Prepared) -> Prepared:

@@ -56,6 +56,7 @@ class RunSpec:
     snapshot: bool = True
     ckpt: str | None = None
     ckpt_target: str = "/ckpt"
+    ckpt_mirrors: list[str] = field(default_factory=list)
     stripe: bool = True
     binds: list[C.Bind] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)

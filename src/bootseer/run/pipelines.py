@@ -158,4 +158,5 @@ def ckpt_pipeline(spec, config: BootseerConfig, state: Path) -> Pipeline:
     if not spec.stripe:
         return SingleStreamCheckpoint(spec.ckpt, state, spec.ckpt_target)
     from bootseer.run.lazy import StripedCheckpoint
-    return StripedCheckpoint(spec.ckpt, config, state, spec.ckpt_target)
+    return StripedCheckpoint(spec.ckpt, config, state, spec.ckpt_target,
+                             mirrors=tuple(spec.ckpt_mirrors))
