@@ -242,3 +242,21 @@ def test_gc_removes_least_recently_used_never_one_in_use(index, tmp_path):
                                                    str(tmp_path / "n1/cache")})
     assert out.returncode == 0 and "removed" in out.stdout, out.stdout + out.stderr
     assert not os.path.exists(busy) and not os.path.exists(new)
+
+
+def test_another_interpreter_builds_under_its_own_key_and_says_why(index, tmp_path, caplog):
+    """The same pins for another interpreter (here Debian's python3.11 next to this one):
+    the snapshot cannot serve it; the node builds under its own key and says why."""
+    other = "/usr/bin/python3.11"
+    if not os.path.exists(other) or os.path.realpath(other) == os.path.realpath(PY):
+        pytest.skip("needs a second Python 3.11 interpreter (Debian's /usr/bin/python3.11)")
+    urls, spec = index
+    a = E.ensure(spec, str(tmp_path / "envs/a"), python=PY, index_urls=urls,
+                 config=cfg(tmp_path, "n1"))
+    with caplog.at_level("WARNING", logger="bootseer.deps.ensure"):
+        b = E.ensure(spec, str(tmp_path / "envs/b"), python=other, index_urls=urls,
+                     config=cfg(tmp_path, "n2"))
+    assert b.how == "built" and b.key != a.key
+    assert "a snapshot of these pins exists for cpython" in caplog.text
+    assert "building for this interpreter" in caplog.text
+    assert run_py(str(tmp_path / "envs/b"), "import bsnode_one; print(bsnode_one.X)") == "1"

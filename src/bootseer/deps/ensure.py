@@ -25,10 +25,10 @@ from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
 from bootseer.deps import compat, relocate
 from bootseer.deps.lease import LEASE_TTL_S, Lease
-from bootseer.deps.resolve import DepsError, resolve_key
-from bootseer.deps.snapshot import (MARKER, env_ref, load_manifest, portable_ref, publish,
-                                    publish_manifest, read_marker, restore, rmtree,
-                                    write_marker, check_driver)
+from bootseer.deps.resolve import DepsError, python_of, resolve_key
+from bootseer.deps.snapshot import (MARKER, check_driver, env_ref, load_manifest, pins_ref,
+                                    portable_ref, publish, publish_manifest, read_marker,
+                                    restore, rmtree, write_marker)
 from bootseer.errors import StoreError
 from bootseer.store import open_store
 
@@ -148,10 +148,12 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                     how = _restore_portable(store, r, prefix, config, progress)
                     if how is not None:
                         return done(how, r.key)
+                    _say_why_new_key(store, r)
                     with tracing.phase("deps.build"):
                         from bootseer.deps.build import build
                         build(r.locked, prefix, python, index_urls)
-                    tree = publish(store, prefix, r.key, r.portable)
+                    tree = publish(store, prefix, r.key, r.portable, pins_key=r.pins,
+                                   python=python_of(r.interp))
                     write_marker(prefix, r.key, tree)
                     return done("built", r.key)
                 except BaseException:
@@ -171,6 +173,21 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
             build(r.locked, prefix, python, index_urls)
         write_marker(prefix, r.key, None)
         return done("installed", r.key)
+
+
+def _say_why_new_key(store, r) -> None:
+    """These pins were snapshotted for another interpreter or platform: say so, since
+    that snapshot cannot serve this node (its compiled extensions and bytecode are built
+    for the other ABI), and this node builds under its own key."""
+    try:
+        d = store.get_ref(pins_ref(r.pins))
+        other = load_manifest(store, d).get("python") if d else None
+    except (StoreError, ValueError, KeyError):
+        return
+    ours = python_of(r.interp)
+    if other and other != ours:
+        log.warning("a snapshot of these pins exists for %s, but this node runs %s: "
+                    "building for this interpreter under key %s", other, ours, r.key[:19])
 
 
 def _restore_portable(store, r, prefix: str, config: BootseerConfig, progress) -> str | None:

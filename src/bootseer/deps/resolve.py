@@ -79,6 +79,8 @@ class Resolved:
     interp: dict
     portable: str
     """The key without the prefix: snapshots of these pins at another prefix."""
+    pins: str
+    """The pins alone: snapshots of them for another interpreter or platform."""
 
 
 def environment_key(locked: str, interp: dict, prefix: str | None, *, base_image: str | None = None,
@@ -95,8 +97,19 @@ def environment_key(locked: str, interp: dict, prefix: str | None, *, base_image
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def pins_key(locked: str) -> str:
+    pins = sorted(l.strip() for l in locked.splitlines()
+                  if l.strip() and not l.strip().startswith("#"))
+    return "sha256:" + hashlib.sha256(json.dumps(pins).encode()).hexdigest()
+
+
+def python_of(interp: dict) -> str:
+    return (f"{interp['impl']} {interp['version']} ({interp['soabi']}, {interp['platform']}"
+            f"{', ' + '-'.join(interp['libc']) if interp.get('libc') else ''})")
+
+
 def resolve_key(spec: str, prefix: str, python: str, index_urls=None) -> Resolved:
     locked = resolve(spec, python, index_urls)
     interp = interpreter(python)
     return Resolved(environment_key(locked, interp, prefix), locked, interp,
-                    environment_key(locked, interp, None))
+                    environment_key(locked, interp, None), pins_key(locked))

@@ -34,6 +34,10 @@ def portable_ref(portable_key: str) -> str:
     return f"deps/portable/{portable_key.removeprefix('sha256:')}"
 
 
+def pins_ref(pins_key: str) -> str:
+    return f"deps/pins/{pins_key.removeprefix('sha256:')}"
+
+
 def read_marker(prefix: str) -> dict | None:
     """The completion marker of a restored or built prefix, or of a live lazy mount."""
     try:
@@ -116,9 +120,11 @@ def rmtree(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def publish(store, prefix: str, key: str, portable_key: str | None = None) -> str:
+def publish(store, prefix: str, key: str, portable_key: str | None = None, *,
+            pins_key: str | None = None, python: str | None = None) -> str:
     """Snapshot the built ``prefix`` and publish it under ``key`` (and ``portable_key``,
-    so that the same pins wanted at another prefix are relocated, not rebuilt)."""
+    so that the same pins wanted at another prefix are relocated, not rebuilt; and
+    ``pins_key``, so that a node with another interpreter can say why it builds)."""
     from bootseer.tree.build import TreeBuilder, add_directory
     with tracing.phase("deps.publish"):
         b = TreeBuilder(store)
@@ -126,8 +132,10 @@ def publish(store, prefix: str, key: str, portable_key: str | None = None) -> st
         tree = b.finish(meta={"kind": "bootseer.env", "key": key, "prefix": prefix})
         manifest = {"format": FORMAT, "key": key, "tree": tree, "prefix": prefix,
                     "created": time.time(), "relocations": relocate.scan(prefix, prefix),
-                    "cuda": compat.installed_cuda_runtime(prefix)}
-        publish_manifest(store, manifest, key, portable_key)
+                    "cuda": compat.installed_cuda_runtime(prefix), "python": python}
+        d = publish_manifest(store, manifest, key, portable_key)
+        if pins_key is not None:
+            store.set_ref(pins_ref(pins_key), d)
         return tree
 
 
