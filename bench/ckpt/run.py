@@ -151,7 +151,6 @@ def inner(args) -> int:
     from bootseer.ckpt.dcp import StripedDCPReader
     from bootseer.ckpt.engine import Engine
     from bootseer.config import BootseerConfig
-    from bootseer.ckpt.mount import READ_AHEAD_KB
     from bootseer.mount.fuse import mount
     from bootseer.testing.servers import start_nginx
 
@@ -193,8 +192,7 @@ def inner(args) -> int:
         report = scratch / f"stats-{label.split()[0]}.json"
         staging = scratch / f"staging-{label.split()[0]}"
         build = functools.partial(remote_view, server.url, cfg, mode, str(report), str(staging))
-        with mount(build, str(mp), name=f"ckpt-{label.split()[0]}",
-                   read_ahead_kb=READ_AHEAD_KB) as h:
+        with mount(build, str(mp), name=f"ckpt-{label.split()[0]}") as h:
             load(label, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
         shutil.rmtree(staging, ignore_errors=True)
         s = json.loads(report.read_text())
@@ -243,7 +241,7 @@ def inner(args) -> int:
 
                     build = functools.partial(remote_view, st_server.url, cfg, "striped", None,
                                               str(scratch / f"staging-6{how}"))
-                    with mount(build, str(mp), name="ckpt-st", read_ahead_kb=READ_AHEAD_KB):
+                    with mount(build, str(mp), name="ckpt-st"):
                         dt = 0.0
                         for p in sorted(mp.iterdir()):
                             t = time.monotonic()

@@ -17,7 +17,6 @@ from bootseer.ckpt.view import RemoteDirView
 from bootseer.config import BootseerConfig
 
 staging_dir = node_staging_dir
-READ_AHEAD_KB = 16384
 
 
 def staged_mirror(url: str, config: BootseerConfig, name: str) -> Path | None:
@@ -76,8 +75,4 @@ def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefe
                                 mode=mode, prefetch=prefetch, stats_path=stats_path,
                                 start_after=start_after, rank=rank, world=world,
                                 mirrors=tuple(mirrors))
-    # Checkpoint files are read front to back in large pieces: a deep kernel read-ahead
-    # keeps many 1 MiB FUSE requests in flight (bench/ckpt (3): 1 MiB -> 71 %, 16 MiB ->
-    # 83 % of the link). The image mount keeps 1 MiB: its reads are small and scattered,
-    # and read-around on page faults would fetch chunks nobody reads.
-    return mount(factory, mountpoint, name="bootseer-ckpt", read_ahead_kb=READ_AHEAD_KB)
+    return mount(factory, mountpoint, name="bootseer-ckpt")
