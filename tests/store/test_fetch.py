@@ -67,6 +67,22 @@ def test_demand_preempts_prefetch_and_promotes():
         assert f.counters()["promoted"] == 1
 
 
+def test_a_range_finishing_is_never_fetched_twice():
+    """A submit of a range whose fetch is completing (here: from the done callback, the
+    moment a promoted read-ahead checks it) gets the finished future, not a new read."""
+    src = FakeSource(os.urandom(10_000))
+    seen = []
+    with Fetcher(FetchConfig(max_inflight=2)) as f:
+        first = f.submit(src, 0, 100, priority=Priority.PREFETCH)
+        first.add_done_callback(lambda fut: seen.append(f.submit(src, 0, 100)))
+        assert first.result() == src.data[:100]
+        deadline = time.time() + 5
+        while not seen and time.time() < deadline:
+            time.sleep(0.01)
+        assert seen and seen[0].result() == src.data[:100]
+        assert src.log == [(0, 100)]
+
+
 def test_coalescing_and_parts():
     src = FakeSource(os.urandom(1_000_000))
     gate = threading.Event()

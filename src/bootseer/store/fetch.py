@@ -217,14 +217,19 @@ class Fetcher:
                     self._lock.notify_all()
 
     def _finish(self, group, *, data=None, base=0, error=None) -> None:
-        with self._lock:
-            for t in group:
-                self._by_range.pop((t.source.key, t.start, t.end), None)
+        # Results first, then forget the ranges: a submit of the same range meanwhile gets
+        # this (done) future. The other order left a window where the range was neither
+        # known nor done, and a caller checking ``future.done()`` then submitting (a
+        # read-ahead promoted to demand) fetched it a second time.
         for t in group:
             if error is not None:
                 t.future.set_exception(error)
             else:
                 t.future.set_result(data[t.start - base:t.end - base])
+        with self._lock:
+            for t in group:
+                if self._by_range.get((t.source.key, t.start, t.end)) is t:
+                    del self._by_range[(t.source.key, t.start, t.end)]
 
     def _fetch(self, source, start: int, end: int, deadline: float) -> bytes:
         attempt = 0
