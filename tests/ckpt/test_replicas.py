@@ -118,3 +118,29 @@ def test_mount_with_a_mirror_reads_through_a_dead_primary(need_fuse, nginx_facto
     with pytest.raises(ReplicaMismatch, match="small.bin"):
         mount_checkpoint(mirror.url, str(mp), config, mirrors=(nginx_factory(a).url,))
     assert not os.path.ismount(mp)
+
+
+def test_load_report_is_a_traced_phase(need_fuse, nginx_factory, copies, tmp_path, monkeypatch):
+    """With a trace configured, a load through the mount ends in a ``ckpt.load`` phase
+    carrying the report: first byte, throughput, fetched vs consumed, stalls, hedges."""
+    from bootseer.ckpt.mount import mount_checkpoint
+    from bootseer.trace import load as trace_load
+    a, b = copies
+    fast, slow = nginx_factory(a), nginx_factory(b, limit_rate=SLOW_RATE)
+    for k, v in {"LOCATION": str(tmp_path / "trace"), "JOB_ID": "j", "ATTEMPT": "0",
+                 "NODE": "n0"}.items():
+        monkeypatch.setenv(f"BOOTSEER_TRACE_{k}", v)
+    monkeypatch.setenv("BOOTSEER_CKPT_STRIPE_BYTES", str(256 * KiB))
+    monkeypatch.setenv("BOOTSEER_CKPT_HEDGE_MIN_S", "0.05")
+    config = BootseerConfig.from_env(overrides={"cache": {"dir": str(tmp_path / "c/blobs")}})
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with mount_checkpoint(slow.url, str(mp), config, prefetch=False, mirrors=(fast.url,)):
+        assert (mp / "model.bin").read_bytes() == (a / "model.bin").read_bytes()
+    events = [e for e in trace_load.load(tmp_path / "trace").events
+              if e.get("phase") == "ckpt.load"]
+    assert len(events) == 1, events
+    attrs = events[0]["attrs"]
+    assert attrs["via"] == "mount" and attrs["bytes_consumed"] >= SIZE
+    assert attrs["bytes_fetched"] >= SIZE and attrs["first_byte_s"] is not None
+    assert attrs["hedged_reads"] >= 1 and "stall_s" in attrs

@@ -110,6 +110,9 @@ def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch 
                     from bootseer.ckpt import profile
                     profile.save(engine.staging.dir, self.path, engine.recorder,
                                  store_url=engine.store_url)
+                from bootseer.ckpt.stats import trace_load
+                trace_load(engine.statistics(), engine.counters.started_wall,
+                           url=self.path, via="dcp")
                 return done
             finally:
                 if prefetch is not None:

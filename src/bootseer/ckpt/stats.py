@@ -37,11 +37,20 @@ class LoadStats:
         return dataclasses.asdict(self)
 
 
+def trace_load(stats: LoadStats, started_wall: float, **attrs) -> None:
+    """The load report as a ``ckpt.load`` phase of the trace (a no-op when no trace is
+    configured): from the engine's start to now, with every figure as an attribute."""
+    from bootseer import trace
+    trace.emit("ckpt.load", started_wall, time.time(), **attrs,
+               **{k: v for k, v in stats.as_dict().items() if v is not None})
+
+
 class LoadCounters:
     """Mutable counters behind :class:`LoadStats` (thread-safe)."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self.first_byte_s: float | None = None
         self.bytes_consumed = 0
         self.stalls = 0

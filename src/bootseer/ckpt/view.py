@@ -68,6 +68,12 @@ class RemoteDirView:
                          store_url=self.engine.store_url)
         except OSError as e:
             log.warning("access profile of %s not saved: %s", self.url, e)
+        try:
+            from bootseer.ckpt.stats import trace_load
+            trace_load(self.engine.statistics(), self.engine.counters.started_wall,
+                       url=self.url, mode=self.mode, via="mount")
+        except Exception as e:  # noqa: BLE001 - the report never fails an unmount
+            log.warning("checkpoint load report not traced: %s", e)
         if self.stats_path:
             tmp = f"{self.stats_path}.tmp"
             with open(tmp, "w") as f:
