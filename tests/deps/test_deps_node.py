@@ -260,3 +260,24 @@ def test_another_interpreter_builds_under_its_own_key_and_says_why(index, tmp_pa
     assert "a snapshot of these pins exists for cpython" in caplog.text
     assert "building for this interpreter" in caplog.text
     assert run_py(str(tmp_path / "envs/b"), "import bsnode_one; print(bsnode_one.X)") == "1"
+
+
+def test_restore_steps_are_traced_phases(index, tmp_path, monkeypatch):
+    urls, spec = index
+    prefix = str(tmp_path / "env")
+    for k, v in {"LOCATION": str(tmp_path / "trace"), "JOB_ID": "j", "ATTEMPT": "0",
+                 "NODE": "n0"}.items():
+        monkeypatch.setenv(f"BOOTSEER_TRACE_{k}", v)
+    built = E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n1"))
+    rmtree(prefix)
+    E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n2"), key=built.key)
+    from bootseer.trace import load as trace_load
+    spans = {}
+    for e in trace_load.load(tmp_path / "trace").events:
+        if e.get("kind") == "span":
+            spans.setdefault(e["phase"], []).append(e)
+    for name in ("deps.resolve", "deps.build", "deps.publish", "deps.fetch", "deps.extract"):
+        assert name in spans, sorted(spans)
+    fetch, write = spans["deps.fetch"][-1], spans["deps.extract"][-1]
+    assert fetch["attrs"]["chunks"] > 0 and fetch["attrs"]["requests"] > 0
+    assert write["start"] <= fetch["end"] <= write["end"] + 1e-3   # they overlap

@@ -78,12 +78,20 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
     tmp = f"{prefix}.restoring-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with tracing.phase("deps.fetch") as span, Fetcher(config.fetch) as f:
+        # Fetching and extracting overlap (files are written as their chunks arrive): two
+        # phases, deps.fetch up to the last chunk's arrival, deps.extract until written.
+        t0 = time.time()
+        timing: dict = {}
+        with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
             reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
             total = sum(c[4] for c in reader.all_chunks())
-            n = extract(reader, tmp, readonly=True,
+            n = extract(reader, tmp, readonly=True, timing=timing,
                         progress=(lambda b: progress(b, total)) if progress else None)
             span.set(bytes=n)
+            counters = f.counters()
+        tracing.emit("deps.fetch", t0, timing.get("fetched_at", t0),
+                     chunks=timing.get("chunks", 0), bytes=counters["bytes"],
+                     requests=counters["requests"])
         extra = {}
         if made_at != prefix:
             with tracing.phase("deps.relocate") as span:

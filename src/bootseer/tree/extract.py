@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,8 +28,10 @@ def _first_use(entries: list[dict]):
 
 
 def extract(reader: TreeReader, dest: str | Path, *, progress=None, chown: bool | None = None,
-            readonly: bool = False) -> int:
-    """Write the tree under ``dest`` (which must not exist or be empty). Returns bytes."""
+            readonly: bool = False, timing: dict | None = None) -> int:
+    """Write the tree under ``dest`` (which must not exist or be empty). Returns bytes.
+    ``timing`` gets ``fetched_at`` (wall time the last fetched chunk arrived) and
+    ``chunks`` (how many were fetched)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     chown = (os.geteuid() == 0) if chown is None else chown
@@ -47,6 +50,13 @@ def extract(reader: TreeReader, dest: str | Path, *, progress=None, chown: bool 
             uses[ref[0]] = uses.get(ref[0], 0) + 1
     refs = list(missing.values())
     pending = dict(zip((r[0] for r in refs), reader.submit_chunks(refs, Priority.DEMAND)))
+    if timing is not None:
+        timing["chunks"] = len(pending)
+
+        def arrived(_fut) -> None:
+            timing["fetched_at"] = time.time()
+        for fut in pending.values():
+            fut.add_done_callback(arrived)
     # Decompressing and verifying run on a few threads (zstd and sha256 release the GIL),
     # in the order the writer consumes chunks, at most DECODE_AHEAD chunks ahead.
     order = [r for r in _first_use(entries) if r[0] in pending]
