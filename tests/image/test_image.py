@@ -215,3 +215,39 @@ def test_convert_announces_the_tree_next_to_its_source(busybox_image, registry, 
     assert referrer.registry_ref("docker-archive:/x.tar") is None
     assert referrer.registry_ref("127.0.0.1:5000/a/b@sha256:ab") == ("oci://127.0.0.1:5000/a/b",
                                                                     "sha256:ab")
+
+
+def test_image_mount_cli_records_traces_and_unmounts_on_sigterm(need_fuse, tmp_path):
+    """`bootseer image mount --record` in the foreground: files read through it, SIGTERM
+    unmounts, the start's figures land in the trace (image.window) and the recorded
+    profile is pushed to the store for the next mount's prefetch."""
+    import signal
+    import time
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    oci_layout(layout, [tar_layer([("app", None, "d"), ("app/a.py", b"A = 1\n" * 100, "f"),
+                                   ("app/b.bin", os.urandom(300_000), "f")])])
+    store = str(tmp_path / "store")
+    tree = bootseer("image", "convert", str(layout), "--to", store).stdout.strip().splitlines()[-1]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {**os.environ, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache/blobs"),
+           "BOOTSEER_TRACE_LOCATION": str(tmp_path / "trace"), "BOOTSEER_TRACE_JOB_ID": "j",
+           "BOOTSEER_TRACE_NODE": "n0"}
+    p = subprocess.Popen([sys.executable, "-m", "bootseer", "image", "mount", tree, str(mnt),
+                          "--record", "--store", store], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not os.path.ismount(mnt):
+        assert p.poll() is None and time.time() < deadline, p.stderr.read()
+        time.sleep(0.05)
+    assert (mnt / "app/a.py").read_bytes() == b"A = 1\n" * 100
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert not os.path.ismount(mnt)
+    from bootseer.trace import load as trace_load
+    marks = [e for e in trace_load.load(tmp_path / "trace").events
+             if e.get("phase") == "image.window"]
+    assert marks and marks[0]["attrs"]["tree"] == tree and marks[0]["attrs"]["read_chunks"] >= 1
+    assert prof.latest(open_store(store), tree) is not None

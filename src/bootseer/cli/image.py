@@ -101,7 +101,11 @@ def _publish(config, state, record: bool) -> int:
     from bootseer.image import profile as prof
     figures = os.path.join(state, "figures.json")
     if os.path.exists(figures):
-        print(open(figures).read(), file=sys.stderr)
+        text = open(figures).read()
+        print(text, file=sys.stderr)
+        from bootseer import trace   # the start's figures, when a trace is configured
+        from bootseer.image.session import window_attrs
+        trace.mark("image.window", **window_attrs(json.loads(text)))
     if record:
         digest = prof.publish_recorded(config, os.path.join(state, "profile.json"))
         if digest:

@@ -95,6 +95,12 @@ class ImageSession:
             log.warning("cannot write the recording: %s", e)
 
 
+def window_attrs(figures: dict) -> dict:
+    """A start's figures (``figures.json``) as flat trace attributes (``image.window``)."""
+    flat = {**figures, **{f"prefetch_{k}": v for k, v in (figures.get("prefetch") or {}).items()}}
+    return {k: v for k, v in flat.items() if isinstance(v, (int, float, str)) or v is None}
+
+
 def _session_view(config, tree, state_dir, record, profile, window_timeout_s) -> TreeMountView:
     """Runs in the mount's server process."""
     return ImageSession(config, tree, state_dir, record=record, profile=profile,

@@ -57,9 +57,8 @@ class LazyImage(Pipeline):
             time.sleep(0.05)
         if figures.exists():
             data = json.loads(figures.read_text())
-            flat = {**data, **{f"prefetch_{k}": v for k, v in (data.get("prefetch") or {}).items()}}
-            tracing.mark("image.window", **{k: v for k, v in flat.items()
-                                            if isinstance(v, (int, float, str)) or v is None})
+            from bootseer.image.session import window_attrs
+            tracing.mark("image.window", **window_attrs(data))
             (self.state.parent / "image-figures.json").write_text(json.dumps(data))
         self._publish()
 
