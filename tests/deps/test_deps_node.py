@@ -168,7 +168,7 @@ def test_lazy_mount_outlives_the_command_records_and_prefetches(index, tmp_path)
                          config=cfg(tmp_path, "n2"), mount=True)
         assert again.how == "warm"
         # the window (1 s) closed: the env tree's hot-block profile is in the store
-        from bootseer.image import profile as prof
+        from bootseer.tree import profile as prof
         from bootseer.store import open_store
         store = open_store(str(tmp_path / "store"))
         deadline = time.time() + 20

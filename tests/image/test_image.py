@@ -15,7 +15,8 @@ import pytest
 
 from bootseer.config import BootseerConfig
 from bootseer.errors import BlobNotFound
-from bootseer.image import convert, profile as prof
+from bootseer.image import convert
+from bootseer.tree import profile as prof
 from bootseer.store import open_store
 from tests.conftest import need, is_root
 

@@ -98,13 +98,13 @@ def _mount(args) -> int:
 
 def _publish(config, state, record: bool) -> int:
     import os
-    from bootseer.image import profile as prof
+    from bootseer.tree import profile as prof
     figures = os.path.join(state, "figures.json")
     if os.path.exists(figures):
         text = open(figures).read()
         print(text, file=sys.stderr)
         from bootseer import trace   # the start's figures, when a trace is configured
-        from bootseer.image.session import window_attrs
+        from bootseer.tree.session import window_attrs
         trace.mark("image.window", **window_attrs(json.loads(text)))
     if record:
         digest = prof.publish_recorded(config, os.path.join(state, "profile.json"))
@@ -114,8 +114,9 @@ def _publish(config, state, record: bool) -> int:
 
 
 def _prefetch(args) -> int:
-    from bootseer.image import convert, profile as prof
-    from bootseer.image.prefetch import Prefetcher
+    from bootseer.image import convert
+    from bootseer.tree import profile as prof
+    from bootseer.tree.prefetch import Prefetcher
     from bootseer.store import open_store
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
@@ -138,7 +139,7 @@ def _prefetch(args) -> int:
 
 def _merge(args) -> int:
     from bootseer.config import parse_size
-    from bootseer.image import profile as prof
+    from bootseer.tree import profile as prof
     merged = prof.merge([json.load(open(f)) for f in args.files], min_support=args.min_support,
                         byte_budget=parse_size(args.budget) if args.budget else None)
     out = json.dumps(merged)
@@ -150,14 +151,15 @@ def _merge(args) -> int:
 
 
 def _push(args) -> int:
-    from bootseer.image import profile as prof
+    from bootseer.tree import profile as prof
     from bootseer.store import open_store
     print(prof.push(open_store(args.store, _config(args.store)), json.load(open(args.file))))
     return 0
 
 
 def _show(args) -> int:
-    from bootseer.image import convert, profile as prof
+    from bootseer.image import convert
+    from bootseer.tree import profile as prof
     from bootseer.store import open_store
     store = open_store(args.store, _config(args.store))
     tree = convert.resolve(args.ref, store)

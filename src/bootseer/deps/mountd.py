@@ -24,12 +24,12 @@ def main(argv: list[str]) -> int:
     stop: list[int] = []
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, lambda n, f: stop.append(n))
-    from bootseer.image.profile import publish_recorded
-    from bootseer.image.session import mount_image
+    from bootseer.tree.profile import publish_recorded
+    from bootseer.tree.session import mount_tree
     rec = os.path.join(state, "rec")
     try:
-        handle, tree, profile = mount_image(config, tree, prefix, rec, record=True,
-                                            prefetch=True, window_timeout_s=float(window_s))
+        handle, profile = mount_tree(config, tree, prefix, rec, record=True, prefetch=True,
+                                     window_timeout_s=float(window_s), name="bootseer-env")
     except Exception as e:  # noqa: BLE001 - reported to the ensure that started us
         print(f"error: {type(e).__name__}: {e}", flush=True)
         return 1

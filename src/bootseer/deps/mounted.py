@@ -2,9 +2,10 @@
 the prefix by a FUSE server that outlives the command, so a job starts importing before
 the environment is local; what it reads is fetched on demand, verified, and cached.
 
-The server (``python -m bootseer.deps.mountd``) runs in its own session. It is the image
-mount's machinery (``ImageSession``): the start's reads are recorded, the tree's hot-block
-profile is published when the window closes, and the next node's mount prefetches it.
+The server (``python -m bootseer.deps.mountd``) runs in its own session. It is the lazy
+image's machinery (``bootseer.tree.session``): the start's reads are recorded, the tree's
+hot-block profile is published when the window closes, and the next node's mount
+prefetches it.
 Its state sits next to the prefix: ``<prefix>.mount.json`` (key, tree, server pid) names
 a live mount; ``<prefix>.mount-state/`` holds the recording and the server's log.
 """

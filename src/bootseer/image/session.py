@@ -1,130 +1,21 @@
-"""One lazily mounted image, as served by the FUSE child: reader, recorder, prefetcher,
-and at the end of the recording window the profile and the start's figures (coverage,
-precision, stall time, bytes and requests to the store) written to ``state_dir``."""
+"""A converted image mounted lazily: its reference resolved to a tree, then the tree
+session (``bootseer.tree.session``: demand reads, recording, hot-block prefetch)."""
 
 from __future__ import annotations
 
-import functools
-import json
-import logging
-import os
-import threading
-import time
-from pathlib import Path
-
 from bootseer.config import BootseerConfig
-from bootseer.store import open_store
-from bootseer.store.cache import NodeCache
-from bootseer.store.fetch import Fetcher
-from bootseer.tree.reader import TreeReader
-from bootseer.tree.record import AccessRecorder
-from bootseer.tree.view import TreeMountView
-
-log = logging.getLogger(__name__)
-TRIGGER = "close-window"
-PREFETCHED = "prefetched"   # created in state_dir when the hot blocks are local
-
-
-class ImageSession:
-    def __init__(self, config: BootseerConfig, tree: str, state_dir: str, *, record: bool = True,
-                 profile: dict | None = None, window_timeout_s: float = 600.0,
-                 trigger_file: str | None = None):
-        self.state = Path(state_dir)
-        self.state.mkdir(parents=True, exist_ok=True)
-        self.store = open_store(config.store.url, config)
-        self.fetcher = Fetcher(config.fetch)
-        self.cache = NodeCache(config.cache)
-        self.reader = TreeReader(self.store, tree, self.fetcher, self.cache)
-        self.recorder = AccessRecorder(tree, timeout_s=window_timeout_s,
-                                       trigger_file=trigger_file or str(self.state / TRIGGER))
-        self.reader.on_chunk = self.recorder
-        self.record = record
-        self.prefetcher = None
-        done = str(self.state / PREFETCHED)
-        if profile is not None:
-            from bootseer.image.prefetch import Prefetcher
-            self.prefetcher = Prefetcher(self.reader, profile, done_file=done).start()
-        else:
-            open(done, "a").close()   # nothing to prefetch
-        self._done = threading.Event()
-        threading.Thread(target=self._watch_window, daemon=True, name="bootseer-window").start()
-
-    def view(self) -> TreeMountView:
-        return TreeMountView(self.reader, on_close=self.finish)
-
-    def _watch_window(self) -> None:
-        while not self._done.is_set():
-            if os.path.exists(self.recorder.trigger_file) or self.recorder.closed or (
-                    self.recorder.timeout_s is not None
-                    and time.monotonic() - self.recorder.t0 > self.recorder.timeout_s):
-                self.finish()
-                return
-            self._done.wait(0.05)
-
-    def figures(self) -> dict:
-        rec = self.recorder
-        read = set(rec.chunks)
-        pre = self.prefetcher
-        prefetched = pre.prefetched if pre else set()
-        sizes = {c[0]: c[4] for c in self.reader.all_chunks()}
-        pre_bytes = sum(sizes.get(d, 0) for d in prefetched)
-        used = sum(sizes.get(d, 0) for d in prefetched & read)
-        fc = self.fetcher.counters()
-        return {"tree": self.reader.digest, "window_s": round(getattr(rec, "window_s", 0.0), 3),
-                "closed_by": rec.closed_by, "read_chunks": len(read),
-                "read_bytes": rec.first_bytes, "coverage": rec.coverage,
-                "precision": (used / pre_bytes) if pre_bytes else None,
-                "stall_s": round(self.reader.counters["stall_s"], 3),
-                "store_bytes": fc["bytes"], "store_requests": fc["requests"],
-                "prefetch": pre.stats if pre else None}
-
-    def finish(self) -> None:
-        """Close the window once: write profile.json and figures.json (atomically)."""
-        if self._done.is_set():
-            return
-        self._done.set()
-        self.recorder.close("trigger file" if os.path.exists(self.recorder.trigger_file)
-                            else "unmount")
-        try:
-            if self.record:
-                self.recorder.save(str(self.state / "profile.json"))
-            tmp = self.state / "figures.json.tmp"
-            tmp.write_text(json.dumps(self.figures(), default=str))
-            tmp.rename(self.state / "figures.json")
-        except OSError as e:
-            log.warning("cannot write the recording: %s", e)
-
-
-def window_attrs(figures: dict) -> dict:
-    """A start's figures (``figures.json``) as flat trace attributes (``image.window``)."""
-    flat = {**figures, **{f"prefetch_{k}": v for k, v in (figures.get("prefetch") or {}).items()}}
-    return {k: v for k, v in flat.items() if isinstance(v, (int, float, str)) or v is None}
-
-
-def _session_view(config, tree, state_dir, record, profile, window_timeout_s) -> TreeMountView:
-    """Runs in the mount's server process."""
-    return ImageSession(config, tree, state_dir, record=record, profile=profile,
-                        window_timeout_s=window_timeout_s).view()
 
 
 def mount_image(config: BootseerConfig, ref: str, mountpoint: str, state_dir: str, *,
                 record: bool = True, prefetch: bool = True, profile_digest: str | None = None,
                 window_timeout_s: float = 600.0):
-    """Resolve ``ref`` and its profile (errors surface here, before mounting), then serve
-    the tree at ``mountpoint``. Returns (MountHandle, tree digest, profile or None)."""
-    from bootseer.image import convert, profile as prof
-    from bootseer.mount.fuse import mount
-    from bootseer.tree.reader import load_toc
-    store = open_store(config.store.url, config)
-    tree = convert.resolve(ref, store)
-    with Fetcher(config.fetch) as f:
-        load_toc(store, tree, f)  # unknown tree / unparsable TOC: fail before mounting
-    profile = None
-    if prefetch:
-        profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
-        if profile is not None:
-            prof.check(profile, tree)
-    factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
-                                window_timeout_s)
-    handle = mount(factory, mountpoint, name=f"bootseer-image-{tree[7:19]}")
+    """Resolve ``ref`` (errors surface here, before mounting) and serve its tree at
+    ``mountpoint``. Returns (MountHandle, tree digest, profile or None)."""
+    from bootseer.image import convert
+    from bootseer.store import open_store
+    from bootseer.tree.session import mount_tree
+    tree = convert.resolve(ref, open_store(config.store.url, config))
+    handle, profile = mount_tree(config, tree, mountpoint, state_dir, record=record,
+                                 prefetch=prefetch, profile_digest=profile_digest,
+                                 window_timeout_s=window_timeout_s, name="bootseer-image")
     return handle, tree, profile

@@ -44,7 +44,7 @@ class LazyImage(Pipeline):
         return PullImage(self.ref, self.state)
 
     def settled(self) -> bool:
-        from bootseer.image.session import PREFETCHED
+        from bootseer.tree.session import PREFETCHED
         return (self.rec_dir / PREFETCHED).exists()
 
     def on_ready(self) -> None:
@@ -57,13 +57,13 @@ class LazyImage(Pipeline):
             time.sleep(0.05)
         if figures.exists():
             data = json.loads(figures.read_text())
-            from bootseer.image.session import window_attrs
+            from bootseer.tree.session import window_attrs
             tracing.mark("image.window", **window_attrs(data))
             (self.state.parent / "image-figures.json").write_text(json.dumps(data))
         self._publish()
 
     def _publish(self) -> None:
-        from bootseer.image import profile as prof
+        from bootseer.tree import profile as prof
         self.published = prof.publish_recorded(self.config, str(self.rec_dir / "profile.json"))
 
     def close(self) -> None:
