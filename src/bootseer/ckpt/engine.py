@@ -199,30 +199,46 @@ class StripedFile:
 
     # -- reads --------------------------------------------------------------------------------
     def read(self, offset: int, size: int) -> bytes:
-        buf = bytearray(max(0, min(size, self.size - offset)))
-        n = self.readinto(offset, memoryview(buf))
-        return bytes(buf[:n]) if n < len(buf) else bytes(buf)
+        """Bytes at ``offset`` (fewer at the end of the file). The FUSE path: one copy,
+        from the staged file's page cache into the returned bytes."""
+        end = min(self.size, offset + size)
+        if offset >= end:
+            return b""
+        cursor, direct = self._prepare(offset, end)
+        if direct is not None:
+            return direct
+        data = self.staged.pread(offset, end - offset)
+        self._advance(cursor, end, grow=True, n=len(data))
+        return data
 
     def readinto(self, offset: int, buf: memoryview) -> int:
         """Bytes at ``offset`` into ``buf``; returns how many (0 at the end of the file)."""
         end = min(self.size, offset + len(buf))
         if offset >= end:
             return 0
+        cursor, direct = self._prepare(offset, end)
+        if direct is not None:
+            buf[:len(direct)] = direct
+            return len(direct)
+        n = self.staged.readinto(offset, buf[:end - offset])
+        self._advance(cursor, end, grow=True, n=n)
+        return n
+
+    def _prepare(self, offset: int, end: int) -> tuple[_Cursor, bytes | None]:
+        """Get ``[offset, end)`` staged (sequential reads: stripes, read-ahead), or return
+        it fetched as the exact range (random reads of stripes nobody holds)."""
         cursor, sequential = self._cursor_for(offset)
         first, last = offset // self.S, (end - 1) // self.S
         if not sequential and not self._held(first, last):
             data = self.engine.fetcher.read(self.source, offset, end)
-            buf[:len(data)] = data
             self._advance(cursor, end, grow=False, n=len(data))
-            return len(data)
+            return cursor, data
         for idx in range(first, last + 1):  # all in flight first: a large read is parallel
             self.issue(idx, demand=True)
         self._readahead(cursor, end)
         for idx in range(first, last + 1):
             self.wait_staged(idx)
-        n = self.staged.readinto(offset, buf[:end - offset])
-        self._advance(cursor, end, grow=True, n=n)
-        return n
+        return cursor, None
 
     def _held(self, first: int, last: int) -> bool:
         with self._lock:

@@ -122,6 +122,21 @@ class StagedFile:
         if finished:
             self.marker.touch()
 
+    def pread(self, offset: int, n: int) -> bytes:
+        """Staged bytes ``[offset, offset + n)`` as one new bytes object (one copy)."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            parts = []
+            while n > 0:
+                b = os.pread(fd, n, offset)
+                if not b:
+                    break
+                parts.append(b)
+                offset, n = offset + len(b), n - len(b)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        finally:
+            os.close(fd)
+
     def readinto(self, offset: int, buf: memoryview) -> int:
         """Staged bytes at ``offset`` into ``buf`` (one copy, from the page cache)."""
         fd = os.open(self.path, os.O_RDONLY)
