@@ -18,11 +18,12 @@ from bootseer.config import BootseerConfig, CkptConfig, FetchConfig
 pytestmark = pytest.mark.timeout(60)
 KiB = 1024
 SIZE = 4 * 1024 * KiB
+STRIPE = 256 * KiB
 SLOW_RATE = "32k"  # bytes/s per connection: one 256 KiB stripe takes about 6 s
 
 
 def make_engine(**kw) -> Engine:
-    return Engine(CkptConfig(**{"stripe_bytes": 256 * KiB, "memory_budget_bytes": 4096 * KiB,
+    return Engine(CkptConfig(**{"stripe_bytes": STRIPE, "memory_budget_bytes": 4096 * KiB,
                                 "max_stripes_in_flight": 8, "hedge_min_s": 0.05, **kw}),
                   FetchConfig(retries=1, backoff_s=0.05, timeout_s=10, deadline_s=30))
 
@@ -53,6 +54,29 @@ def test_slow_replica_is_hedged_and_the_load_stays_fast(nginx_factory, copies):
     # half the stripes go to the slow server first: unhedged, each would take about 6 s
     assert took < 3.0, f"{took:.1f}s: slow stripes were not hedged"
     assert s.hedged_reads >= 1
+
+
+def test_a_hedged_reads_loser_hangs_up(nginx_factory, copies):
+    """The slow replica's copy of a hedged stripe is abandoned once the fast one answered:
+    nginx logs it as a partial 206 within a second or two, not a whole stripe ~8 s later."""
+    a, b = copies
+    fast, slow = nginx_factory(a), nginx_factory(b, limit_rate=SLOW_RATE, access_log=True)
+    with make_engine() as e:
+        remote = RemoteDir(slow.url, mirrors=[fast.url])
+        remote.check_root()
+        assert e.file(remote.source("model.bin")).read(0, SIZE) == (a / "model.bin").read_bytes()
+        assert e.statistics().hedged_reads >= 1
+    log = slow.workdir / "access.log"
+    partial = []
+    for _ in range(40):  # a whole stripe would take ~8 s at the slow rate
+        time.sleep(0.1)
+        # combined format: ... "GET /model.bin HTTP/1.1" 206 <body bytes sent> ...
+        partial = [int(line.split('"')[2].split()[1]) for line in log.read_text().splitlines()
+                   if "/model.bin" in line and '" 206 ' in line]
+        partial = [n for n in partial if n < STRIPE]
+        if partial:
+            break
+    assert partial, "the slow replica's request was not abandoned"
 
 
 def test_python_api_with_mirrors_hedges(nginx_factory, copies):

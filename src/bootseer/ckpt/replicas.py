@@ -4,9 +4,10 @@ A checkpoint may be served by several servers (``--mirror URL``: the same relati
 under each mirror is the same file, checked by size and mtime, which nginx's ETag is made
 of). Each stripe goes to the replicas in turn (round robin spreads the load). A stripe
 still in flight after ``ckpt.hedge_multiple`` times the median of recent stripes (and at
-least ``ckpt.hedge_min_s``) is issued again to the next replica: the first answer wins, the
-loser's bytes are discarded (the tail of a slow server no longer gates the load, as in
-"The Tail at Scale"). A replica that fails (refused, reset, 5xx) hands the stripe to the
+least ``ckpt.hedge_min_s``) is issued again to the next replica: the first answer wins and
+the losers hang up at their next piece of body (their connections are dropped, not
+drained), so the tail of a slow server no longer gates the load and no longer uses the
+link (as in "The Tail at Scale"). A replica that fails (refused, reset, 5xx) hands the stripe to the
 next one at once (failover); only when every replica failed does the fetcher's retry see
 the error. A file that changed on a replica is never papered over: FileChanged is raised.
 """
@@ -101,34 +102,39 @@ class Hedger:
         """``[start, end)`` from the first replica of ``order`` that answers."""
         attempts = {}          # future -> start time
         errors: list[BaseException] = []
+        cancel = threading.Event()  # set once the read is decided: the losers hang up
         nxt = 0
 
         def launch() -> None:
             nonlocal nxt
-            attempts[self._pool.submit(order[nxt].read_range, start, end)] = time.monotonic()
+            fut = self._pool.submit(order[nxt].read_range, start, end, cancel)
+            attempts[fut] = time.monotonic()
             nxt += 1
 
         launch()
-        while attempts:
-            done, _ = wait(attempts, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            for fut in done:
-                began = attempts.pop(fut)
-                error = fut.exception()
-                if error is None:
-                    self.record(time.monotonic() - began)
-                    return fut.result()  # the others finish in the pool, discarded
-                if isinstance(error, StoreError) and not isinstance(error, FetchError):
-                    raise error  # the file changed, is gone, or access is denied
-                errors.append(error)
-                if nxt < len(order):
-                    log.info("replica failed, trying the next: %s", error)
-                    self.counters.add(failovers=1)
-                    launch()
-            if attempts and nxt < len(order):
-                limit = self.threshold_s()
-                if limit is not None and time.monotonic() - max(attempts.values()) > limit:
-                    self.counters.add(hedged_reads=1)
-                    launch()
+        try:
+            while attempts:
+                done, _ = wait(attempts, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    began = attempts.pop(fut)
+                    error = fut.exception()
+                    if error is None:
+                        self.record(time.monotonic() - began)
+                        return fut.result()  # ``finally`` hangs up the others
+                    if isinstance(error, StoreError) and not isinstance(error, FetchError):
+                        raise error  # the file changed, is gone, or access is denied
+                    errors.append(error)
+                    if nxt < len(order):
+                        log.info("replica failed, trying the next: %s", error)
+                        self.counters.add(failovers=1)
+                        launch()
+                if attempts and nxt < len(order):
+                    limit = self.threshold_s()
+                    if limit is not None and time.monotonic() - max(attempts.values()) > limit:
+                        self.counters.add(hedged_reads=1)
+                        launch()
+        finally:
+            cancel.set()
         raise FetchError(f"every replica failed for bytes {start}-{end}: "
                          + "; ".join(str(e) for e in errors), url=order[0].url, offset=start)
 

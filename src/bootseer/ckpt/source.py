@@ -18,6 +18,12 @@ import urllib.parse
 
 from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
 
+CANCEL_CHECK_BYTES = 1 << 20  # the most one piece of a cancellable read waits for
+
+
+class ReadCancelled(StoreError):
+    """A read given up by its caller (a hedged read whose twin answered first)."""
+
 
 class FileChanged(StoreError):
     """The remote file no longer is the version the read started on."""
@@ -55,27 +61,33 @@ class HttpFileSource:
         return cls(url, int(h.get("content-length", 0)), http_date(h.get("last-modified")),
                    h.get("etag"), timeout)
 
-    def read_range(self, start: int, end: int) -> bytes:
-        from bootseer.store.http import request
+    def read_range(self, start: int, end: int, cancel: threading.Event | None = None
+                   ) -> bytes:
+        """Bytes ``[start, end)``. With ``cancel``, the body is read in pieces and the
+        connection dropped as soon as the event is set (a hedged read's loser stops using
+        the link): ReadCancelled."""
+        from bootseer.store.http import send
         if end <= start:
             return b""
-        status, h, body = request("GET", self.url, timeout=self.timeout,
-                                  headers={"Range": f"bytes={start}-{end - 1}"})
-        if status == 404:
-            raise FileChanged(f"{self.url} disappeared (404) after it was listed; "
-                              "was the checkpoint deleted or moved?", url=self.url,
-                              offset=start)
-        if status == 416:
-            raise FileChanged(f"{self.url} is shorter than its listed size {self.size} "
-                              f"(range {start}-{end} refused): truncated or replaced",
-                              url=self.url, offset=start)
-        if status >= 500:
-            raise FetchError(f"GET {self.url} bytes {start}-{end} returned HTTP {status}",
-                             url=self.url, offset=start)
-        if status not in (200, 206):
-            raise StoreError(f"GET {self.url} bytes {start}-{end} returned HTTP {status}",
-                             url=self.url, offset=start)
-        self._check(h, start)
+        with send("GET", self.url, timeout=self.timeout,
+                  headers={"Range": f"bytes={start}-{end - 1}"}) as r:
+            status, h = r.status, r.headers
+            if status == 404:
+                raise FileChanged(f"{self.url} disappeared (404) after it was listed; "
+                                  "was the checkpoint deleted or moved?", url=self.url,
+                                  offset=start)
+            if status == 416:
+                raise FileChanged(f"{self.url} is shorter than its listed size {self.size} "
+                                  f"(range {start}-{end} refused): truncated or replaced",
+                                  url=self.url, offset=start)
+            if status >= 500:
+                raise FetchError(f"GET {self.url} bytes {start}-{end} returned HTTP {status}",
+                                 url=self.url, offset=start)
+            if status not in (200, 206):
+                raise StoreError(f"GET {self.url} bytes {start}-{end} returned HTTP {status}",
+                                 url=self.url, offset=start)
+            self._check(h, start)
+            body = r.read() if cancel is None else self._read_unless(r, cancel, start)
         if status == 200:
             body = body[start:end]
         if len(body) != end - start:
@@ -83,6 +95,18 @@ class HttpFileSource:
                               f"{end - start}; the file is truncated (listed size "
                               f"{self.size})", url=self.url, offset=start)
         return body
+
+    def _read_unless(self, r, cancel: threading.Event, start: int) -> bytes:
+        parts = []
+        while True:
+            if cancel.is_set():
+                r.abort()
+                raise ReadCancelled(f"{self.url} bytes from {start}: cancelled (another "
+                                    "replica answered first)", url=self.url, offset=start)
+            piece = r.read_some(CANCEL_CHECK_BYTES)
+            if not piece:
+                return b"".join(parts)
+            parts.append(piece)
 
     def _check(self, h: dict, start: int) -> None:
         total = h.get("content-range", "").rpartition("/")[2]
@@ -131,7 +155,10 @@ class FsspecFileSource:
             raise BlobNotFound(f"{url} not found", url=url) from e
         return cls(fs, path, int(info["size"]), cls.stamp(info), url)
 
-    def read_range(self, start: int, end: int) -> bytes:
+    def read_range(self, start: int, end: int, cancel: threading.Event | None = None
+                   ) -> bytes:
+        """Bytes ``[start, end)`` (``cancel`` is not checked: fsspec's cat_file cannot be
+        interrupted, so a hedged loser runs to its end)."""
         if end <= start:
             return b""
         try:
@@ -167,4 +194,4 @@ def open_source(url: str):
     return FsspecFileSource.stat(url)
 
 
-__all__ = ["FileChanged", "HttpFileSource", "FsspecFileSource", "open_source", "RangeError"]
+__all__ = ["FileChanged", "ReadCancelled", "HttpFileSource", "FsspecFileSource", "open_source", "RangeError"]

@@ -144,6 +144,16 @@ class Response:
             raise FetchError(f"reading the body of {safe_url(self.url)} failed: "
                              f"{type(e).__name__}: {e}", url=safe_url(self.url)) from e
 
+    def read_some(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the body, whatever one read from the socket gives (b"" at
+        its end): for readers that check something between pieces."""
+        try:
+            return self.raw.read1(n)
+        except (http.client.HTTPException, OSError) as e:
+            self._fail()
+            raise FetchError(f"reading the body of {safe_url(self.url)} failed: "
+                             f"{type(e).__name__}: {e}", url=safe_url(self.url)) from e
+
     def readinto(self, buf: memoryview) -> int:
         """Fill ``buf`` completely from the body; FetchError if the body ends early."""
         got = 0
@@ -171,6 +181,10 @@ class Response:
                 raise FetchError(f"{safe_url(self.url)}: the body ended early",
                                  url=safe_url(self.url))
             n -= len(chunk)
+
+    def abort(self) -> None:
+        """Drop the connection with the body unread (the reader gave up on it)."""
+        self._fail()
 
     def _fail(self) -> None:
         if self._conn is not None:
