@@ -136,7 +136,7 @@ def test_against_nginx_with_verification(tmp_path, nginx_factory):
     # a corrupted blob on the server is detected
     path = tmp_path / "s/blobs/sha256" / d[7:9] / d[7:]
     os.chmod(path, 0o644)
-    path.write_bytes(b"y" + data[1:])
+    path.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # a real change, whatever data[0] is
     with Fetcher(FetchConfig()) as f:
         with pytest.raises(DigestMismatch, match=server.url.split("//")[1]):
             fetch_blob(f, remote, d)

@@ -84,7 +84,7 @@ def test_corrupted_file_served_is_detected_by_verify(served, tmp_path):
     local, server = served
     path = local.path(DIGEST)
     os.chmod(path, 0o644)
-    path.write_bytes(b"X" + DATA[1:])
+    path.write_bytes(bytes([DATA[0] ^ 0xFF]) + DATA[1:])  # a real change, whatever DATA[0] is
     r = open_store(server.url)
     data = r.read(DIGEST)
     with pytest.raises(DigestMismatch, match="corrupt") as e:
