@@ -276,3 +276,17 @@ def test_restore_steps_are_traced_phases(index, tmp_path, monkeypatch):
     fetch, write = spans["deps.fetch"][-1], spans["deps.extract"][-1]
     assert fetch["attrs"]["chunks"] > 0 and fetch["attrs"]["requests"] > 0
     assert write["start"] <= fetch["end"] <= write["end"] + 1e-3   # they overlap
+
+
+def test_a_server_this_process_started_is_seen_gone_once_it_exits():
+    """``deps umount`` / a key change wait for the lazy mount's server to exit; when this
+    process started it (ensure --mount in-process), the exited server is a zombie until
+    reaped, which kill(pid, 0) reports alive: the wait ran into its 20 s timeout."""
+    from bootseer.deps.mounted import _alive
+    p = subprocess.Popen(["true"])
+    deadline = time.time() + 10
+    while not os.path.exists(f"/proc/{p.pid}/stat") or \
+            open(f"/proc/{p.pid}/stat").read().split()[2] != "Z":
+        assert time.time() < deadline
+        time.sleep(0.01)
+    assert not _alive(p.pid)

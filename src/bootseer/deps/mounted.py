@@ -34,6 +34,11 @@ def state_dir(prefix: str) -> str:
 
 
 def _alive(pid: int) -> bool:
+    try:  # a server this process started stays a zombie, "alive" to kill(0), until reaped
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return False
+    except ChildProcessError:
+        pass  # not our child: its parent (or init) reaps it
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
