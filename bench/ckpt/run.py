@@ -276,6 +276,11 @@ def inner(args) -> int:
         mem = (f"{r['stripe_mem_peak_MB']} / {r['budget_MB']}" if "budget_MB" in r else "-")
         print(f"| {r['variant']} | {r['seconds']} | {r['GB/s']} | {r['link_%']} | {x} | {mem} "
               f"| {r.get('fetched_over_consumed', '-')} |")
+    out = HERE.parents[1] / "results" / "ckpt.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
+                                        if k not in ("inner", "scratch")}, "rows": rows},
+                              indent=1))
     return 0
 
 

@@ -23,6 +23,11 @@ class BootseerError(Exception):
     """Root of every error bootseer raises on purpose."""
 
 
+class UsageError(BootseerError, ValueError):
+    """Arguments that cannot work together (a mirror of a non-http checkpoint, a rank
+    outside its world): said as an error line by the CLI, a ValueError to API callers."""
+
+
 class ConfigError(BootseerError, ValueError):
     def __init__(self, field: str, message: str):
         self.field = field

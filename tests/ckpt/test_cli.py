@@ -47,3 +47,21 @@ def test_cli_mount_of_missing_directory_is_a_clear_error(nginx, tmp_path):
     assert r.returncode != 0
     assert "nope" in (r.stderr + r.stdout)
     assert not os.path.ismount(tmp_path)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["mount", "{local}", "{mnt}", "--mirror", "{url}/"], "mirrors are supported for http(s)"),
+    (["mount", "{url}/", "{mnt}", "--mirror", "{local}"], "is not an http(s) URL"),
+    (["prefetch", "{url}/", "--rank", "3", "--world", "2"], "--rank 3 is not in"),
+])
+def test_cli_arguments_that_cannot_work_are_one_error_line(nginx, www, tmp_path, argv, says):
+    (www / "model.bin").write_bytes(b"x" * 1000)
+    local = tmp_path / "local"
+    local.mkdir()
+    fill = {"local": str(local), "mnt": str(tmp_path), "url": nginx.url}
+    r = subprocess.run([sys.executable, "-m", "bootseer", "ckpt",
+                        *(a.format(**fill) for a in argv)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache/blobs")})
+    assert r.returncode != 0 and says in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not os.path.ismount(tmp_path)

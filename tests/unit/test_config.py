@@ -37,3 +37,17 @@ def test_parse_size():
     assert parse_size("1.5G") == 1_500_000_000
     with pytest.raises(ConfigError):
         parse_size("x")
+
+
+def test_every_setting_is_documented():
+    """docs/configuration.md lists every variable (the docstring of config.py says so)."""
+    import dataclasses
+    import typing
+    from pathlib import Path
+    doc = (Path(__file__).parents[2] / "docs/configuration.md").read_text()
+    hints = typing.get_type_hints(BootseerConfig)
+    missing = [f"BOOTSEER_{f.name.upper()}_{sf.name.upper()}"
+               for f in dataclasses.fields(BootseerConfig)
+               for sf in dataclasses.fields(hints[f.name])
+               if f"`BOOTSEER_{f.name.upper()}_{sf.name.upper()}`" not in doc]
+    assert not missing, f"not in docs/configuration.md: {missing}"

@@ -14,6 +14,7 @@ import threading
 from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.replicas import Replicas, check_same
 from bootseer.ckpt.source import HttpFileSource, open_source
+from bootseer.errors import UsageError
 
 _engine: Engine | None = None
 _engine_pid = 0
@@ -121,7 +122,7 @@ def open(url: str, mode: str = "rb", *, engine: Engine | None = None,  # noqa: A
 def replicas_of(source, mirrors) -> Replicas:
     """``source`` and the same file at each mirror URL (checked: size and mtime)."""
     if not isinstance(source, HttpFileSource):
-        raise ValueError(f"mirrors are supported for http(s) files, not {source.url}")
+        raise UsageError(f"mirrors are supported for http(s) files, not {source.url}")
     copies = [source]
     for url in mirrors:
         m = HttpFileSource.stat(url)

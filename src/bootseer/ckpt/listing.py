@@ -20,7 +20,7 @@ import urllib.parse
 
 from bootseer.ckpt.replicas import Replicas, ReplicaMismatch, check_same
 from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
-from bootseer.errors import BlobNotFound, FetchError, StoreError
+from bootseer.errors import BlobNotFound, FetchError, StoreError, UsageError
 from bootseer.mount.view import Attr
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,10 @@ class RemoteDir:
         self.url = normalize_url(url)
         self.http = self.url.startswith(("http://", "https://"))
         if mirrors and not self.http:
-            raise ValueError(f"mirrors are supported for http(s) checkpoints, not {self.url}")
+            raise UsageError(f"mirrors are supported for http(s) checkpoints, not {self.url}")
         for m in mirrors:
             if not m.startswith(("http://", "https://")):
-                raise ValueError(f"mirror {m!r} is not an http(s) URL")
+                raise UsageError(f"mirror {m!r} is not an http(s) URL")
         self.mirrors = [RemoteDir(m) for m in mirrors]
         if not self.http:
             import fsspec

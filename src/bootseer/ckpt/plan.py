@@ -19,7 +19,7 @@ import pickle
 import struct
 from dataclasses import dataclass
 
-from bootseer.errors import StoreError
+from bootseer.errors import StoreError, UsageError
 
 
 class PlanError(StoreError):
@@ -103,7 +103,7 @@ def merge(plan: list[Range], gap: int = 0) -> list[Range]:
 def split(plan: list[Range], rank: int, world: int) -> list[Range]:
     """Rank ``rank``'s contiguous 1/``world`` share of the plan's bytes (ranges cut as needed)."""
     if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is not in [0, world={world})")
+        raise UsageError(f"rank {rank} is not in [0, world={world})")
     total = sum(r.length for r in plan)
     lo, hi = total * rank // world, total * (rank + 1) // world
     out, pos = [], 0

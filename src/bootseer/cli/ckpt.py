@@ -57,6 +57,9 @@ def _prefetch(args) -> int:
     from bootseer.config import BootseerConfig
     if (args.rank is None) != (args.world is None):
         raise SystemExit("bootseer ckpt prefetch: give --rank and --world together")
+    if args.world is not None and not 0 <= args.rank < args.world:
+        raise SystemExit(f"bootseer ckpt prefetch: --rank {args.rank} is not in "
+                         f"[0, --world {args.world})")
     config = BootseerConfig.from_env()
     with Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config)),
                 store_url=config.store.url) as engine:
