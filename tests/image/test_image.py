@@ -236,13 +236,14 @@ def test_image_mount_cli_records_traces_and_unmounts_on_sigterm(need_fuse, tmp_p
            "BOOTSEER_TRACE_LOCATION": str(tmp_path / "trace"), "BOOTSEER_TRACE_JOB_ID": "j",
            "BOOTSEER_TRACE_NODE": "n0"}
     p = subprocess.Popen([sys.executable, "-m", "bootseer", "image", "mount", tree, str(mnt),
-                          "--record", "--store", store], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                          "--record", "--window", "3", "--store", store], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
     while not os.path.ismount(mnt):
         assert p.poll() is None and time.time() < deadline, p.stderr.read()
         time.sleep(0.05)
     assert (mnt / "app/a.py").read_bytes() == b"A = 1\n" * 100
+    time.sleep(3.5)   # past --window 3 with no read after it: the window closed by timeout
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
@@ -251,4 +252,8 @@ def test_image_mount_cli_records_traces_and_unmounts_on_sigterm(need_fuse, tmp_p
     marks = [e for e in trace_load.load(tmp_path / "trace").events
              if e.get("phase") == "image.window"]
     assert marks and marks[0]["attrs"]["tree"] == tree and marks[0]["attrs"]["read_chunks"] >= 1
+    assert marks[0]["attrs"]["closed_by"] == "timeout"
     assert prof.latest(open_store(store), tree) is not None
+    trigger = out.split("`touch ")[1].split("`")[0]          # told how to close the window,
+    assert trigger.endswith("close-window") and not os.path.exists(os.path.dirname(trigger))
+    #                                                          and its state dir is removed

@@ -74,26 +74,35 @@ def _convert(args) -> int:
 
 
 def _mount(args) -> int:
+    import os
+    import shutil
     import signal
     import tempfile
     import time
     from bootseer.image.session import mount_image
+    from bootseer.tree.session import TRIGGER
     config = _config(args.store)
     state = tempfile.mkdtemp(prefix="bsimg-")
     stop = []   # handlers first: a SIGTERM once the mount is visible must still unmount
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda n, f: stop.append(n))
-    handle, tree, profile = mount_image(
-        config, args.ref, args.mountpoint, state, record=args.record,
-        prefetch=args.prefetch is not None,
-        profile_digest=None if args.prefetch in (None, "latest") else args.prefetch,
-        window_timeout_s=args.window)
-    print(f"mounted {tree} at {args.mountpoint}"
-          + (f", prefetching {len(profile['chunks'])} hot chunks" if profile else ""), flush=True)
-    while not stop and handle.proc.is_alive():
-        time.sleep(0.2)
-    handle.unmount()
-    return _publish(config, state, args.record)
+    try:
+        handle, tree, profile = mount_image(
+            config, args.ref, args.mountpoint, state, record=args.record,
+            prefetch=args.prefetch is not None,
+            profile_digest=None if args.prefetch in (None, "latest") else args.prefetch,
+            window_timeout_s=args.window)
+        print(f"mounted {tree} at {args.mountpoint}"
+              + (f", prefetching {len(profile['chunks'])} hot chunks" if profile else ""),
+              flush=True)
+        print(f"startup window: closes after {args.window:g} s, at unmount, or on "
+              f"`touch {os.path.join(state, TRIGGER)}` (the job is ready)", flush=True)
+        while not stop and handle.proc.is_alive():
+            time.sleep(0.2)
+        handle.unmount()
+        return _publish(config, state, args.record)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _publish(config, state, record: bool) -> int:

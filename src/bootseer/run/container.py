@@ -10,6 +10,7 @@ Podman's state lives under a short private path: it refuses a ``--runroot`` long
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from bootseer.errors import BootseerError
 
+log = logging.getLogger(__name__)
 EXIT_NOT_FOUND = 127
 _PODMAN_FLAGS = ["--runtime", "runc", "--network", "none", "--ulimit", "nofile=4096:4096",
                  "--ulimit", "nproc=4096:4096"]
@@ -61,12 +63,16 @@ def _default_env() -> dict[str, str]:
             "HOME": "/root", "LANG": "C.UTF-8"}
 
 
+def _podman(state_dir: str) -> list[str]:
+    """podman with this run's private storage: every container in it is ours."""
+    return ["podman", "--root", f"{state_dir}/r", "--runroot", f"{state_dir}/rr",
+            "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+
+
 def podman_command(c: Container, state_dir: str) -> list[str]:
     """The podman argv. ``--rootfs`` takes no value: the path is the first positional,
     so every option must come before it."""
-    cmd = ["podman", "--root", f"{state_dir}/r", "--runroot", f"{state_dir}/rr",
-           "--cgroup-manager", "cgroupfs", "--events-backend", "file",
-           "run", "--rm", "--init", *_PODMAN_FLAGS, "--workdir", c.workdir]
+    cmd = [*_podman(state_dir), "run", "--rm", "--init", *_PODMAN_FLAGS, "--workdir", c.workdir]
     for b in c.binds:
         cmd += ["-v", f"{b.source}:{b.target}:{'ro' if b.readonly else 'rw'}"]
     for k, v in {**_default_env(), **c.env}.items():
@@ -106,6 +112,8 @@ class Running:
 
     def __init__(self, proc: subprocess.Popen, state_dir: str, runtime: str):
         self.proc, self.state_dir, self.runtime = proc, state_dir, runtime
+        self.signalled: int | None = None   # the last signal forwarded
+        self.orphaned = False               # podman left a container behind (removed)
 
     @property
     def pid(self) -> int:
@@ -114,6 +122,7 @@ class Running:
     def send_signal(self, sig: int) -> None:
         if self.proc.poll() is not None:
             return
+        self.signalled = sig
         if self.runtime == "chroot":
             # unshare ignores SIGTERM/SIGINT while it waits: signal the namespace's init.
             for child in _children(self.proc.pid):
@@ -130,6 +139,8 @@ class Running:
         finally:
             if self.proc.poll() is not None:
                 self._cleanup()
+        if self.orphaned and self.signalled:   # podman said 0, but the job was killed
+            return 128 + self.signalled
         return 128 - rc if rc < 0 else rc
 
     def kill(self) -> None:
@@ -144,6 +155,16 @@ class Running:
         self._cleanup()
 
     def _cleanup(self) -> None:
+        if self.runtime == "podman" and self.signalled and os.path.isdir(self.state_dir):
+            # podman signalled while it was still creating the container exits (status 0)
+            # and leaves the container running under conmon: remove every container of this
+            # private root (they are all ours), killing what runs in them.
+            try:
+                rm = subprocess.run([*_podman(self.state_dir), "rm", "--force", "--all",
+                                     "--time", "0"], capture_output=True, timeout=60)
+                self.orphaned = bool(rm.stdout.strip())
+            except subprocess.TimeoutExpired:
+                log.warning("podman rm of the stopped job's container timed out")
         if self.runtime == "podman":
             # --rm removed the container; the private storage dirs may hold overlay mounts.
             subprocess.run(["umount", "-R", "-l", f"{self.state_dir}/r"], capture_output=True)

@@ -54,10 +54,13 @@ class TreeSession:
         return TreeMountView(self.reader, on_close=self.finish)
 
     def _watch_window(self) -> None:
+        rec = self.recorder
         while not self._done.is_set():
-            if os.path.exists(self.recorder.trigger_file) or self.recorder.closed or (
-                    self.recorder.timeout_s is not None
-                    and time.monotonic() - self.recorder.t0 > self.recorder.timeout_s):
+            if os.path.exists(rec.trigger_file):
+                rec.close("trigger file")
+            elif rec.timeout_s is not None and time.monotonic() - rec.t0 > rec.timeout_s:
+                rec.close("timeout")   # also when no read came after it
+            if rec.closed:
                 self.finish()
                 return
             self._done.wait(0.05)
@@ -84,8 +87,7 @@ class TreeSession:
         if self._done.is_set():
             return
         self._done.set()
-        self.recorder.close("trigger file" if os.path.exists(self.recorder.trigger_file)
-                            else "unmount")
+        self.recorder.close("unmount")   # a no-op when the window already closed
         try:
             if self.record:
                 self.recorder.save(str(self.state / "profile.json"))
