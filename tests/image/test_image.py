@@ -257,3 +257,19 @@ def test_image_mount_cli_records_traces_and_unmounts_on_sigterm(need_fuse, tmp_p
     trigger = out.split("`touch ")[1].split("`")[0]          # told how to close the window,
     assert trigger.endswith("close-window") and not os.path.exists(os.path.dirname(trigger))
     #                                                          and its state dir is removed
+
+
+def test_profile_push_refuses_what_is_not_a_profile_of_a_stored_tree(tmp_path):
+    store = str(tmp_path / "store")
+    os.makedirs(store)
+    cases = {"garbage.json": "{not json", "other.json": json.dumps({"v": 1}),
+             "notree.json": json.dumps({"kind": "bootseer.profile", "chunks": []}),
+             "missing.json": json.dumps({"kind": "bootseer.profile", "tree": "sha256:" + "a" * 64,
+                                         "runs": 1, "chunks": []})}
+    says = {"garbage.json": "cannot read the profile", "other.json": "not a bootseer hot-block",
+            "notree.json": "names no tree", "missing.json": "is not in"}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        r = bootseer("image", "profile", "push", str(tmp_path / name), "--store", store)
+        assert r.returncode == 1 and says[name] in r.stderr, (name, r.stderr)
+        assert "Traceback" not in r.stderr

@@ -162,7 +162,12 @@ def _merge(args) -> int:
 def _push(args) -> int:
     from bootseer.tree import profile as prof
     from bootseer.store import open_store
-    print(prof.push(open_store(args.store, _config(args.store)), json.load(open(args.file))))
+    try:
+        with open(args.file) as f:
+            profile = json.load(f)
+    except (OSError, ValueError) as e:
+        raise prof.ProfileError(f"cannot read the profile {args.file}: {e}") from e
+    print(prof.push(open_store(args.store, _config(args.store)), profile))
     return 0
 
 

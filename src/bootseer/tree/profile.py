@@ -67,7 +67,17 @@ def check(profile: dict, tree: str) -> None:
 
 
 def push(store, profile: dict) -> str:
-    """Store the profile as its own blob and point the tree's profile ref at it."""
+    """Store the profile as its own blob and point the tree's profile ref at it. Refused
+    unless it is a profile, with chunk rows, of a tree this store holds."""
+    if not isinstance(profile, dict) or profile.get("kind") != "bootseer.profile":
+        raise ProfileError("not a bootseer hot-block profile (record one with `image mount "
+                           "--record` or make one with `image profile merge`)")
+    tree = profile.get("tree")
+    if not isinstance(tree, str) or not isinstance(profile.get("chunks"), list):
+        raise ProfileError("the profile names no tree or has no chunk list")
+    if not store.exists(tree):
+        raise ProfileError(f"tree {tree} of this profile is not in {store.url}: convert the "
+                           "image into this store first")
     blob = json.dumps(profile, separators=(",", ":")).encode()
     digest = sha256_digest(blob)
     store.write(digest, blob)
