@@ -213,6 +213,10 @@ def test_rank_missing_ready_makes_node_not_ready(tmp_path):
     assert v.nodes[0].ready == pytest.approx(3.0) and v.nodes[0].last_rank == 1
     # ckpt.load covers [0, 1] on both ranks; the rest of the 3 s before ready is untraced
     assert v.nodes[0].phases[analysis.UNTRACED] == pytest.approx(2.0)
+    with open(d / "h-1.jsonl", "a") as fh:   # a helper of rank 1 (a mount's server, its
+        fh.write(json.dumps(ev(4, 1, "span", "ckpt.load", 0)) + "\n")  # env's RANK=1)
+    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
+    assert v.nodes[0].ready == pytest.approx(3.0) and not v.nodes[0].missing_ranks
     with open(d / "h-1.jsonl", "a") as fh:   # rank 2 was killed before ready
         fh.write(json.dumps(ev(3, 2, "span", "ckpt.load", 0)) + "\n")
     (v,) = analysis.attempts(load.load(tmp_path / "job").events)

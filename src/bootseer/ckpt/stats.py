@@ -13,6 +13,8 @@ import time
 class LoadStats:
     first_byte_s: float | None
     """Seconds from the engine's start to the first byte handed to a reader."""
+    last_byte_s: float | None
+    """Seconds from the engine's start to the last byte handed to a reader so far."""
     elapsed_s: float
     bytes_consumed: int
     """Bytes handed to readers."""
@@ -39,9 +41,14 @@ class LoadStats:
 
 def trace_load(stats: LoadStats, started_wall: float, **attrs) -> None:
     """The load report as a ``ckpt.load`` phase of the trace (a no-op when no trace is
-    configured): from the engine's start to now, with every figure as an attribute."""
+    configured, or when no reader read anything): from the first byte handed to a reader
+    to the last (a mount lives much longer than the load through it), every figure an
+    attribute."""
+    if stats.first_byte_s is None:
+        return
     from bootseer import trace
-    trace.emit("ckpt.load", started_wall, time.time(), **attrs,
+    trace.emit("ckpt.load", started_wall + stats.first_byte_s,
+               started_wall + (stats.last_byte_s or stats.first_byte_s), **attrs,
                **{k: v for k, v in stats.as_dict().items() if v is not None})
 
 
@@ -52,6 +59,7 @@ class LoadCounters:
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.first_byte_s: float | None = None
+        self.last_byte_s: float | None = None
         self.bytes_consumed = 0
         self.stalls = 0
         self.stall_s = 0.0
@@ -67,16 +75,19 @@ class LoadCounters:
 
     def consumed(self, source, start: int, end: int) -> None:
         """``[start, end)`` of ``source`` was handed to a reader."""
+        now = time.monotonic() - self.started
         with self._lock:
             if self.first_byte_s is None:
-                self.first_byte_s = time.monotonic() - self.started
+                self.first_byte_s = now
+            self.last_byte_s = now
             self.bytes_consumed += end - start
 
     def snapshot(self, fetch: dict, budget) -> LoadStats:
         with self._lock:
             elapsed = max(time.monotonic() - self.started, 1e-9)
             return LoadStats(
-                first_byte_s=self.first_byte_s, elapsed_s=elapsed,
+                first_byte_s=self.first_byte_s, last_byte_s=self.last_byte_s,
+                elapsed_s=elapsed,
                 bytes_consumed=self.bytes_consumed, bytes_fetched=fetch["bytes"],
                 consumed_bytes_per_s=self.bytes_consumed / elapsed,
                 fetched_bytes_per_s=fetch["bytes"] / elapsed,

@@ -91,16 +91,22 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
     for n, evs in sorted(by_node.items()):
         off = offsets[n]
         # a node is ready when every training rank on it is (the last rank's ready mark);
-        # a rank that wrote events but no ready mark was killed or failed first
-        readies = {e.get("pid"): e["start"] + off - t0 for e in evs
-                   if e.get("kind") == "mark" and e["phase"] == "ready"}
-        ranked = {e.get("pid"): e.get("rank") for e in evs if e.get("rank") is not None}
-        missing = [r for p, r in ranked.items() if p not in readies]
+        # a rank that wrote events but no ready mark was killed or failed first. Keyed by
+        # rank, not process: helpers started for a rank (a mount's server reporting its
+        # load) carry the rank's RANK and never mark ready themselves.
+        readies: dict = {}
+        for e in evs:
+            if e.get("kind") == "mark" and e["phase"] == "ready":
+                who = e["rank"] if e.get("rank") is not None else ("pid", e.get("pid"))
+                readies[who] = max(readies.get(who, float("-inf")), e["start"] + off - t0)
+        ranks = {e["rank"] for e in evs if e.get("rank") is not None}
+        missing = [r for r in ranks if r not in readies]
         ready = max(readies.values()) if readies and not missing else None
         last = max(readies, key=readies.get) if readies else None
         view = NodeView(node=n, gpus=max(int(e.get("gpus") or 0) for e in evs),
                         start=min(e["start"] for e in evs) + off - t0, ready=ready,
-                        last_rank=ranked.get(last), missing_ranks=sorted(missing))
+                        last_rank=last if last in ranks else None,
+                        missing_ranks=sorted(missing, key=str))
         per_pid: dict[str, dict] = {}
         for e in evs:
             if e.get("kind") == "mark":
@@ -112,7 +118,12 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
             if e.get("status") == "failed":
                 view.failed.append(e["phase"])
             if not e.get("parent"):
-                per_pid.setdefault(e["phase"], {}).setdefault(e.get("pid"), []).append(en - s)
+                # the breakdown explains the time to ready: what a phase spends after the
+                # node is ready (the job itself, a mount reporting at unmount) is not startup
+                took = (min(en, ready) - s) if ready is not None else en - s
+                if ready is None or s < ready:
+                    per_pid.setdefault(e["phase"], {}).setdefault(e.get("pid"), []).append(
+                        max(0.0, took))
         # several processes on one node (ranks) run a phase side by side: the node's time
         # in a phase is its slowest process's (sum over that process's spans)
         view.phases = {p: max(sum(v) for v in by_pid.values()) for p, by_pid in per_pid.items()}
