@@ -120,6 +120,10 @@ def test_dcp_reader_load_records_a_profile(nginx_factory, tmp_path):
     with Engine(cfg, staging=str(staging)) as e:
         prefetch, kind = start_plan(e, RemoteDir(server.url))
         assert kind == "dcp" and prefetch.join(30)  # no profile: the metadata plan
+        # the planner read .metadata through the engine: not a reader's load (no report,
+        # no profile entry; a load through a mount would otherwise start at planning)
+        s = e.statistics()
+        assert s.bytes_consumed == 0 and s.first_byte_s is None
 
 
 def test_profile_pushed_to_the_store_serves_a_fresh_node(need_fuse, nginx_factory, tmp_path):

@@ -22,6 +22,7 @@ request in flight, no read-ahead, no staging.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -59,6 +60,7 @@ class Engine:
         self.staging = StagingArea(staging) if staging else StagingArea.temporary()
         self.counters = LoadCounters()
         self.recorder = AccessRecorder()
+        self._internal = threading.local()   # this thread reads for bootseer, not a reader
         self.hedger = Hedger(self.config.hedge_multiple, self.config.hedge_min_s,
                              2 * self.config.max_stripes_in_flight, self.counters)
         self._files: dict[str, StripedFile] = {}
@@ -83,8 +85,20 @@ class Engine:
             source = source.sources[0]  # the baseline reads one server
         return self.file(source) if mode == "striped" else SingleStreamReader(self, source)
 
+    @contextlib.contextmanager
+    def internal_reads(self):
+        """Reads of this thread inside the block (the planner's metadata reads) are not a
+        reader's: they count in neither the load report nor the access profile."""
+        self._internal.on = True
+        try:
+            yield
+        finally:
+            self._internal.on = False
+
     def consumed(self, source, start: int, end: int) -> None:
         """``[start, end)`` of ``source`` was handed to a reader: report and profile."""
+        if getattr(self._internal, "on", False):
+            return
         self.counters.consumed(source, start, end)
         self.recorder.add(source.url, source.key, start, end)
 

@@ -115,8 +115,9 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
         ranges, kind = [plans.Range(p, a, b) for p, a, b in recorded], "profile"
     else:
         log.info("checkpoint %s: %s, planning from its metadata", remote.url, why)
-        ranges, kind = plans.metadata_plan(remote.url, sizes,
-                                           opener=lambda url: ckpt_open(url, engine=engine))
+        with engine.internal_reads():   # the plan's reads are not the load's
+            ranges, kind = plans.metadata_plan(remote.url, sizes,
+                                               opener=lambda url: ckpt_open(url, engine=engine))
     if world is not None:
         ranges = plans.split(ranges, rank or 0, world)
     else:
