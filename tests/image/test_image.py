@@ -49,8 +49,10 @@ def oci_layout(root, layers: list[bytes]):
         h = hashlib.sha256(data).hexdigest()
         (blobs / h).write_bytes(data)
         return {"digest": f"sha256:{h}", "size": len(data)}
+    diff_ids = [f"sha256:{hashlib.sha256(l).hexdigest()}" for l in layers]  # uncompressed
     config = put(json.dumps({"architecture": "amd64", "os": "linux",
-                             "config": {"Env": ["PATH=/bin"]}}).encode())
+                             "config": {"Env": ["PATH=/bin"]},
+                             "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode())
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **put(l)}
@@ -79,6 +81,23 @@ def test_flatten_whiteouts_opaque_links(tmp_path):
     assert r.entries["/bin/sh"]["target"] == "tool" and r.entries["/bin/hard"]["type"] == "h"
     assert r.toc["meta"]["env"] == ["PATH=/bin"]
     assert convert.resolve(str(layout), store) == digest
+
+
+@pytest.mark.parametrize("kind", ["oci-archive", "docker-archive"])
+def test_image_tars_of_either_kind_convert(tmp_path, kind):
+    """``podman save`` writes docker-archive by default and oci-archive on request: a tar
+    path is converted whichever it is (skopeo makes the tar from a layout here)."""
+    layout = oci_layout(tmp_path / "img", [tar_layer([("etc", None, "d"),
+                                                      ("etc/a", b"A" * 5000, "f")])])
+    archive = tmp_path / "image.tar"
+    subprocess.run(["skopeo", "copy", f"oci:{layout}", f"{kind}:{archive}"],
+                   check=True, capture_output=True)
+    assert convert._archive_kind(archive) == kind
+    store = open_store(str(tmp_path / "store"))
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.reader import TreeReader
+    r = TreeReader(store, convert.convert(str(archive), store), Fetcher())
+    assert r.read("/etc/a", 5000, 0) == b"A" * 5000
 
 
 def test_path_traversal_refused(tmp_path):

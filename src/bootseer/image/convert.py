@@ -1,7 +1,8 @@
 """``bootseer image convert``: OCI image -> one flattened tree in the store.
 
 Sources: a registry reference (``host:port/repo:tag``, via skopeo), an OCI layout
-directory, or a docker-archive tar (``podman save``). Layers are applied in order with
+directory, or an image tar (``podman save``: docker-archive or oci-archive, told apart by
+its content). Layers are applied in order with
 their whiteouts (``.wh.NAME`` removes, ``.wh..wh..opq`` hides what lower layers put in a
 directory); hard links, symlinks, modes, owners and xattrs (PAX ``SCHILY.xattr.*``) are
 kept; device nodes are recorded (the mount is nodev); a member whose path escapes the
@@ -123,6 +124,22 @@ def apply_layer(builder: TreeBuilder, layer: Path, progress=None) -> None:
         raise ConvertError(f"layer {layer} is not a readable tar: {e}") from e
 
 
+def _archive_kind(path: Path) -> str:
+    """``oci-archive`` for a tar holding an OCI layout (``podman save --format
+    oci-archive``, ``buildah push oci-archive:``), else ``docker-archive``."""
+    import tarfile
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.name.lstrip("./") == "oci-layout":
+                    return "oci-archive"
+                if member.name.lstrip("./") == "manifest.json":
+                    return "docker-archive"
+    except (tarfile.TarError, OSError):
+        pass  # skopeo says what is wrong with it
+    return "docker-archive"
+
+
 def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
             progress=None) -> str:
     """Convert ``src`` and publish it; return the tree digest."""
@@ -133,7 +150,7 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
             layout = path
         else:
             tmp = tempfile.mkdtemp(prefix="bsconv-", dir=os.environ.get("TMPDIR", "/var/tmp"))
-            spec = f"docker-archive:{src}" if path.is_file() else src
+            spec = f"{_archive_kind(path)}:{src}" if path.is_file() else src
             _skopeo_to_layout(spec, tmp)
             layout = Path(tmp)
         manifest_digest, layers, config = _layout_layers(layout)
