@@ -158,3 +158,23 @@ def test_profile_pushed_to_the_store_serves_a_fresh_node(need_fuse, nginx_factor
     p.write_bytes(p.read_bytes().replace(b'"a.bin"', b'"x.bin"', 1))
     out, said = cli_prefetch(server.url, node("n3"))
     assert out["plan"] == "files" and out["failed"] == 0   # verified, refused, not used
+
+
+def test_a_stale_local_profile_gives_way_to_the_stores_newer_one(tmp_path):
+    """This node recorded the previous checkpoint version; another node loaded the new one
+    and pushed its profile: the store's is used, not the metadata plan."""
+    from types import SimpleNamespace
+    url, store = "http://ckpt.example/run", str(tmp_path / "store")
+    os.makedirs(store)
+
+    def recorded(staging, key, push):
+        rec = profile.AccessRecorder()
+        rec.add(f"{url}/a.bin", key, 0, 4096)
+        profile.save(staging, url, rec, store_url=store if push else None)
+    recorded(tmp_path / "n1", "a|1|old", push=False)       # this node, old version
+    recorded(tmp_path / "n2", "a|2|new", push=True)        # another node, new version
+    now = {"a.bin": SimpleNamespace(key="a|2|new")}
+    ranges, why = profile.load(tmp_path / "n1", url, now, store_url=store)
+    assert ranges == [("a.bin", 0, 4096)] and why == "recorded access profile"
+    ranges, why = profile.load(tmp_path / "n1", url, now)   # no store: the local one is stale
+    assert ranges == [] and "another version of a.bin" in why

@@ -127,28 +127,37 @@ def load(staging_dir: str | os.PathLike, root_url: str, sources: dict, *,
          store_url: str | None = None) -> tuple[list, str]:
     """The recorded ranges ``[(rel, start, end)]`` of ``root_url`` if its files are still
     the recorded versions (``sources``: relative path -> source), with a reason otherwise.
-    This node's own recording first, else the one pushed to the store by another node."""
+    This node's own recording first; when it is missing or of other file versions, the one
+    pushed to the store by another node (which may have loaded the new checkpoint)."""
     path = profile_path(staging_dir, root_url)
     try:
-        doc = json.loads(path.read_text())
+        ranges, why = _matching(json.loads(path.read_text()), path, sources)
     except FileNotFoundError:
-        try:
-            blob = _pull(store_url, root_url) if store_url else None
-        except Exception as e:  # noqa: BLE001 - no profile is a plan too (the metadata's)
-            return [], f"no access profile on this node, and the store's is unreadable: {e}"
-        if blob is None:
-            return [], "no access profile recorded"
-        path = f"{store_url} ref {store_ref(root_url)}"
-        try:
-            doc = json.loads(blob)
-        except ValueError as e:
-            return [], f"access profile {path} is unreadable: {e}"
+        ranges, why = None, "no access profile recorded"
     except (OSError, ValueError) as e:
-        return [], f"access profile {path} is unreadable: {e}"
-    if doc.get("kind") != "bootseer.ckpt.profile" or doc.get("v") != 1:
-        return [], f"{path} is not a version 1 checkpoint access profile"
+        ranges, why = None, f"access profile {path} is unreadable: {e}"
+    if ranges is not None or not store_url:
+        return ranges or [], why
+    where = f"{store_url} ref {store_ref(root_url)}"
+    try:
+        blob = _pull(store_url, root_url)
+    except Exception as e:  # noqa: BLE001 - no profile is a plan too (the metadata's)
+        return [], f"{why}; the store's is unreadable: {e}"
+    if blob is None:
+        return [], why
+    try:
+        theirs, their_why = _matching(json.loads(blob), where, sources)
+    except ValueError as e:
+        return [], f"{why}; access profile {where} is unreadable: {e}"
+    return (theirs, their_why) if theirs is not None else ([], f"{why}; {their_why}")
+
+
+def _matching(doc, where, sources: dict) -> tuple[list | None, str]:
+    """The ranges of a profile document if it records exactly these file versions."""
+    if not isinstance(doc, dict) or doc.get("kind") != "bootseer.ckpt.profile" or doc.get("v") != 1:
+        return None, f"{where} is not a version 1 checkpoint access profile"
     for rel, key in doc["files"].items():
         src = sources.get(rel)
         if src is None or src.key != key:
-            return [], f"access profile recorded for another version of {rel}"
+            return None, f"access profile {where} recorded for another version of {rel}"
     return [(rel, start, end) for rel, start, end in doc["ranges"]], "recorded access profile"
