@@ -58,6 +58,7 @@ class Engine:
             self.fetcher.close()
             raise
         self.staging = StagingArea(staging) if staging else StagingArea.temporary()
+        self.staging.register()   # `ckpt gc` spares what this engine takes up
         self.counters = LoadCounters()
         self.recorder = AccessRecorder()
         self._internal = threading.local()   # this thread reads for bootseer, not a reader

@@ -32,9 +32,13 @@ def staged_mirror(url: str, config: BootseerConfig, name: str) -> Path | None:
     mirror = area.dir / name
     shutil.rmtree(mirror, ignore_errors=True)
     mirror.mkdir(parents=True)
-    for src, rel in links:
-        (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.link(src, mirror / rel)   # same filesystem as the staging copies by construction
+    try:
+        for src, rel in links:
+            (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, mirror / rel)   # same filesystem as the staging copies by construction
+    except FileNotFoundError:   # `ckpt gc` removed a copy meanwhile: read through the view
+        shutil.rmtree(mirror, ignore_errors=True)
+        return None
     return mirror
 
 

@@ -6,20 +6,30 @@ Layout of a staging directory (one per node: ``<cache.dir>/../ckpt``)::
       <name>             sparse file, the remote file's size; stripes written in place
       <name>.complete    every stripe is in <name> (written once, by whoever finishes)
       profiles-v1/       recorded access profiles (see ckpt/profile.py)
+      .engines/<pid>-<start>   one per live engine using this directory (mtime: since when)
+      .gc.lock           held shared while an engine takes up a file, exclusive by ``gc``
 
 ``<name>`` is derived from the remote file's identity (URL + size + mtime/ETag), so a new
 version of a file never reads an old version's bytes. Which stripes of an incomplete file
 are present is known only to the process that wrote them; another process trusts only the
 ``.complete`` marker (a killed writer may have left holes).
+
+Nothing else removes staged files, so ``bootseer ckpt gc`` keeps the directory under a
+size: least recently used first (an engine touches a file when it takes it up), never a
+file that a live engine may be using (touched since the oldest live engine registered) or
+that a job holds as a hard link.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from bootseer.errors import CacheError
@@ -37,13 +47,39 @@ class StagingArea:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._owned = owned
+        self._entry: Path | None = None
+        self._gc_fd: int | None = None
+        self._gc_lock = threading.Lock()   # POSIX locks are per process: one taker at a time
+
+    def register(self) -> None:
+        """Say that a live engine of this process uses the directory (``gc`` then spares
+        every file touched since); ``close`` takes it back, a dead process's is ignored."""
+        if self._owned or self._entry is not None:
+            return
+        engines = self.dir / ".engines"
+        engines.mkdir(exist_ok=True)
+        self._entry = engines / f"{os.getpid()}-{_start_ticks(os.getpid())}"
+        self._entry.touch()
+        self._gc_fd = os.open(self.dir / ".gc.lock", os.O_RDWR | os.O_CREAT, 0o644)
 
     @classmethod
     def temporary(cls) -> "StagingArea":
         return cls(tempfile.mkdtemp(prefix="bootseer-ckpt-"), owned=True)
 
     def file(self, key: str, size: int, stripe_bytes: int) -> "StagedFile":
-        return StagedFile(self, key, size, stripe_bytes)
+        if self._gc_fd is None:
+            return StagedFile(self, key, size, stripe_bytes)
+        with self._gc_lock:   # gc never removes a file between our look and our touch
+            fcntl.lockf(self._gc_fd, fcntl.LOCK_SH)
+            try:
+                f = StagedFile(self, key, size, stripe_bytes)
+                try:
+                    os.utime(f.path)   # recently used, and in use by a live engine
+                except FileNotFoundError:
+                    pass
+                return f
+            finally:
+                fcntl.lockf(self._gc_fd, fcntl.LOCK_UN)
 
     def is_complete(self, key: str) -> bool:
         return (self.dir / f"{staged_name(key)}.complete").exists()
@@ -54,6 +90,12 @@ class StagingArea:
     def close(self) -> None:
         if self._owned:
             shutil.rmtree(self.dir, ignore_errors=True)
+        if self._gc_fd is not None:
+            os.close(self._gc_fd)
+            self._gc_fd = None
+        if self._entry is not None:
+            self._entry.unlink(missing_ok=True)
+            self._entry = None
 
 
 class StagedFile:
@@ -155,3 +197,76 @@ class StagedFile:
 def node_staging_dir(config) -> Path:
     """The node's staging directory: next to the block cache (``<cache.dir>/../ckpt``)."""
     return Path(config.cache.dir).parent / "ckpt"
+
+
+def _start_ticks(pid: int) -> str:
+    """A process's start time (clock ticks since boot): with the pid, names one process
+    even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "0"
+
+
+def _live_since(directory: Path) -> float | None:
+    """When the oldest live engine registered (None: no live engine); removes the entries
+    of dead processes."""
+    oldest = None
+    try:
+        entries = list((directory / ".engines").iterdir())
+    except FileNotFoundError:
+        return None
+    for e in entries:
+        pid, _, ticks = e.name.partition("-")
+        if pid.isdigit() and _start_ticks(int(pid)) == ticks:
+            try:
+                since = e.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            oldest = since if oldest is None else min(oldest, since)
+        else:
+            e.unlink(missing_ok=True)
+    return oldest
+
+
+STAGED = re.compile(r"[0-9a-f]{32}")
+
+
+def gc(directory: str | os.PathLike, max_bytes: int, *, dry_run: bool = False
+       ) -> list[tuple[str, int, float, str]]:
+    """Remove least recently used staged files until the rest use at most ``max_bytes``
+    of disk. Returns ``(name, bytes on disk, last use, action)`` for every staged file."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    fd = os.open(directory / ".gc.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)   # no engine takes up a file meanwhile
+        live = _live_since(directory)
+        files = []
+        for p in directory.iterdir():
+            if STAGED.fullmatch(p.name) and p.is_file():
+                st = p.stat()
+                files.append((st.st_mtime, p, st.st_blocks * 512, st.st_nlink))
+        files.sort()
+        total = sum(f[2] for f in files)
+        report = []
+        for mtime, p, used, links in files:
+            if total <= max_bytes:
+                action = "kept"
+            elif live is not None and mtime >= live:
+                action = "in use (a live engine may read it)"
+            elif links > 1:
+                action = "in use (a job holds it as a hard link)"
+            else:
+                action = "would remove" if dry_run else "removed"
+                if not dry_run:   # the marker first: nobody trusts a file half gone
+                    p.with_name(p.name + ".complete").unlink(missing_ok=True)
+                    p.unlink(missing_ok=True)
+                total -= used
+            report.append((p.name, used, mtime, action))
+        return report
+    finally:
+        os.close(fd)
+

@@ -16,7 +16,7 @@ MIRROR_HELP = ("base URL of an exact copy of the checkpoint on another http(s) s
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ckpt", help="striped checkpoint reads: mount, prefetch")
+    p = sub.add_parser("ckpt", help="striped checkpoint reads: mount, prefetch, gc")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("mount", help="mount a remote checkpoint directory read-only (foreground)")
     v.add_argument("url", help="fsspec URL: http(s):// (JSON listing), hdfs://, webhdfs://, s3://, file://")
@@ -35,6 +35,12 @@ def register(sub) -> None:
     v.add_argument("--world", type=int, help="number of such processes on this node")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
     v.set_defaults(func=_prefetch)
+    v = verbs.add_parser("gc", help="remove this node's least recently used staged checkpoint "
+                                    "files until the rest fit SIZE (never one in use)")
+    v.add_argument("--max-size", default="50G", metavar="SIZE",
+                   help="disk the staging directory may use (default 50G)")
+    v.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    v.set_defaults(func=_gc)
 
 
 def _mount(args) -> int:
@@ -71,3 +77,16 @@ def _prefetch(args) -> int:
         print(json.dumps({"plan": kind, "stripes": len(prefetch.issued),
                           "failed": prefetch.failed, **engine.statistics().as_dict()}))
     return 1 if prefetch.failed else 0
+
+
+def _gc(args) -> int:
+    from bootseer.ckpt.staging import gc, node_staging_dir
+    from bootseer.config import BootseerConfig, parse_size
+    where = node_staging_dir(BootseerConfig.from_env())
+    report = gc(where, parse_size(args.max_size, "--max-size"), dry_run=args.dry_run)
+    for name, used, _, action in report:
+        print(f"{action}\t{used / 2**20:.0f} MiB\t{name}")
+    left = sum(used for _, used, _, action in report if action not in ("removed", "would remove"))
+    print(f"{where}: {len(report)} staged file(s), {left / 2**20:.0f} MiB kept", file=sys.stderr)
+    return 0
+
