@@ -168,6 +168,19 @@ def test_record_then_prefetch_through_bootseer_run(need_fuse, busybox_image, tmp
     assert r.returncode == 6, r.stderr
     s2 = json.loads((tmp_path / "s2.json").read_text())
     assert s2["phases"]["image.lazy"]["prefetch_chunks"] >= 3
+    # `image run --prefetch` only prefetches (publishes nothing); `--record` only records
+    published = open_store(store).get_ref(prof.ref_for(tree))
+    runs = prof.latest(open_store(store), tree)["runs"]
+    env3 = {"BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache3")}
+    r = bootseer("image", "run", busybox_image, "--prefetch", *cmd, env=env3)
+    assert r.returncode == 6, r.stderr
+    assert open_store(store).get_ref(prof.ref_for(tree)) == published
+    env4 = {"BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache4")}
+    r = bootseer("image", "run", busybox_image, "--record", *cmd, env=env4)
+    assert r.returncode == 6, r.stderr
+    assert prof.latest(open_store(store), tree)["runs"] == runs + 1
+    assert bootseer("image", "run", busybox_image, "--record", "--prefetch", *cmd,
+                    env=env4).returncode == 2   # one or the other (default: both)
     # missing command: 127 with a clear message; nothing left mounted
     r = bootseer("run", "--image", busybox_image, "--", "python3", "-c", "1", env=env2)
     assert r.returncode == 127 and "not found in image" in r.stderr

@@ -49,8 +49,11 @@ def register(sub) -> None:
     v = verbs.add_parser("run", help="mount the image and run CMD in it as the container root")
     v.add_argument("ref")
     v.add_argument("--store", metavar="URL")
-    v.add_argument("--record", action="store_true")
-    v.add_argument("--prefetch", action="store_true")
+    only = v.add_mutually_exclusive_group()   # default: both, as under `bootseer run`
+    only.add_argument("--record", action="store_true",
+                      help="only record this start's hot blocks (no prefetch: a cold start)")
+    only.add_argument("--prefetch", action="store_true",
+                      help="only prefetch the recorded hot blocks (publish no new profile)")
     v.add_argument("argv", nargs="+", metavar="-- CMD")
     v.set_defaults(func=_run)
 
@@ -190,5 +193,6 @@ def _run(args) -> int:
     from bootseer.cli.run import spec_from_args  # noqa: F401 - same code path as bootseer run
     from bootseer.run.node import NodeRun, RunSpec
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
-    spec = RunSpec(argv=argv, image=args.ref, image_mode="lazy", prefetch=args.prefetch)
+    spec = RunSpec(argv=argv, image=args.ref, image_mode="lazy", prefetch=not args.record,
+                   record=not args.prefetch)
     return NodeRun(spec, _config(args.store)).run()

@@ -20,8 +20,10 @@ log = logging.getLogger(__name__)
 class LazyImage(Pipeline):
     kind = "lazy"
 
-    def __init__(self, ref: str, config: BootseerConfig, state: Path, *, prefetch: bool = True):
+    def __init__(self, ref: str, config: BootseerConfig, state: Path, *, prefetch: bool = True,
+                 record: bool = True):
         self.ref, self.config, self.state, self.prefetch = ref, config, state, prefetch
+        self.record = record
         self.handle = None
         self.rec_dir = state / "recording"
         self.tree = None
@@ -33,7 +35,7 @@ class LazyImage(Pipeline):
         rootfs.mkdir(parents=True, exist_ok=True)
         try:
             self.handle, self.tree, profile = mount_image(
-                self.config, self.ref, str(rootfs), str(self.rec_dir), record=True,
+                self.config, self.ref, str(rootfs), str(self.rec_dir), record=self.record,
                 prefetch=self.prefetch)
         except StoreError as e:
             raise FallbackPossible(f"lazy image unavailable ({e})") from e
@@ -64,6 +66,8 @@ class LazyImage(Pipeline):
 
     def _publish(self) -> None:
         from bootseer.tree import profile as prof
+        if not self.record:
+            return
         self.published = prof.publish_recorded(self.config, str(self.rec_dir / "profile.json"))
 
     def close(self) -> None:

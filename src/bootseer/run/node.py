@@ -46,6 +46,8 @@ class RunSpec:
     """``lazy``: FUSE mount of the converted tree; ``pull``: podman pull + unpack."""
     prefetch: bool = True
     """Prefetch the image's recorded hot blocks (lazy mode)."""
+    record: bool = True
+    """Record this start's hot blocks and publish them at ready (lazy mode)."""
     deps: str | None = None
     deps_key: str | None = None
     """Environment key resolved once per job ('bootseer deps key'): cold nodes restore

@@ -142,7 +142,7 @@ def image_pipeline(spec, config: BootseerConfig, state: Path) -> Pipeline:
     if spec.image_mode == "pull":
         return PullImage(spec.image, state)
     from bootseer.run.lazy import LazyImage
-    return LazyImage(spec.image, config, state, prefetch=spec.prefetch)
+    return LazyImage(spec.image, config, state, prefetch=spec.prefetch, record=spec.record)
 
 
 def deps_pipeline(spec, config: BootseerConfig, state: Path) -> Pipeline:
