@@ -125,6 +125,13 @@ def test_profiles_merge_and_refuse_other_trees():
     assert [r[0] for r in m["chunks"]] == ["c2"] and m["runs"] == 2
     m = prof.merge([a, b], byte_budget=20)
     assert [r[0] for r in m["chunks"]] == ["c1", "c2"]
+    # a merged profile says how many of its runs read each chunk: merging it again counts
+    # each run once (c1 was read by 1 of 2 runs, then by a third run: 2 of 3)
+    ab = prof.merge([a, b])
+    assert {r[0]: r[5] for r in ab["chunks"]} == {"c1": 1, "c2": 2, "c3": 1}
+    c = {"kind": "bootseer.profile", "tree": "t1", "runs": 1, "chunks": [["c1", 0.2, 1, "/a", 10]]}
+    abc = prof.merge([ab, c], min_support=0.6)
+    assert abc["runs"] == 3 and [r[0] for r in abc["chunks"]] == ["c1", "c2"]
     with pytest.raises(prof.ProfileError, match="different trees"):
         prof.merge([a, {**b, "tree": "t2"}])
     with pytest.raises(prof.ProfileError, match="another image"):

@@ -1,7 +1,9 @@
 """Hot-block profiles: which chunks a start reads, in what order.
 
-A recorded profile lists ``[digest, first_s, count, path, bytes]`` per chunk. ``merge``
-combines runs (and nodes): a chunk's support is the share of runs that read it; chunks
+A recorded profile lists ``[digest, first_s, count, path, bytes]`` per chunk; a merged one
+adds a sixth column, how many of its ``runs`` read the chunk, so merging merged profiles
+counts each run once. ``merge`` combines runs (and nodes): a chunk's support is the share
+of runs that read it; chunks
 below ``min_support`` are dropped; the rest are ordered by median first access and cut
 at ``byte_budget``. A profile names its tree and is refused for any other tree.
 """
@@ -33,19 +35,22 @@ def merge(profiles: list[dict], *, min_support: float = 0.0, byte_budget: int | 
     runs = sum(int(p.get("runs", 1)) for p in profiles)
     seen: dict[str, dict] = {}
     for p in profiles:
-        for d, first, count, path, size in p["chunks"]:
+        for d, first, count, path, size, *read_by in p["chunks"]:
             s = seen.setdefault(d, {"firsts": [], "count": 0, "path": path, "bytes": size,
                                     "support": 0})
             s["firsts"].append(first)
             s["count"] += count
-            s["support"] += int(p.get("runs", 1)) if p.get("runs", 1) > 1 else 1
+            # runs of this profile that read the chunk (older merged profiles lack the
+            # column: all of their runs, as before)
+            s["support"] += int(read_by[0]) if read_by else int(p.get("runs", 1))
     rows = []
     for d, s in seen.items():
         support = min(s["support"] / runs, 1.0)
         if support + 1e-9 < min_support:
             continue
-        rows.append([d, statistics.median(s["firsts"]), s["count"], s["path"], s["bytes"], support])
-    rows.sort(key=lambda r: (r[1], -r[5]))
+        rows.append([d, statistics.median(s["firsts"]), s["count"], s["path"], s["bytes"],
+                     s["support"], support])
+    rows.sort(key=lambda r: (r[1], -r[6]))
     if byte_budget is not None:
         kept, total = [], 0
         for r in rows:
@@ -55,7 +60,7 @@ def merge(profiles: list[dict], *, min_support: float = 0.0, byte_budget: int | 
             total += r[4]
         rows = kept
     return {"v": 1, "kind": "bootseer.profile", "tree": trees.pop(), "runs": runs,
-            "chunks": [r[:5] for r in rows]}
+            "chunks": [r[:6] for r in rows]}
 
 
 def check(profile: dict, tree: str) -> None:
