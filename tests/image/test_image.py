@@ -194,6 +194,30 @@ def test_record_then_prefetch_through_bootseer_run(need_fuse, busybox_image, tmp
     assert not [l for l in open("/proc/mounts") if "bootseer-image" in l]
 
 
+def test_image_env_and_workdir_apply_to_the_command(need_fuse, registry, busybox_rootfs,
+                                                   tmp_path):
+    """The image's Env (PATH included: a tool only on the image's PATH is found) and
+    WorkingDir apply as under a container engine; bootseer's own variables still win."""
+    from tests.run.test_baseline import push_busybox
+    tools = busybox_rootfs / "opt/tools"
+    tools.mkdir(parents=True, exist_ok=True)
+    (tools / "hello").write_text("#!/bin/sh\necho hello from $GREETING in $(pwd)\n")
+    (tools / "hello").chmod(0o755)
+    (busybox_rootfs / "srv").mkdir(exist_ok=True)
+    ref = push_busybox(registry, busybox_rootfs, tmp_path, tag="cfg", config=(
+        "--env", "PATH=/opt/tools:/bin", "--env", "GREETING=the-image",
+        "--env", "BOOTSEER_READY_FILE=/nowhere", "--workingdir", "/srv"))
+    store = str(tmp_path / "store")
+    assert bootseer("image", "convert", ref, "--to", store).returncode == 0
+    env = {"BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache")}
+    r = bootseer("image", "run", ref, "--", "sh", "-c",
+                 "hello; touch $BOOTSEER_READY_FILE; test -e /run/bootseer/ready", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "hello from the-image in /srv" in r.stdout
+    r = bootseer("image", "run", ref, "--", "hello", env=env)   # CMD itself on that PATH
+    assert r.returncode == 0 and "hello from the-image" in r.stdout, r.stderr
+
+
 def test_corrupt_chunk_is_eio_in_the_container(need_fuse, busybox_image, tmp_path):
     store_dir = tmp_path / "store"
     store = open_store(str(store_dir))

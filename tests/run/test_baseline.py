@@ -58,16 +58,20 @@ def test_pip_install_from_a_real_index(nginx_factory, tmp_path):
         baseline.pip_install(str(spec), str(tmp_path / "env2"), index_urls=[f"{server.url}/simple"])
 
 
-def push_busybox(registry, busybox_rootfs, tmp_path) -> str:
-    """Commit the busybox root as a one-layer image and push it to the real registry."""
+def push_busybox(registry, busybox_rootfs, tmp_path, config: tuple[str, ...] = (),
+                 tag: str = "1") -> str:
+    """Commit the busybox root as a one-layer image and push it to the real registry;
+    ``config``: ``buildah config`` options (``--env K=V``, ``--workingdir D``)."""
     need(is_root() and "podman" in C.available_runtimes(), "podman pull needs root and podman")
     need(shutil.which("buildah") is not None, "buildah is not installed")
-    ref = f"127.0.0.1:{registry.port}/test/busybox:1"
+    ref = f"127.0.0.1:{registry.port}/test/busybox:{tag}"
     state = f"/tmp/bsb-t{tmp_path.name[-6:]}"
     b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
     try:
         ctr = subprocess.run([*b, "from", "scratch"], capture_output=True, text=True, check=True).stdout.strip()
         subprocess.run([*b, "copy", ctr, f"{busybox_rootfs}/", "/"], check=True, capture_output=True)
+        if config:
+            subprocess.run([*b, "config", *config, ctr], check=True, capture_output=True)
         subprocess.run([*b, "commit", "-q", ctr, "bb"], check=True, capture_output=True)
         subprocess.run([*b, "push", "-q", "--tls-verify=false", "bb", f"docker://{ref}"], check=True,
                        capture_output=True)

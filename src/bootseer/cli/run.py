@@ -71,7 +71,7 @@ def register(sub) -> None:
                    help="extra bind mount into the container (repeatable)")
     g.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
                    help="environment variable for CMD (repeatable)")
-    g.add_argument("-w", "--workdir", default="/", help="working directory of CMD")
+    g.add_argument("-w", "--workdir", help="working directory of CMD (default: the image's, else /)")
     g.add_argument("--runtime", choices=["auto", "podman", "chroot"], default="auto",
                    help="container runtime (default: podman, else unshare+chroot)")
     g.add_argument("--summary", metavar="FILE", help="write per-phase timings (JSON) here")

@@ -19,3 +19,18 @@ def mount_image(config: BootseerConfig, ref: str, mountpoint: str, state_dir: st
                                  prefetch=prefetch, profile_digest=profile_digest,
                                  window_timeout_s=window_timeout_s, name="bootseer-image")
     return handle, tree, profile
+
+
+def image_config(config: BootseerConfig, tree: str) -> dict:
+    """The converted image's own settings (OCI config kept in the tree's meta): ``env``
+    (``["K=V", ...]``), ``workdir``, ``entrypoint``, ``cmd``; from the node cache when the
+    tree was mounted here."""
+    from bootseer.store import open_store
+    from bootseer.store.cache import NodeCache
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.reader import load_toc
+    with Fetcher(config.fetch) as f:
+        toc = load_toc(open_store(config.store.url, config), tree, f, NodeCache(config.cache))
+    meta = toc.get("meta") or {}
+    return {k: meta.get(k) for k in ("env", "workdir", "entrypoint", "cmd")}
+

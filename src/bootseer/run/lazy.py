@@ -39,8 +39,10 @@ class LazyImage(Pipeline):
                 prefetch=self.prefetch)
         except StoreError as e:
             raise FallbackPossible(f"lazy image unavailable ({e})") from e
+        from bootseer.image.session import image_config
         return Prepared(path=str(rootfs), attrs={
-            "tree": self.tree, "prefetch_chunks": len(profile["chunks"]) if profile else 0})
+            "tree": self.tree, "prefetch_chunks": len(profile["chunks"]) if profile else 0},
+            image_config=image_config(self.config, self.tree))
 
     def fallback(self) -> Pipeline:
         return PullImage(self.ref, self.state)

@@ -62,7 +62,8 @@ class RunSpec:
     stripe: bool = True
     binds: list[C.Bind] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    workdir: str = "/"
+    workdir: str | None = None
+    """CMD's working directory; None: the image's WorkingDir, else ``/``."""
     runtime: str = "auto"
     ready_timeout_s: float | None = None
     summary: str | None = None
@@ -235,15 +236,23 @@ class NodeRun:
         signal_dir.mkdir(exist_ok=True)
         image = prepared.get("image")
         if image is not None:
-            if not C.rootfs_has(image.path, s.argv[0]):
+            # the image's own Env and WorkingDir, as a container engine applies them
+            # (bootseer's variables and --env win); CMD replaces Entrypoint + Cmd
+            img_env = dict(kv.split("=", 1) for kv in image.image_config.get("env") or []
+                           if "=" in kv)
+            path = img_env.get("PATH")
+            if not (C.rootfs_has(image.path, s.argv[0], path) if path
+                    else C.rootfs_has(image.path, s.argv[0])):
                 print(f"bootseer: error: command {s.argv[0]!r} not found in image {s.image}",
                       file=sys.stderr)
                 return C.EXIT_NOT_FOUND
             binds = [C.Bind(str(signal_dir), READY_DIR, readonly=False)]
             binds += [C.Bind(p.path, p.target) for p in prepared.values() if p.target]
             binds += s.binds
-            env = self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)
-            container = C.Container(rootfs=image.path, argv=s.argv, workdir=s.workdir,
+            env = {**img_env,
+                   **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
+            workdir = s.workdir or image.image_config.get("workdir") or "/"
+            container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
                                     env=env, binds=binds)
             self._running = C.start(container, runtime=s.runtime)
             waiter, forward = self._running.wait, self._running.send_signal
@@ -252,7 +261,7 @@ class NodeRun:
             env = {**os.environ, **self._command_env(prepared, str(signal_dir / "ready"),
                                                      in_container=False)}
             try:
-                self._proc = subprocess.Popen(s.argv, env=env, cwd=None if s.workdir == "/" else s.workdir)
+                self._proc = subprocess.Popen(s.argv, env=env, cwd=s.workdir)
             except FileNotFoundError:
                 print(f"bootseer: error: command {s.argv[0]!r} not found", file=sys.stderr)
                 return C.EXIT_NOT_FOUND

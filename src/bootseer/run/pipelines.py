@@ -28,6 +28,8 @@ class Prepared:
     """Environment variable that tells the command where it is."""
     attrs: dict = field(default_factory=dict)
     """Counters for the trace (bytes, hits, coverage...)."""
+    image_config: dict = field(default_factory=dict)
+    """An image's own settings for the command (OCI config: ``env`` list, ``workdir``)."""
 
 
 class FallbackPossible(BootseerError):

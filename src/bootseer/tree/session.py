@@ -119,8 +119,8 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
     from bootseer.tree import profile as prof
     from bootseer.tree.reader import load_toc
     store = open_store(config.store.url, config)
-    with Fetcher(config.fetch) as f:
-        load_toc(store, tree, f)  # unknown tree / unparsable TOC: fail before mounting
+    with Fetcher(config.fetch) as f:   # unknown tree / unparsable TOC: fail before mounting
+        load_toc(store, tree, f, NodeCache(config.cache))   # (cached: the server's load hits)
     profile = None
     if prefetch:
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
