@@ -183,8 +183,11 @@ def test_record_then_prefetch_through_bootseer_run(need_fuse, busybox_image, tmp
     assert r.returncode == 6, r.stderr
     assert open_store(store).get_ref(prof.ref_for(tree)) == published
     env4 = {"BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache4")}
-    r = bootseer("image", "run", busybox_image, "--record", *cmd, env=env4)
-    assert r.returncode == 6, r.stderr
+    # ... and its window closes at a log line (--ready-regex) as at the ready file
+    r = bootseer("image", "run", busybox_image, "--record", "--ready-regex", "^READY$", "--",
+                 "sh", "-c", "cat /data/payload.bin > /dev/null; echo READY; sleep 0.3; exit 6",
+                 env=env4)
+    assert r.returncode == 6 and "READY" in r.stdout, r.stderr
     assert prof.latest(open_store(store), tree)["runs"] == runs + 1
     assert bootseer("image", "run", busybox_image, "--record", "--prefetch", *cmd,
                     env=env4).returncode == 2   # one or the other (default: both)

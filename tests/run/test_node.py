@@ -75,6 +75,27 @@ def test_exit_status_and_missing_command_on_host():
     assert r.returncode == 1 and "no command given" in r.stderr
 
 
+def test_ready_at_the_first_output_line_matching_the_regex(tmp_path):
+    """--ready-regex: the job is ready at the matching line (a job that cannot create the
+    ready file); every line still reaches our stdout/stderr, in order, and the status
+    passes through."""
+    summary = tmp_path / "s.json"
+    code = ("import sys, time; print('loading', flush=True); time.sleep(0.5); "
+            "print('step 1 loss=3.1', flush=True); print('warn', file=sys.stderr, flush=True); "
+            "time.sleep(0.5); print('step 2', flush=True); raise SystemExit(4)")
+    r = bootseer("run", "--summary", str(summary), "--ready-regex", r"^step \d+ ", "--",
+                 sys.executable, "-c", code)
+    assert r.returncode == 4, r.stderr
+    assert r.stdout.splitlines() == ["loading", "step 1 loss=3.1", "step 2"]
+    assert "warn" in r.stderr
+    data = json.loads(summary.read_text())
+    # ready at "step 1" (after ~0.5 s), not at the end (~1 s)
+    assert data["ready_s"] is not None
+    assert data["ready_s"] < data["phases"]["job.run"]["end"] - 0.2
+    r = bootseer("run", "--ready-regex", "(", "--", "true")
+    assert r.returncode == 1 and "--ready-regex" in r.stderr
+
+
 def test_failed_pipeline_is_a_clear_error(index, tmp_path):
     index_url, spec = index
     spec.write_text("bsrun-beta==7.7\n")

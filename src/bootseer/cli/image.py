@@ -54,6 +54,9 @@ def register(sub) -> None:
                       help="only record this start's hot blocks (no prefetch: a cold start)")
     only.add_argument("--prefetch", action="store_true",
                       help="only prefetch the recorded hot blocks (publish no new profile)")
+    v.add_argument("--ready-regex", metavar="REGEX",
+                   help="close the recording window at the first line of CMD's output "
+                        "matching REGEX (else when CMD creates $BOOTSEER_READY_FILE)")
     v.add_argument("argv", nargs="+", metavar="-- CMD")
     v.set_defaults(func=_run)
 
@@ -190,9 +193,9 @@ def _show(args) -> int:
 
 
 def _run(args) -> int:
-    from bootseer.cli.run import spec_from_args  # noqa: F401 - same code path as bootseer run
+    from bootseer.cli.run import _regex
     from bootseer.run.node import NodeRun, RunSpec
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
     spec = RunSpec(argv=argv, image=args.ref, image_mode="lazy", prefetch=not args.record,
-                   record=not args.prefetch)
+                   record=not args.prefetch, ready_regex=_regex(args.ready_regex))
     return NodeRun(spec, _config(args.store)).run()

@@ -75,6 +75,9 @@ def register(sub) -> None:
     g.add_argument("--runtime", choices=["auto", "podman", "chroot"], default="auto",
                    help="container runtime (default: podman, else unshare+chroot)")
     g.add_argument("--summary", metavar="FILE", help="write per-phase timings (JSON) here")
+    g.add_argument("--ready-regex", metavar="REGEX",
+                   help="the job is ready at the first line of CMD's output matching REGEX "
+                        "(e.g. 'step 1 '), for jobs that do not create $BOOTSEER_READY_FILE")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...",
                    help="the command to run")
     p.set_defaults(func=_run)
@@ -109,7 +112,20 @@ def spec_from_args(args):
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
                    ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror, stripe=not (args.no_stripe or args.baseline),
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
-                   runtime=args.runtime, summary=args.summary)
+                   runtime=args.runtime, summary=args.summary,
+                   ready_regex=_regex(args.ready_regex))
+
+
+def _regex(text: str | None):
+    import re
+    from bootseer.errors import ConfigError
+    if text is None:
+        return None
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise ConfigError("--ready-regex", f"{text!r} is not a regular expression: {e}") from e
+    return text
 
 
 def _run(args) -> int:

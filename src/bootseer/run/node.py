@@ -66,6 +66,8 @@ class RunSpec:
     """CMD's working directory; None: the image's WorkingDir, else ``/``."""
     runtime: str = "auto"
     ready_timeout_s: float | None = None
+    ready_regex: str | None = None
+    """Ready at the first line of CMD's output (stdout or stderr) matching this."""
     summary: str | None = None
     """Write per-phase timings (JSON) here when the run ends."""
     state_dir: str | None = None
@@ -230,6 +232,39 @@ class NodeRun:
                 return
             stop.wait(0.05)
 
+    def _output_pipes(self) -> dict:
+        """With --ready-regex, CMD's output comes through us (to be matched); else it is
+        CMD's own, untouched."""
+        import subprocess
+        if not self.spec.ready_regex:
+            return {}
+        return {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+
+    def _pump_output(self, proc, ready_file: Path) -> list[threading.Thread]:
+        """Copy CMD's stdout and stderr to ours line by line; the first line matching
+        --ready-regex creates the ready file (the watcher then marks ready, closes the
+        recording window and publishes the profile, as when CMD creates it)."""
+        if not self.spec.ready_regex:
+            return []
+        import re
+        pattern, seen = re.compile(self.spec.ready_regex), threading.Event()
+
+        def pump(stream, out) -> None:
+            for line in iter(stream.readline, b""):
+                out.write(line)
+                out.flush()
+                if not seen.is_set() and pattern.search(line.decode(errors="replace")):
+                    seen.set()
+                    ready_file.touch()
+            stream.close()
+        threads = [threading.Thread(target=pump, args=(stream, out), daemon=True,
+                                    name="bootseer-output")
+                   for stream, out in ((proc.stdout, sys.stdout.buffer),
+                                       (proc.stderr, sys.stderr.buffer))]
+        for t in threads:
+            t.start()
+        return threads
+
     def _launch(self, prepared: dict[str, P.Prepared]) -> int:
         s = self.spec
         signal_dir = self.state / "signal"
@@ -254,18 +289,21 @@ class NodeRun:
             workdir = s.workdir or image.image_config.get("workdir") or "/"
             container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
                                     env=env, binds=binds)
-            self._running = C.start(container, runtime=s.runtime)
+            self._running = C.start(container, runtime=s.runtime, **self._output_pipes())
             waiter, forward = self._running.wait, self._running.send_signal
+            pumps = self._pump_output(self._running.proc, signal_dir / "ready")
         else:
             import subprocess
             env = {**os.environ, **self._command_env(prepared, str(signal_dir / "ready"),
                                                      in_container=False)}
             try:
-                self._proc = subprocess.Popen(s.argv, env=env, cwd=s.workdir)
+                self._proc = subprocess.Popen(s.argv, env=env, cwd=s.workdir,
+                                              **self._output_pipes())
             except FileNotFoundError:
                 print(f"bootseer: error: command {s.argv[0]!r} not found", file=sys.stderr)
                 return C.EXIT_NOT_FOUND
             proc = self._proc
+            pumps = self._pump_output(proc, signal_dir / "ready")
             waiter = lambda: (lambda rc: 128 - rc if rc < 0 else rc)(proc.wait())  # noqa: E731
             forward = proc.send_signal
         stop = threading.Event()
@@ -280,6 +318,8 @@ class NodeRun:
             with self.timeline.phase("job.run"):
                 rc = waiter()
         finally:
+            for t in pumps:   # the command's last lines are out before we say anything
+                t.join(5)
             for sg, h in previous.items():
                 signal.signal(sg, h)
             stop.set()
