@@ -23,12 +23,14 @@ def _env(tmp_path, **kw):
 @pytest.mark.timeout(240)
 def test_torchrun_four_ranks_report_names_phases_and_gating_node(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    env = _env(tmp_path, BOOTSEER_TRACE_NODE="n{local_rank}")
+    env = _env(tmp_path, BOOTSEER_TRACE_NODE="n{local_rank}",
+               BOOTSEER_READY_FILE=str(tmp_path / "ready"))   # as under `bootseer run`
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nnodes", "1", "--nproc-per-node", "4", "-m", "bootseer.trace.auto",
                         str(HERE / "torch_train.py"), str(tmp_path / "ckpt")],
                        env=env, capture_output=True, text=True, timeout=200)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "ready").exists()   # the first optimizer step said so, no code change
     t = load.load(tmp_path / "trace" / "tiny")
     assert t.skipped_lines == 0
     (v,) = analysis.attempts(t.events)
