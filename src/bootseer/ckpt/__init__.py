@@ -1,5 +1,6 @@
 """Striped checkpoint reads: a FUSE mount, a Python file API and a torch DCP reader over one
-engine (stripes in flight under one memory budget per process (the mount server, a prefetch, a reader), growing read-ahead)."""
+engine (stripes in flight under one memory budget per process: the mount's server, a
+prefetch, a reader; growing read-ahead)."""
 
 from bootseer.ckpt.api import CkptFile, default_engine, open  # noqa: A004
 
