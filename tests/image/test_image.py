@@ -200,7 +200,8 @@ def test_record_then_prefetch_through_bootseer_run(need_fuse, busybox_image, tmp
 def test_image_env_and_workdir_apply_to_the_command(need_fuse, registry, busybox_rootfs,
                                                    tmp_path):
     """The image's Env (PATH included: a tool only on the image's PATH is found) and
-    WorkingDir apply as under a container engine; bootseer's own variables still win."""
+    WorkingDir apply as under a container engine, lazily mounted or pulled; bootseer's own
+    variables still win."""
     from tests.run.test_baseline import push_busybox
     tools = busybox_rootfs / "opt/tools"
     tools.mkdir(parents=True, exist_ok=True)
@@ -219,6 +220,8 @@ def test_image_env_and_workdir_apply_to_the_command(need_fuse, registry, busybox
     assert "hello from the-image in /srv" in r.stdout
     r = bootseer("image", "run", ref, "--", "hello", env=env)   # CMD itself on that PATH
     assert r.returncode == 0 and "hello from the-image" in r.stdout, r.stderr
+    r = bootseer("run", "--pull", "--image", ref, "--", "hello", env=env)   # the baseline too
+    assert r.returncode == 0 and "hello from the-image in /srv" in r.stdout, r.stderr
 
 
 def test_corrupt_chunk_is_eio_in_the_container(need_fuse, busybox_image, tmp_path):

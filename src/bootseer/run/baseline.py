@@ -83,6 +83,16 @@ class PulledImage:
                              f"podman image mount {self.ref}").strip()
         return self.rootfs
 
+    def config(self) -> dict:
+        """The pulled image's own settings (``env`` list, ``workdir``), as the lazy image
+        hands them over, so both paths run CMD alike."""
+        import json
+        out = _check([*self._podman, "image", "inspect", "--format", "{{json .Config}}",
+                      self.ref], f"podman image inspect {self.ref}")
+        cfg = json.loads(out or "{}") or {}
+        return {"env": cfg.get("Env"), "workdir": cfg.get("WorkingDir"),
+                "entrypoint": cfg.get("Entrypoint"), "cmd": cfg.get("Cmd")}
+
     def close(self) -> None:
         if self.rootfs:
             subprocess.run([*self._podman, "image", "unmount", "--all", "--force"],

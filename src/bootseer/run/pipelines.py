@@ -87,7 +87,8 @@ class PullImage(Pipeline):
         self._cancel.cancel()
 
     def prepare(self, timeline) -> Prepared:
-        return Prepared(path=self.image.pull(), attrs={"image": self.image.ref})
+        return Prepared(path=self.image.pull(), attrs={"image": self.image.ref},
+                        image_config=self.image.config())
 
     def close(self) -> None:
         self.image.close()
