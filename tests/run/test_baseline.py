@@ -96,3 +96,6 @@ def test_podman_pull_and_run(registry, busybox_rootfs, tmp_path):
             missing.pull()
     finally:
         missing.close()
+    # a failed pull leaves podman's storage bind-mounted on itself: unmounted, removed
+    assert not shutil.os.path.exists(missing.state_dir)
+    assert missing.state_dir not in open("/proc/mounts").read()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.errors import BootseerError
+from bootseer.run.container import unmount_under
 
 REQUIREMENTS = ["numpy==2.2.6", "safetensors==0.5.3", "tqdm==4.67.1", "PyYAML==6.0.2"]
 IMPORTS = "numpy,safetensors,tqdm,yaml"
@@ -109,7 +110,7 @@ def build_image(a: Assets, say) -> None:
              "buildah push oci-archive")
         tmp.rename(a.image_archive)
     finally:
-        subprocess.run(["umount", "-R", "-l", f"{store}/r"], capture_output=True)
+        unmount_under(store)
         shutil.rmtree(store, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 

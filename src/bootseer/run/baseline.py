@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from bootseer.errors import BootseerError
+from bootseer.run.container import unmount_under
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class PulledImage:
         if self.rootfs:
             subprocess.run([*self._podman, "image", "unmount", "--all", "--force"],
                            capture_output=True)
-        subprocess.run(["umount", "-R", "-l", f"{self.state_dir}/r"], capture_output=True)
+        unmount_under(self.state_dir)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 

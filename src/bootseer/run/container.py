@@ -167,8 +167,23 @@ class Running:
                 log.warning("podman rm of the stopped job's container timed out")
         if self.runtime == "podman":
             # --rm removed the container; the private storage dirs may hold overlay mounts.
-            subprocess.run(["umount", "-R", "-l", f"{self.state_dir}/r"], capture_output=True)
+            unmount_under(self.state_dir)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def unmount_under(path: str) -> None:
+    """Lazily unmount every mount at or below ``path``, deepest first. (``umount -R`` on a
+    directory that is not itself a mount point unmounts nothing: podman's storage leaves
+    ``<root>/overlay`` bind-mounted on itself, and the directory could not be removed.)"""
+    root = os.path.realpath(path)
+    try:
+        with open("/proc/self/mounts") as f:
+            points = [line.split()[1].encode().decode("unicode_escape") for line in f]
+    except OSError:
+        return
+    for mp in sorted((p for p in points if p == root or p.startswith(root + "/")),
+                     key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], capture_output=True)
 
 
 def _children(pid: int) -> list[int]:
