@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -187,3 +188,40 @@ def test_checkpoint_mirror_is_passed_to_the_striped_pipeline(index, ckpt_dir, ng
                  "--index-url", index_url, "--ckpt", f"{primary.url}/", "--ckpt-mirror",
                  f"{mirror.url}/", "--", sys.executable, "-c", script, env=env)
     assert r.returncode != 0 and mirror.url in r.stderr, r.stderr
+
+
+def test_state_left_by_a_killed_node_run_is_swept_by_the_next(tmp_path):
+    """A node run killed with SIGKILL cannot clean up; the next run on the node removes
+    its state directory, never a live run's (that one holds the lock on its .alive)."""
+    from bootseer.run.node import ALIVE, STATE_PREFIX, sweep_dead_states
+    p = subprocess.Popen([sys.executable, "-m", "bootseer", "run", "--", "sleep", "30"])
+    children: list[str] = []
+    try:
+        deadline = time.time() + 30
+        mine = []
+        while not mine and time.time() < deadline:
+            mine = [d for d in Path("/tmp").glob(f"{STATE_PREFIX}*") if (d / ALIVE).exists()
+                    and _holder(d / ALIVE) == p.pid]
+            time.sleep(0.05)
+        assert mine, "the run's state directory did not appear"
+        assert str(mine[0]) not in sweep_dead_states()    # alive: kept
+        children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        assert str(mine[0]) in sweep_dead_states() and not mine[0].exists()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for child in children:   # the command outlives a SIGKILLed run
+            subprocess.run(["kill", child])
+
+
+def _holder(path) -> int | None:
+    """The pid holding a POSIX lock on ``path`` (from /proc/locks), if any."""
+    ino = os.stat(path).st_ino
+    for line in open("/proc/locks"):
+        f = line.split()
+        if f[1] == "POSIX" and f[5].split(":")[-1] == str(ino):
+            return int(f[4])
+    return None

@@ -111,13 +111,48 @@ class Timeline:
         return {"t0": self.t0, "phases": self.phases}
 
 
+STATE_PREFIX, ALIVE = "bsn-", ".alive"
+
+
+def sweep_dead_states(tmp: str = "/tmp") -> list[str]:
+    """Remove the state directories of node runs that died without cleaning up (SIGKILL,
+    OOM): a live run holds a lock on its ``.alive`` file (released by the kernel when the
+    process dies, whatever its PID namespace). Returns the directories removed."""
+    import fcntl
+    gone = []
+    for path in Path(tmp).glob(f"{STATE_PREFIX}*"):
+        try:
+            fd = os.open(path / ALIVE, os.O_RDWR)
+        except OSError:   # not ours, or a run still setting up
+            continue
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue      # alive
+        finally:
+            os.close(fd)
+        C.unmount_under(str(path))   # a dead run's lazy image may still be mounted
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(str(path))
+    return gone
+
+
 class NodeRun:
     def __init__(self, spec: RunSpec, config: BootseerConfig | None = None):
         self.spec = spec
         self.config = config or BootseerConfig.from_env()
         self.timeline = Timeline()
         self._owns_state = spec.state_dir is None
-        self.state = Path(spec.state_dir or tempfile.mkdtemp(prefix="bsn-", dir="/tmp"))
+        self._alive_fd: int | None = None
+        if self._owns_state:
+            for path in sweep_dead_states():
+                log.info("removed %s, left by a node run that died", path)
+            self.state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir="/tmp"))
+            import fcntl
+            self._alive_fd = os.open(self.state / ALIVE, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.lockf(self._alive_fd, fcntl.LOCK_EX)   # held until we exit
+        else:
+            self.state = Path(spec.state_dir)
         self.state.mkdir(parents=True, exist_ok=True)
         self.pipelines: list[P.Pipeline] = []
         self.ready_at: float | None = None
@@ -345,6 +380,9 @@ class NodeRun:
             self._write_summary()
             if self._owns_state:
                 shutil.rmtree(self.state, ignore_errors=True)
+                if self._alive_fd is not None:
+                    os.close(self._alive_fd)
+                    self._alive_fd = None
 
     def _write_summary(self) -> None:
         if not self.spec.summary:
