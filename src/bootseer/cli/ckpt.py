@@ -6,6 +6,8 @@ import functools
 import json
 import sys
 
+from bootseer.cli import add_gc_verb
+
 PLAN_NAMES = {"profile": "access profile recorded at the previous load",
               "dcp": "DCP .metadata", "safetensors": "safetensors headers",
               "files": "file list (no metadata, no recorded profile)"}
@@ -35,12 +37,7 @@ def register(sub) -> None:
     v.add_argument("--world", type=int, help="number of such processes on this node")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
     v.set_defaults(func=_prefetch)
-    v = verbs.add_parser("gc", help="remove this node's least recently used staged checkpoint "
-                                    "files until the rest fit SIZE (never one in use)")
-    v.add_argument("--max-size", default="50G", metavar="SIZE",
-                   help="disk the staging directory may use (default 50G)")
-    v.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    v.set_defaults(func=_gc)
+    add_gc_verb(verbs, "staged checkpoint files", _gc)
 
 
 def _mount(args) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from bootseer.cli import add_gc_verb
+
 
 def register(sub) -> None:
     p = sub.add_parser("deps", help="dependency snapshots: build once, restore everywhere")
@@ -36,12 +38,7 @@ def register(sub) -> None:
     v = verbs.add_parser("ls", help="environments published in the store")
     v.add_argument("--store", metavar="URL")
     v.set_defaults(func=_ls)
-    v = verbs.add_parser("gc", help="remove least recently used environments on this node "
-                                    "until the rest fit SIZE (never one in use)")
-    v.add_argument("--max-size", default="50G", metavar="SIZE",
-                   help="disk the environments on this node may use (default 50G)")
-    v.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    v.set_defaults(func=_gc)
+    add_gc_verb(verbs, "environments", _gc)
     v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
     v.add_argument("prefix")
     v.add_argument("--store", metavar="URL")
