@@ -93,7 +93,7 @@ def _mount(args) -> int:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda n, f: stop.append(n))
     try:
-        handle, tree, profile = mount_image(
+        handle, tree, profile, _ = mount_image(
             config, args.ref, args.mountpoint, state, record=args.record,
             prefetch=args.prefetch is not None,
             profile_digest=None if args.prefetch in (None, "latest") else args.prefetch,

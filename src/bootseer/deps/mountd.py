@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     from bootseer.tree.session import mount_tree
     rec = os.path.join(state, "rec")
     try:
-        handle, profile = mount_tree(config, tree, prefix, rec, record=True, prefetch=True,
+        handle, profile, _ = mount_tree(config, tree, prefix, rec, record=True, prefetch=True,
                                      window_timeout_s=float(window_s), name="bootseer-env")
     except Exception as e:  # noqa: BLE001 - reported to the ensure that started us
         print(f"error: {type(e).__name__}: {e}", flush=True)

@@ -10,27 +10,19 @@ def mount_image(config: BootseerConfig, ref: str, mountpoint: str, state_dir: st
                 record: bool = True, prefetch: bool = True, profile_digest: str | None = None,
                 window_timeout_s: float = 600.0):
     """Resolve ``ref`` (errors surface here, before mounting) and serve its tree at
-    ``mountpoint``. Returns (MountHandle, tree digest, profile or None)."""
+    ``mountpoint``. Returns (MountHandle, tree digest, profile or None, the tree's meta)."""
     from bootseer.image import convert
     from bootseer.store import open_store
     from bootseer.tree.session import mount_tree
     tree = convert.resolve(ref, open_store(config.store.url, config))
-    handle, profile = mount_tree(config, tree, mountpoint, state_dir, record=record,
-                                 prefetch=prefetch, profile_digest=profile_digest,
-                                 window_timeout_s=window_timeout_s, name="bootseer-image")
-    return handle, tree, profile
+    handle, profile, meta = mount_tree(config, tree, mountpoint, state_dir, record=record,
+                                       prefetch=prefetch, profile_digest=profile_digest,
+                                       window_timeout_s=window_timeout_s,
+                                       name="bootseer-image")
+    return handle, tree, profile, meta
 
 
-def image_config(config: BootseerConfig, tree: str) -> dict:
-    """The converted image's own settings (OCI config kept in the tree's meta): ``env``
-    (``["K=V", ...]``), ``workdir``, ``entrypoint``, ``cmd``; from the node cache when the
-    tree was mounted here."""
-    from bootseer.store import open_store
-    from bootseer.store.cache import NodeCache
-    from bootseer.store.fetch import Fetcher
-    from bootseer.tree.reader import load_toc
-    with Fetcher(config.fetch) as f:
-        toc = load_toc(open_store(config.store.url, config), tree, f, NodeCache(config.cache))
-    meta = toc.get("meta") or {}
+def oci_config(meta: dict) -> dict:
+    """The converted image's own settings, from the tree's meta (``mount_image`` returns
+    it): ``env`` (``["K=V", ...]``), ``workdir``, ``entrypoint``, ``cmd``."""
     return {k: meta.get(k) for k in ("env", "workdir", "entrypoint", "cmd")}
-

@@ -30,19 +30,18 @@ class LazyImage(Pipeline):
         self.published = None
 
     def prepare(self, timeline) -> Prepared:
-        from bootseer.image.session import mount_image
+        from bootseer.image.session import mount_image, oci_config
         rootfs = self.state / "rootfs"
         rootfs.mkdir(parents=True, exist_ok=True)
         try:
-            self.handle, self.tree, profile = mount_image(
+            self.handle, self.tree, profile, meta = mount_image(
                 self.config, self.ref, str(rootfs), str(self.rec_dir), record=self.record,
                 prefetch=self.prefetch)
         except StoreError as e:
             raise FallbackPossible(f"lazy image unavailable ({e})") from e
-        from bootseer.image.session import image_config
         return Prepared(path=str(rootfs), attrs={
             "tree": self.tree, "prefetch_chunks": len(profile["chunks"]) if profile else 0},
-            image_config=image_config(self.config, self.tree))
+            image_config=oci_config(meta))
 
     def fallback(self) -> Pipeline:
         return PullImage(self.ref, self.state)

@@ -114,13 +114,13 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
                record: bool = True, prefetch: bool = True, profile_digest: str | None = None,
                window_timeout_s: float = 600.0, name: str = "bootseer-tree"):
     """Check ``tree`` and load its profile (errors surface here, before mounting), then
-    serve it at ``mountpoint``. Returns (MountHandle, profile or None)."""
+    serve it at ``mountpoint``. Returns (MountHandle, profile or None, the tree's meta)."""
     from bootseer.mount.fuse import mount
     from bootseer.tree import profile as prof
     from bootseer.tree.reader import load_toc
     store = open_store(config.store.url, config)
     with Fetcher(config.fetch) as f:   # unknown tree / unparsable TOC: fail before mounting
-        load_toc(store, tree, f, NodeCache(config.cache))   # (cached: the server's load hits)
+        toc = load_toc(store, tree, f, NodeCache(config.cache))   # (cached: the server's hits)
     profile = None
     if prefetch:
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
@@ -128,4 +128,5 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
             prof.check(profile, tree)
     factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
                                 window_timeout_s)
-    return mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile
+    return (mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile,
+            toc.get("meta") or {})
