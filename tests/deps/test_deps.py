@@ -23,17 +23,25 @@ pytestmark = pytest.mark.timeout(240)
 PY = sys.executable
 
 
-@pytest.fixture
-def index(nginx_factory, tmp_path):
+def serve_index(nginx_factory, tmp_path, wheels: list[tuple], requirements: str):
+    """A PEP 503 index of ``wheels`` (make_wheel arguments) served by nginx, and a
+    requirements file: (index URLs, spec path)."""
     root = tmp_path / "index"
     (root / "wheels").mkdir(parents=True)
-    make_wheel(root / "wheels", "bsdeps_one", "1.0", "X = 1\n")
-    make_wheel(root / "wheels", "bsdeps_two", "2.0", "Y = 2\n")
+    for name, version, code, *scripts in wheels:
+        make_wheel(root / "wheels", name, version, code, **(scripts[0] if scripts else {}))
     write_simple_index(root)
     server = nginx_factory(root)
     spec = tmp_path / "requirements.txt"
-    spec.write_text("bsdeps-one==1.0\nbsdeps-two==2.0\n")
+    spec.write_text(requirements)
     return [f"{server.url}/simple"], spec
+
+
+@pytest.fixture
+def index(nginx_factory, tmp_path):
+    return serve_index(nginx_factory, tmp_path, [("bsdeps_one", "1.0", "X = 1\n"),
+                                                 ("bsdeps_two", "2.0", "Y = 2\n")],
+                       "bsdeps-one==1.0\nbsdeps-two==2.0\n")
 
 
 def cfg(tmp_path, node: str) -> BootseerConfig:

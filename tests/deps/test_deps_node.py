@@ -12,13 +12,11 @@ import time
 
 import pytest
 
-from bootseer.demo.assets import write_simple_index
 from bootseer.deps import compat, ensure as E, relocate
 from bootseer.deps.mounted import mounted_info, sidecar
 from bootseer.deps.resolve import DepsError
 from bootseer.deps.snapshot import env_ref, load_manifest, portable_ref, publish_manifest, rmtree
-from tests.deps.test_deps import cfg
-from tests.run.test_baseline import make_wheel
+from tests.deps.test_deps import cfg, serve_index
 
 pytestmark = pytest.mark.timeout(240)
 PY = sys.executable
@@ -26,15 +24,11 @@ PY = sys.executable
 
 @pytest.fixture
 def index(nginx_factory, tmp_path):
-    root = tmp_path / "index"
-    (root / "wheels").mkdir(parents=True)
-    make_wheel(root / "wheels", "bsnode_one", "1.0", "X = 1\ndef main():\n    print('one', X)\n",
-               scripts={"bsnode-one": "bsnode_one:main"})
-    write_simple_index(root)
-    server = nginx_factory(root)
-    spec = tmp_path / "requirements.txt"
-    spec.write_text("bsnode-one==1.0\n")
-    return [f"{server.url}/simple"], str(spec)
+    urls, spec = serve_index(
+        nginx_factory, tmp_path,
+        [("bsnode_one", "1.0", "X = 1\ndef main():\n    print('one', X)\n",
+          {"scripts": {"bsnode-one": "bsnode_one:main"}})], "bsnode-one==1.0\n")
+    return urls, str(spec)
 
 
 def run_py(prefix, code: str) -> str:

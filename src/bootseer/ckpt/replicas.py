@@ -7,9 +7,9 @@ still in flight after ``ckpt.hedge_multiple`` times the median of recent stripes
 least ``ckpt.hedge_min_s``) is issued again to the next replica: the first answer wins and
 the losers hang up at their next piece of body (their connections are dropped, not
 drained), so the tail of a slow server no longer gates the load and no longer uses the
-link (as in "The Tail at Scale"). A replica that fails (refused, reset, 5xx) hands the stripe to the
-next one at once (failover); only when every replica failed does the fetcher's retry see
-the error. A file that changed on a replica is never papered over: FileChanged is raised.
+link (as in "The Tail at Scale"). A replica that fails (refused, reset, 5xx) hands the
+stripe to the next one at once (failover); only when every replica failed does the
+fetcher's retry see the error. A file that changed on a replica is never papered over: FileChanged is raised.
 """
 
 from __future__ import annotations

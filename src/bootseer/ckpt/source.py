@@ -194,4 +194,5 @@ def open_source(url: str):
     return FsspecFileSource.stat(url)
 
 
-__all__ = ["FileChanged", "ReadCancelled", "HttpFileSource", "FsspecFileSource", "open_source", "RangeError"]
+__all__ = ["FileChanged", "ReadCancelled", "HttpFileSource", "FsspecFileSource", "open_source",
+           "RangeError"]

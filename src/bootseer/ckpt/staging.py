@@ -6,7 +6,7 @@ Layout of a staging directory (one per node: ``<cache.dir>/../ckpt``)::
       <name>             sparse file, the remote file's size; stripes written in place
       <name>.complete    every stripe is in <name> (written once, by whoever finishes)
       profiles-v1/       recorded access profiles (see ckpt/profile.py)
-      .engines/<pid>-<start>   one per live engine using this directory (mtime: since when)
+      .engines/<pid>-*   each live engine's mark (bootseer.alive; mtime: since when)
       .gc.lock           held shared while an engine takes up a file, exclusive by ``gc``
 
 ``<name>`` is derived from the remote file's identity (URL + size + mtime/ETag), so a new
@@ -29,9 +29,9 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
+from bootseer import alive
 from bootseer.errors import CacheError
 
 
@@ -47,19 +47,16 @@ class StagingArea:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._owned = owned
-        self._entry: Path | None = None
+        self._mark: alive.Mark | None = None
         self._gc_fd: int | None = None
         self._gc_lock = threading.Lock()   # POSIX locks are per process: one taker at a time
 
     def register(self) -> None:
         """Say that a live engine of this process uses the directory (``gc`` then spares
         every file touched since); ``close`` takes it back, a dead process's is ignored."""
-        if self._owned or self._entry is not None:
+        if self._owned or self._mark is not None:
             return
-        engines = self.dir / ".engines"
-        engines.mkdir(exist_ok=True)
-        self._entry = engines / f"{os.getpid()}-{_start_ticks(os.getpid())}"
-        self._entry.touch()
+        self._mark = alive.Mark.new_in(self.dir / ".engines")
         self._gc_fd = os.open(self.dir / ".gc.lock", os.O_RDWR | os.O_CREAT, 0o644)
 
     @classmethod
@@ -93,9 +90,9 @@ class StagingArea:
         if self._gc_fd is not None:
             os.close(self._gc_fd)
             self._gc_fd = None
-        if self._entry is not None:
-            self._entry.unlink(missing_ok=True)
-            self._entry = None
+        if self._mark is not None:
+            self._mark.release()
+            self._mark = None
 
 
 class StagedFile:
@@ -199,16 +196,6 @@ def node_staging_dir(config) -> Path:
     return Path(config.cache.dir).parent / "ckpt"
 
 
-def _start_ticks(pid: int) -> str:
-    """A process's start time (clock ticks since boot): with the pid, names one process
-    even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "0"
-
-
 def _live_since(directory: Path) -> float | None:
     """When the oldest live engine registered (None: no live engine); removes the entries
     of dead processes."""
@@ -218,15 +205,14 @@ def _live_since(directory: Path) -> float | None:
     except FileNotFoundError:
         return None
     for e in entries:
-        pid, _, ticks = e.name.partition("-")
-        if pid.isdigit() and _start_ticks(int(pid)) == ticks:
-            try:
-                since = e.stat().st_mtime
-            except FileNotFoundError:
-                continue
-            oldest = since if oldest is None else min(oldest, since)
-        else:
-            e.unlink(missing_ok=True)
+        if alive.held(e) is False:
+            e.unlink(missing_ok=True)   # a dead engine's
+            continue
+        try:
+            since = e.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        oldest = since if oldest is None else min(oldest, since)
     return oldest
 
 

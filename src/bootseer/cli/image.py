@@ -193,9 +193,9 @@ def _show(args) -> int:
 
 
 def _run(args) -> int:
-    from bootseer.cli.run import _regex
+    from bootseer.cli.run import ready_regex_arg
     from bootseer.run.node import NodeRun, RunSpec
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
     spec = RunSpec(argv=argv, image=args.ref, image_mode="lazy", prefetch=not args.record,
-                   record=not args.prefetch, ready_regex=_regex(args.ready_regex))
+                   record=not args.prefetch, ready_regex=ready_regex_arg(args.ready_regex))
     return NodeRun(spec, _config(args.store)).run()

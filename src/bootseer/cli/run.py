@@ -113,10 +113,10 @@ def spec_from_args(args):
                    ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror, stripe=not (args.no_stripe or args.baseline),
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
                    runtime=args.runtime, summary=args.summary,
-                   ready_regex=_regex(args.ready_regex))
+                   ready_regex=ready_regex_arg(args.ready_regex))
 
 
-def _regex(text: str | None):
+def ready_regex_arg(text: str | None):
     import re
     from bootseer.errors import ConfigError
     if text is None:

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootseer import alive
 from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
 from bootseer.run import container as C
@@ -116,21 +117,11 @@ STATE_PREFIX, ALIVE = "bsn-", ".alive"
 
 def sweep_dead_states(tmp: str = "/tmp") -> list[str]:
     """Remove the state directories of node runs that died without cleaning up (SIGKILL,
-    OOM): a live run holds a lock on its ``.alive`` file (released by the kernel when the
-    process dies, whatever its PID namespace). Returns the directories removed."""
-    import fcntl
+    OOM): a live run holds its ``.alive`` mark (bootseer.alive). Returns those removed."""
     gone = []
     for path in Path(tmp).glob(f"{STATE_PREFIX}*"):
-        try:
-            fd = os.open(path / ALIVE, os.O_RDWR)
-        except OSError:   # not ours, or a run still setting up
+        if alive.held(path / ALIVE) is not False:   # alive, setting up, or not ours
             continue
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue      # alive
-        finally:
-            os.close(fd)
         C.unmount_under(str(path))   # a dead run's lazy image may still be mounted
         shutil.rmtree(path, ignore_errors=True)
         gone.append(str(path))
@@ -143,14 +134,12 @@ class NodeRun:
         self.config = config or BootseerConfig.from_env()
         self.timeline = Timeline()
         self._owns_state = spec.state_dir is None
-        self._alive_fd: int | None = None
+        self._alive: alive.Mark | None = None
         if self._owns_state:
             for path in sweep_dead_states():
                 log.info("removed %s, left by a node run that died", path)
             self.state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir="/tmp"))
-            import fcntl
-            self._alive_fd = os.open(self.state / ALIVE, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.lockf(self._alive_fd, fcntl.LOCK_EX)   # held until we exit
+            self._alive = alive.Mark(self.state / ALIVE)   # held until we exit
         else:
             self.state = Path(spec.state_dir)
         self.state.mkdir(parents=True, exist_ok=True)
@@ -379,10 +368,9 @@ class NodeRun:
                     log.warning("cleanup: %s", e)
             self._write_summary()
             if self._owns_state:
+                if self._alive is not None:
+                    self._alive.release()
                 shutil.rmtree(self.state, ignore_errors=True)
-                if self._alive_fd is not None:
-                    os.close(self._alive_fd)
-                    self._alive_fd = None
 
     def _write_summary(self) -> None:
         if not self.spec.summary:

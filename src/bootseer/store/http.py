@@ -137,18 +137,16 @@ class Response:
         return self.raw.length
 
     def read(self, n: int | None = None) -> bytes:
-        try:
-            return self.raw.read() if n is None else self.raw.read(n)
-        except (http.client.HTTPException, OSError) as e:
-            self._fail()
-            raise FetchError(f"reading the body of {safe_url(self.url)} failed: "
-                             f"{type(e).__name__}: {e}", url=safe_url(self.url)) from e
+        return self._body(self.raw.read) if n is None else self._body(self.raw.read, n)
 
     def read_some(self, n: int) -> bytes:
         """Up to ``n`` bytes of the body, whatever one read from the socket gives (b"" at
         its end): for readers that check something between pieces."""
+        return self._body(self.raw.read1, n)
+
+    def _body(self, how, *args) -> bytes:
         try:
-            return self.raw.read1(n)
+            return how(*args)
         except (http.client.HTTPException, OSError) as e:
             self._fail()
             raise FetchError(f"reading the body of {safe_url(self.url)} failed: "

@@ -1,0 +1,37 @@
+"""Liveness marks (bootseer.alive): held while the holder lives, even when checked from the
+holder's own process; a killed holder's mark reads as dead."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from bootseer import alive
+
+
+def test_held_by_this_process_and_checking_does_not_drop_it(tmp_path):
+    m = alive.Mark.new_in(tmp_path / "marks")
+    assert alive.held(m.path) is True
+    assert alive.held(m.path) is True   # a probe that took and closed the lock would drop it
+    m.release()
+    assert alive.held(m.path) is None and not m.path.exists()
+    (tmp_path / "plain").touch()
+    assert alive.held(tmp_path / "plain") is False
+
+
+def test_a_killed_holders_mark_is_dead(tmp_path):
+    path = tmp_path / "mark"
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time; from bootseer import alive; "
+                          f"alive.Mark({str(path)!r}); print('held', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        assert alive.held(path) is True
+    finally:
+        p.kill()
+        p.wait(10)
+    deadline = time.time() + 5
+    while alive.held(path) and time.time() < deadline:
+        time.sleep(0.05)
+    assert alive.held(path) is False   # the file is still there; nobody holds it
