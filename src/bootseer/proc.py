@@ -1,0 +1,67 @@
+"""Children that die with their parent.
+
+A long-lived child (a FUSE server, a container engine, a builder) must not outlive the
+command that started it: after a SIGKILL of the command nothing runs its cleanup, and an
+orphan would go on serving a mount or writing into a half-built directory. The kernel's
+``PR_SET_PDEATHSIG`` sends the child a signal when its parent dies; SIGTERM by default, so
+a FUSE server (libfuse handles SIGTERM) unmounts on its way out.
+
+Use::
+
+    subprocess.Popen(argv, preexec_fn=proc.preexec())          # or **proc.popen_kwargs()
+    proc.die_with_parent(parent_pid)                            # first thing in a child
+
+Limits the caller must know:
+
+- The signal follows the parent *thread*: spawn from a thread that lives as long as the
+  child (the main thread, not a short-lived pool worker), or the child is signalled when
+  that thread ends.
+- Only the direct child is covered; a child that daemonizes its own children (podman's
+  conmon) needs the next command's cleanup (``bootseer.alive`` state directories).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import Callable
+
+_PR_SET_PDEATHSIG = 1
+
+# Looked up once here, not in the child: a preexec function runs between fork and exec,
+# where loading a library or importing a module may deadlock on a lock another thread held.
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                   ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies.
+
+    ``parent_pid`` is the pid of the process that spawned us, read *before* the spawn: if it
+    already died (we were reparented before the prctl took effect), the signal is sent now,
+    closing the race between the fork and the prctl."""
+    if _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
+
+
+def preexec(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when this process
+    (the caller of ``preexec``, i.e. the one about to spawn) dies."""
+    parent = os.getpid()
+
+    def _set_parent_death_signal() -> None:
+        die_with_parent(parent, sig)
+    return _set_parent_death_signal
+
+
+def popen_kwargs(sig: int = signal.SIGTERM) -> dict:
+    """``subprocess.Popen(argv, **popen_kwargs())``: the keyword arguments that make the
+    child die with this process."""
+    return {"preexec_fn": preexec(sig)}
