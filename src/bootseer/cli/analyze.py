@@ -17,6 +17,7 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     import json
+    from bootseer import outputs
     from bootseer.trace import cluster
     recs, notes = cluster.read_attempts(args.dir)
     c = cluster.characterize(recs)
@@ -27,9 +28,9 @@ def _run(args) -> int:
         print()
         print(cluster.compare(c, b))
     if args.json:
-        with open(args.json, "w") as f:
+        with outputs.open_output(args.json) as f:
             json.dump(c, f, indent=1)
     if args.html:
-        with open(args.html, "w") as f:
+        with outputs.open_output(args.html) as f:
             f.write(cluster.to_html(c, f"bootseer analyze: {args.dir}", out))
     return 0

@@ -159,7 +159,8 @@ def _merge(args) -> int:
                         byte_budget=parse_size(args.budget) if args.budget else None)
     out = json.dumps(merged)
     if args.output:
-        open(args.output, "w").write(out)
+        from bootseer import outputs
+        outputs.write_text(args.output, out)
     else:
         print(out)
     return 0

@@ -35,7 +35,11 @@ def build(path: str, k: float, attempt: int | None):
 
 
 def _run(args) -> int:
+    from bootseer import outputs
     from bootseer.trace import render
+    for path in (args.json, args.chrome, args.html):
+        if path:
+            outputs.check(path)   # before the work, not after it
     t, views, sums = build(args.trace, args.k, args.attempt)
     report = render.text(sums, t.skipped_lines, t.problems)
     print(report)
@@ -44,9 +48,10 @@ def _run(args) -> int:
         print()
         print(render.compare(sums, base))
     if args.json:
-        open(args.json, "w").write(render.to_json(sums))
+        outputs.write_text(args.json, render.to_json(sums))
     if args.chrome:
-        open(args.chrome, "w").write(render.chrome(views))
+        outputs.write_text(args.chrome, render.chrome(views))
     if args.html:
-        open(args.html, "w").write(render.to_html(views, sums, f"bootseer report: {args.trace}", report))
+        outputs.write_text(args.html, render.to_html(views, sums, f"bootseer report: {args.trace}",
+                                                     report))
     return 0

@@ -112,8 +112,19 @@ def spec_from_args(args):
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
                    ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror, stripe=not (args.no_stripe or args.baseline),
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
-                   runtime=args.runtime, summary=args.summary,
+                   runtime=args.runtime, summary=summary_arg(args.summary),
                    ready_regex=ready_regex_arg(args.ready_regex))
+
+
+def summary_arg(path: str | None) -> str | None:
+    """``--summary``: refused now if it can never be written (a directory...), and made
+    absolute (the run may change directory before it writes it, in place)."""
+    import os
+    from bootseer import outputs
+    if path is None:
+        return None
+    outputs.check(path, "summary")
+    return os.path.abspath(path)
 
 
 def ready_regex_arg(text: str | None):

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 _PART = 8 * 1024**2
@@ -92,24 +91,28 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
+    """The blob to ``-o FILE`` (written in place, see bootseer/outputs.py: only once it
+    verifies, spooled beside it until then; a FIFO or device is streamed to) or stdout."""
+    import contextlib
     import hashlib
 
-    from bootseer.errors import DigestMismatch, StoreError
+    from bootseer import outputs
+    from bootseer.errors import DigestMismatch
     from bootseer.store.digest import parse
-    store = _open(args)
     digest = parse(args.digest)
+    if args.output:
+        outputs.check(args.output)
+    store = _open(args)
     size = store.stat(digest)
     h = hashlib.sha256()
-    tmp = None
-    if args.output:
-        tmp = f"{args.output}.part-{os.getpid()}"
-        try:
-            out = open(tmp, "wb")
-        except OSError as e:
-            raise StoreError(f"cannot write {args.output}: {e.strerror}") from e
-    else:
-        out = sys.stdout.buffer
-    try:
+    with contextlib.ExitStack() as stack:
+        spool = None
+        if not args.output:
+            out = sys.stdout.buffer
+        elif outputs.is_stream(args.output):
+            out = stack.enter_context(outputs.open_output(args.output, "wb"))
+        else:
+            out = spool = stack.enter_context(outputs.spool_beside(args.output))
         for start in range(0, max(size, 1), _PART):
             data = store.read(digest, start, min(start + _PART, size)) if size else b""
             h.update(data)
@@ -117,16 +120,10 @@ def _get(args) -> int:
         actual = "sha256:" + h.hexdigest()
         if actual != digest:
             raise DigestMismatch(f"blob {digest} from {store.url} is corrupt: its bytes hash to "
-                                 f"{actual}" + (f" ({args.output} not written)" if tmp else ""),
+                                 f"{actual}" + (f" ({args.output} not written)" if spool else ""),
                                  digest=digest, url=store.url)
-        if tmp:
-            out.close()
-            os.replace(tmp, args.output)
-            tmp = None
-    finally:
-        if tmp:
-            out.close()
-            os.unlink(tmp)
+        if spool is not None:
+            outputs.copy_into(spool, args.output)
     return 0
 
 

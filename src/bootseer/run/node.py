@@ -377,10 +377,8 @@ class NodeRun:
             return
         data = self.timeline.to_json()
         data["ready_s"] = (self.ready_at - self.timeline.t0) if self.ready_at else None
-        tmp = f"{self.spec.summary}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, self.spec.summary)
+        from bootseer import outputs   # the user's path: written in place, never renamed over
+        outputs.write_text(self.spec.summary, json.dumps(data, indent=1), "summary")
 
 
 class RunError(BootseerError):
