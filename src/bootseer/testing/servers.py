@@ -104,8 +104,11 @@ def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: in
                 limit_rate: str | None = None, autoindex: bool = True,
                 netns: str | None = None, workers: int = 2,
                 extra_locations: str = "", tls: tuple[str, str] | None = None,
-                access_log: bool = False) -> Server:
+                access_log: bool = False, worker_user: str | None = None) -> Server:
     """Serve ``root`` read-only over HTTP/1.1 with range support and a JSON listing.
+
+    ``worker_user``: run the workers as this user (as root, default: root), as a packaged
+    nginx does (``www-data``), to see what an ordinary server can read.
 
     ``limit_rate`` (e.g. ``"15m"`` bytes/s) caps each connection: one storage node's stream.
     ``extra_locations`` is nginx config put inside the ``server`` block, e.g.
@@ -120,7 +123,7 @@ def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: in
     index = "autoindex on; autoindex_format json;" if autoindex else ""
     conf = workdir / "nginx.conf"
     # Workers read files of ours (often in 0700 temp dirs): run them as ourselves.
-    user = "user root;" if os.geteuid() == 0 else ""
+    user = f"user {worker_user};" if worker_user else "user root;" if os.geteuid() == 0 else ""
     conf.write_text(f"""
 {user}
 daemon off;

@@ -7,6 +7,9 @@ Layout (also served read-only over HTTP by nginx, see ``http.py``)::
 
 Writes go to a temp file in the same directory, are verified, fsynced and renamed, so a
 killed writer never leaves a partial blob visible. Exclusive refs use O_EXCL (atomic).
+
+The layout is world-readable whatever the writer's umask (blobs 0444, refs 0644, folders
+0755), so any web server (nginx workers run as an ordinary user) can serve it as is.
 """
 
 from __future__ import annotations
@@ -22,6 +25,23 @@ from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, hex_of, parse
 
 
+BLOB_MODE, REF_MODE, DIR_MODE = 0o444, 0o644, 0o755
+
+
+def _makedirs(path: Path) -> None:
+    """``mkdir -p`` giving every folder it creates DIR_MODE (mkdir alone obeys the umask)."""
+    if path.is_dir():
+        return
+    _makedirs(path.parent)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        return
+    os.chmod(path, DIR_MODE)
+
+
 def _check_ref_name(name: str) -> str:  # older name, kept for callers
     return check_ref_name(name)
 
@@ -35,8 +55,8 @@ class LocalBackend:
         self.root = Path(root)
         self.url = str(self.root)
         try:
-            (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-            (self.root / "refs").mkdir(exist_ok=True)
+            _makedirs(self.root / "blobs" / "sha256")
+            _makedirs(self.root / "refs")
         except OSError as e:
             raise StoreError(f"cannot create store at {self.root}: {e}", url=self.url) from e
 
@@ -96,7 +116,7 @@ class LocalBackend:
         final = self.path(digest)
         if final.exists():
             return False
-        final.parent.mkdir(parents=True, exist_ok=True)
+        _makedirs(final.parent)
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
         try:
             h = hashlib.sha256()
@@ -119,7 +139,7 @@ class LocalBackend:
             if "sha256:" + h.hexdigest() != digest:
                 raise DigestMismatch(f"refusing to store {digest}: the bytes hash to "
                                      f"sha256:{h.hexdigest()}", digest=digest, url=self.url)
-            os.chmod(tmp, 0o444)
+            os.chmod(tmp, BLOB_MODE)
             os.replace(tmp, final)
             return True
         except OSError as e:
@@ -158,11 +178,12 @@ class LocalBackend:
         parse(digest)
         path = self._ref_path(name)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _makedirs(path.parent)
         except (FileExistsError, NotADirectoryError) as e:
             raise StoreError(f"cannot create ref {name} in {self.url}: a ref is named like one "
                              f"of its parent folders", url=self.url) from e
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        os.fchmod(fd, REF_MODE)   # mkstemp makes 0600: a web server could not serve it
         with os.fdopen(fd, "w") as f:
             f.write(digest + "\n")
             f.flush()
