@@ -52,6 +52,18 @@ def _default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bootseer"
 
 
+def absolute_store_url(url: str) -> str:
+    """A store URL naming a local directory (a path, ``file://``) as an absolute path;
+    other URLs as they are."""
+    if not url:
+        return url
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    elif "://" in url:
+        return url
+    return os.path.abspath(url)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreConfig:
     url: str = field(default_factory=lambda: str(_default_data_dir() / "store"))
@@ -64,6 +76,10 @@ class StoreConfig:
     insecure: bool = False
     """Allow plain http to a registry that is not on loopback."""
 
+    def __post_init__(self) -> None:
+        # a mount's server does not run in our directory: a relative store must not move
+        object.__setattr__(self, "url", absolute_store_url(self.url))
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CacheConfig:
@@ -75,6 +91,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
             raise ConfigError("cache.budget_bytes", "must be > 0")
+        if self.dir:   # shared by processes that do not run in our directory
+            object.__setattr__(self, "dir", os.path.abspath(self.dir))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -52,7 +52,7 @@ class LocalBackend:
 
     def __init__(self, root: str | os.PathLike):
         """Open (creating if needed) the store in directory ``root``."""
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))   # the same store after a chdir
         self.url = str(self.root)
         try:
             _makedirs(self.root / "blobs" / "sha256")
