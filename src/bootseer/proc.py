@@ -8,16 +8,17 @@ a FUSE server (libfuse handles SIGTERM) unmounts on its way out.
 
 Use::
 
-    subprocess.Popen(argv, preexec_fn=proc.preexec())          # or **proc.popen_kwargs()
-    proc.die_with_parent(parent_pid)                            # first thing in a child
+    p = proc.spawn(subprocess.Popen, argv, **proc.popen_kwargs())
+    proc.spawn(multiprocessing_process.start)   # and, first thing in the child:
+    proc.die_with_parent(parent_pid)
 
-Limits the caller must know:
+The kernel sends the signal when the parent *thread* ends, not the process: a child started
+from a short-lived thread (a pipeline's worker) would be killed when that thread returns.
+:func:`spawn` therefore starts children from the main thread or from one spawner thread
+that lives as long as the process.
 
-- The signal follows the parent *thread*: spawn from a thread that lives as long as the
-  child (the main thread, not a short-lived pool worker), or the child is signalled when
-  that thread ends.
-- Only the direct child is covered; a child that daemonizes its own children (podman's
-  conmon) needs the next command's cleanup (``bootseer.alive`` state directories).
+Only the direct child is covered; a child that daemonizes its own children (podman's
+conmon) needs the next command's cleanup (``bootseer.alive`` state directories).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from typing import Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,3 +68,21 @@ def popen_kwargs(sig: int = signal.SIGTERM) -> dict:
     """``subprocess.Popen(argv, **popen_kwargs())``: the keyword arguments that make the
     child die with this process."""
     return {"preexec_fn": preexec(sig)}
+
+
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def spawn(start: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``start(*args, **kwargs)`` (``subprocess.Popen``, ``Process.start``...) from a thread
+    that outlives the child: the calling thread when it is the main thread, else the
+    process's spawner thread. Returns what ``start`` returns; raises what it raises."""
+    global _spawner
+    me = threading.current_thread()
+    if me is threading.main_thread() or me.name.startswith("bootseer-spawner"):
+        return start(*args, **kwargs)
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bootseer-spawner")
+    return _spawner.submit(start, *args, **kwargs).result()
