@@ -4,6 +4,14 @@ critical path, stragglers (median + k*MAD), a what-if without stragglers, GPU-se
 Clocks: nodes disagree. If every node of an attempt recorded a ``rendezvous`` mark, node
 clocks are shifted so those marks coincide (the rendezvous is one instant for the whole
 job); otherwise wall clocks are used as they are (NTP-synchronised). The report says which.
+Within a node the monotonic clock is the reference: an event whose wall times disagree with
+its recorded monotonic times (the wall clock stepped during it) is placed from the node's
+usual wall-minus-monotonic offset and keeps its monotonic duration.
+
+Tracks: each span and mark is put on a lane, one per pipeline per process of a node
+(``image``, ``deps``, ``ckpt``, ``job``, ...; the pipeline of a span is that of its top-level
+ancestor), and within a lane on a track whose slices nest properly (a span overlapping
+another without nesting in it, e.g. a phase reported by ``emit``, opens a second track).
 """
 
 from __future__ import annotations
@@ -13,6 +21,19 @@ from dataclasses import dataclass, field
 
 K_MAD = 3.0
 UNTRACED = "(untraced)"   # time to ready not covered by any top-level phase on the node
+CLOCK_STEP_S = 0.5        # wall and monotonic clocks disagreeing by more: the wall clock stepped
+NEST_EPS_S = 1e-6
+
+# the pipeline a phase belongs to, by its first name component; the auto-capture's phases
+# of a training process (interpreter, imports, init, first step) are its "job" pipeline
+PIPELINE_OF = {"python": "job", "import": "job", "dist": "job", "train": "job",
+               "model": "job", "rendezvous": "job", "ready": "job"}
+PIPELINE_ORDER = ["startup", "container", "image", "deps", "ckpt", "job"]
+
+
+def pipeline_of(phase: str) -> str:
+    head = phase.split(".", 1)[0]
+    return PIPELINE_OF.get(head, head)
 
 
 def _covered(intervals: list[tuple[float, float]]) -> float:
@@ -33,6 +54,8 @@ class NodeView:
     phases: dict[str, float] = field(default_factory=dict)   # top-level phase -> seconds
     spans: list[dict] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    marks: list[dict] = field(default_factory=list)          # instants: phase, t, lane, attrs
+    lanes: list[str] = field(default_factory=list)            # lane labels, display order
     last_rank: int | None = None                              # the rank that was ready last
     missing_ranks: list[int] = field(default_factory=list)    # ranks that never got ready
 
@@ -47,6 +70,7 @@ class AttemptView:
     nodes: list[NodeView]
     t0: float
     alignment: str
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ready(self) -> float | None:
@@ -74,22 +98,113 @@ def attempts(events: list[dict]) -> list[AttemptView]:
     return [_attempt(a, evs) for a, evs in sorted(by_attempt.items())]
 
 
+def wall_times(evs: list[dict]) -> tuple[dict[int, tuple[float, float]], int]:
+    """(start, end) of each of a node's events (by ``id``), trusting the monotonic clock.
+
+    Each event recorded both clocks; their difference is the same for every event of a node
+    unless the wall clock stepped (NTP, an operator). The node's usual difference (the
+    median) places an event whose own difference or duration disagrees with it, and its
+    duration is the monotonic one. Events without monotonic times keep their wall times.
+    Returns the times and how many events were placed from the monotonic clock."""
+    offsets = sorted(e["start"] - e["mono_start"] for e in evs if _has_mono(e))
+    times = {id(e): (e["start"], e["end"]) for e in evs}
+    if not offsets:
+        return times, 0
+    ref = offsets[len(offsets) // 2]
+    fixed = 0
+    for e in evs:
+        if not _has_mono(e):
+            continue
+        mono_dur = max(e["mono_end"] - e["mono_start"], 0.0)
+        if abs(e["start"] - e["mono_start"] - ref) > CLOCK_STEP_S \
+                or abs((e["end"] - e["start"]) - mono_dur) > CLOCK_STEP_S \
+                or e["end"] < e["start"]:
+            start = e["mono_start"] + ref
+            times[id(e)] = (start, start + mono_dur)
+            fixed += 1
+    return times, fixed
+
+
+def _has_mono(e: dict) -> bool:
+    return all(type(e.get(k)) in (int, float) for k in ("mono_start", "mono_end"))
+
+
+def _lane_of(e: dict, parents: dict) -> tuple:
+    """(pipeline, pid) of an event: the pipeline of its top-level ancestor in its process."""
+    name, seen = e["phase"], 0
+    parent = e.get("parent")
+    while parent and seen < 32:   # parent names one enclosing phase of the same thread
+        name, parent, seen = parent, parents.get((e.get("pid"), parent)), seen + 1
+    return pipeline_of(name), e.get("pid")
+
+
+def _lane_labels(keys: set, ranks: dict) -> dict:
+    """Display labels of a node's lanes: the pipeline, with the rank (or process) when
+    several processes of the node run the same pipeline."""
+    per_pipeline: dict[str, list] = {}
+    for key in keys:
+        per_pipeline.setdefault(key[0], []).append(key)
+    labels = {}
+    for pipeline, group in per_pipeline.items():
+        for key in group:
+            rank = ranks.get(key[1])
+            if len(group) == 1:
+                labels[key] = pipeline
+            elif rank is not None and sum(ranks.get(k[1]) == rank for k in group) == 1:
+                labels[key] = f"{pipeline} rank {rank}"
+            else:
+                labels[key] = f"{pipeline} pid {key[1]}"
+    return labels
+
+
+def _lane_sort_key(label: str):
+    pipeline = label.split(" ", 1)[0]
+    order = PIPELINE_ORDER.index(pipeline) if pipeline in PIPELINE_ORDER else len(PIPELINE_ORDER)
+    return order, pipeline, len(label), label
+
+
+def _assign_tracks(spans: list[dict]) -> None:
+    """Give each span of one lane a ``track`` (0, 1...) and ``depth`` such that the slices
+    of a track nest properly: a span that overlaps the open slice without fitting inside it
+    goes to the next track that can take it."""
+    tracks: list[list[float]] = []          # per track: the ends of the open slices
+    for s in sorted(spans, key=lambda x: (x["start"], -x["end"])):
+        for i, stack in enumerate(tracks):
+            while stack and stack[-1] <= s["start"] + NEST_EPS_S:
+                stack.pop()
+            if not stack or s["end"] <= stack[-1] + NEST_EPS_S:
+                break
+        else:
+            tracks.append([])
+            i, stack = len(tracks) - 1, tracks[-1]
+        s["track"], s["depth"] = i, len(stack)
+        stack.append(s["end"])
+
+
 def _attempt(attempt: int, events: list[dict]) -> AttemptView:
     by_node: dict[str, list[dict]] = {}
     for e in events:
         by_node.setdefault(str(e["node"]), []).append(e)
+    problems = []
+    times: dict[int, tuple[float, float]] = {}
+    for n, evs in sorted(by_node.items()):
+        node_times, fixed = wall_times(evs)
+        times.update(node_times)
+        if fixed:
+            problems.append(f"attempt {attempt} node {n}: the wall clock stepped; {fixed} "
+                            f"event(s) placed by the monotonic clock")
     offsets = {n: 0.0 for n in by_node}
-    rdzv = {n: next((e["start"] for e in evs if e.get("kind") == "mark"
+    rdzv = {n: next((times[id(e)][0] for e in evs if e.get("kind") == "mark"
                      and e["phase"] == "rendezvous"), None) for n, evs in by_node.items()}
     alignment = "wall clock (NTP)"
     if len(by_node) > 1 and all(v is not None for v in rdzv.values()):
         ref = statistics.median(rdzv.values())
         offsets = {n: ref - v for n, v in rdzv.items()}
         alignment = "rendezvous marks"
-    t0 = min(min(e["start"] for e in evs) + offsets[n] for n, evs in by_node.items())
+    t0 = min(min(times[id(e)][0] for e in evs) + offsets[n] for n, evs in by_node.items())
     nodes = []
     for n, evs in sorted(by_node.items()):
-        off = offsets[n]
+        off = offsets[n] - t0
         # a node is ready when every training rank on it is (the last rank's ready mark);
         # a rank that wrote events but no ready mark was killed or failed first. Keyed by
         # rank, not process: helpers started for a rank (a mount's server reporting its
@@ -98,23 +213,33 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
         for e in evs:
             if e.get("kind") == "mark" and e["phase"] == "ready":
                 who = e["rank"] if e.get("rank") is not None else ("pid", e.get("pid"))
-                readies[who] = max(readies.get(who, float("-inf")), e["start"] + off - t0)
+                readies[who] = max(readies.get(who, float("-inf")), times[id(e)][0] + off)
         ranks = {e["rank"] for e in evs if e.get("rank") is not None}
         missing = [r for r in ranks if r not in readies]
         ready = max(readies.values()) if readies and not missing else None
         last = max(readies, key=readies.get) if readies else None
         view = NodeView(node=n, gpus=max(int(e.get("gpus") or 0) for e in evs),
-                        start=min(e["start"] for e in evs) + off - t0, ready=ready,
+                        start=min(times[id(e)][0] for e in evs) + off, ready=ready,
                         last_rank=last if last in ranks else None,
                         missing_ranks=sorted(missing, key=str))
+        parents = {(e.get("pid"), e["phase"]): e.get("parent") for e in evs
+                   if e.get("kind") != "mark"}
+        pid_rank = {e.get("pid"): e.get("rank") for e in evs if e.get("rank") is not None}
+        lane_keys: dict[int, tuple] = {id(e): _lane_of(e, parents) for e in evs}
+        labels = _lane_labels(set(lane_keys.values()), pid_rank)
         per_pid: dict[str, dict] = {}
         for e in evs:
+            s, en = (x + off for x in times[id(e)])
+            lane = labels[lane_keys[id(e)]]
             if e.get("kind") == "mark":
+                view.marks.append({"phase": e["phase"], "t": s, "lane": lane,
+                                   "rank": e.get("rank"), "pid": e.get("pid"),
+                                   "attrs": e.get("attrs") or {}})
                 continue
-            s, en = e["start"] + off - t0, e["end"] + off - t0
             view.spans.append({"phase": e["phase"], "start": s, "end": en,
                                "status": e.get("status", "ok"), "parent": e.get("parent"),
-                               "pid": e.get("pid"), "attrs": e.get("attrs") or {}})
+                               "pid": e.get("pid"), "rank": e.get("rank"), "lane": lane,
+                               "attrs": e.get("attrs") or {}})
             if e.get("status") == "failed":
                 view.failed.append(e["phase"])
             if not e.get("parent"):
@@ -124,6 +249,13 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
                 if ready is None or s < ready:
                     per_pid.setdefault(e["phase"], {}).setdefault(e.get("pid"), []).append(
                         max(0.0, took))
+        by_lane: dict[str, list[dict]] = {}
+        for x in view.spans:
+            by_lane.setdefault(x["lane"], []).append(x)
+        for lane_spans in by_lane.values():
+            _assign_tracks(lane_spans)
+        view.lanes = sorted(set(labels.values()), key=_lane_sort_key)
+        view.marks.sort(key=lambda m: m["t"])
         # several processes on one node (ranks) run a phase side by side: the node's time
         # in a phase is its slowest process's (sum over that process's spans)
         view.phases = {p: max(sum(v) for v in by_pid.values()) for p, by_pid in per_pid.items()}
@@ -134,7 +266,7 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
             if gap > 1e-3:
                 view.phases[UNTRACED] = gap
         nodes.append(view)
-    return AttemptView(attempt, nodes, t0, alignment)
+    return AttemptView(attempt, nodes, t0, alignment, problems)
 
 
 @dataclass
@@ -152,6 +284,11 @@ class Summary:
     k: float
     what_if: float | None
     gpu_seconds_lost: float
+    critical_path: list[dict] = field(default_factory=list)   # the gating node's chain
+    path_shares: dict[str, float] = field(default_factory=dict)  # seconds per pipeline on it
+    ranks: list[dict] = field(default_factory=list)            # the job's phases per rank
+    figures: dict[str, dict] = field(default_factory=dict)     # technique figures (medians)
+    problems: list[str] = field(default_factory=list)
 
 
 def _gating_phase(slow: NodeView, phases: dict, *, straggler: bool) -> str | None:
@@ -198,6 +335,84 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     wait = ttr if ttr is not None else max((s["end"] for n in view.nodes for s in n.spans),
                                            default=0.0)
     gpu_lost = sum(n.gpus for n in view.nodes) * wait
+    from bootseer.trace import critical_path as cp
+    gate = cp.gating_node(view)
+    path = cp.node_path(gate, view) if gate is not None else []
     return Summary(view.attempt, len(view.nodes), ttr, [n.node for n in view.not_ready],
-                   view.alignment, phases, gating_node, gating_phase, gating_rank, stragglers, k, what_if,
-                   gpu_lost)
+                   view.alignment, phases, gating_node, gating_phase, gating_rank, stragglers, k,
+                   what_if, gpu_lost,
+                   critical_path=[{"node": x.node, "phase": x.phase, "lane": x.lane,
+                                   "start": x.start,
+                                   "end": x.end, "seconds": x.seconds} for x in path],
+                   path_shares=cp.shares(path), ranks=rank_rows(view),
+                   figures=technique_figures(view), problems=list(view.problems))
+
+
+# the job's own phases per rank, from the auto-capture (trace/auto.py) or the simulator
+RANK_COLUMNS = [("python.start", "interpreter"), ("import.", "imports"),
+                ("dist.init", "dist.init"), ("ckpt.load", "ckpt.load"),
+                ("model.init", "model.init"), ("train.first_step", "first step")]
+
+
+def rank_rows(view: AttemptView) -> list[dict]:
+    """Per node and rank: seconds in each of the job's phases, how long the rank waited at
+    the first collective for the slowest one (its ``dist.init`` less the shortest
+    ``dist.init`` of the attempt: the last rank to arrive waited for no one; durations, so
+    clock skew does not matter), and when it was ready."""
+    rows = []
+    for n in view.nodes:
+        per: dict = {}
+        for x in n.spans:
+            if x["parent"]:
+                continue
+            for prefix, col in RANK_COLUMNS:
+                if x["phase"] == prefix or (prefix.endswith(".") and x["phase"].startswith(prefix)):
+                    who = x["rank"] if x["rank"] is not None else f"pid {x['pid']}"
+                    per.setdefault(who, {}).setdefault(col, []).append((x["start"], x["end"]))
+        readies = {(m["rank"] if m["rank"] is not None else f"pid {m['pid']}"): m["t"]
+                   for m in n.marks if m["phase"] == "ready"}
+        for who, cols in per.items():
+            row = {"node": n.node, "rank": who, "ready": readies.get(who)}
+            row.update({col: _covered(iv) for col, iv in cols.items()})
+            rows.append(row)
+    inits = [r["dist.init"] for r in rows if "dist.init" in r]
+    floor = min(inits, default=0.0)
+    for r in rows:
+        r["rendezvous_wait"] = r["dist.init"] - floor if "dist.init" in r else None
+    return rows
+
+
+def technique_figures(view: AttemptView) -> dict[str, dict]:
+    """Medians over nodes of what each technique reported: image coverage, precision and
+    stalls (the ``image.window`` mark), dependency restore/build/install times, checkpoint
+    throughput, first byte and stalls (``ckpt.load``)."""
+    img: dict[str, list] = {}
+    deps: dict[str, list] = {}
+    ckpt: dict[str, list] = {}
+    for n in view.nodes:
+        for m in n.marks:
+            if m["phase"] == "image.window":
+                for key in ("coverage", "precision", "stall_s", "store_bytes", "window_s"):
+                    v = m["attrs"].get(key)
+                    if isinstance(v, (int, float)):
+                        img.setdefault(key, []).append(float(v))
+        for phase in ("deps.restore", "deps.build", "deps.install"):
+            if phase in n.phases:
+                deps.setdefault(phase.split(".")[1] + "_s", []).append(n.phases[phase])
+        for x in n.spans:
+            if x["phase"] != "ckpt.load":
+                continue
+            a, dur = x["attrs"], x["end"] - x["start"]
+            size = a.get("bytes_consumed", a.get("bytes"))
+            if isinstance(size, (int, float)) and dur > 0:
+                ckpt.setdefault("mb_per_s", []).append(size / dur / 1e6)
+                ckpt.setdefault("mb", []).append(size / 1e6)
+            for key in ("first_byte_s", "stall_s"):
+                if isinstance(a.get(key), (int, float)):
+                    ckpt.setdefault(key, []).append(float(a[key]))
+    out = {}
+    for name, d in (("image", img), ("deps", deps), ("ckpt", ckpt)):
+        if d:
+            out[name] = {k: statistics.median(v) for k, v in d.items()}
+            out[name]["nodes"] = max(len(v) for v in d.values())
+    return out
