@@ -114,8 +114,8 @@ def publish_recorded(config, path: str) -> str | None:
     if not os.path.exists(path):
         return None
     store = open_store(config.store.url, config)
-    if not store.writable:
-        logging.getLogger(__name__).info(
+    if not store.writable:   # a normal case (a mirror, read-only NFS): say it once
+        logging.getLogger(__name__).warning(
             "store %s is read-only: the hot-block profile is not published", store.url)
         return None
     with open(path) as f:

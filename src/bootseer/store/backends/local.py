@@ -14,13 +14,14 @@ The layout is world-readable whatever the writer's umask (blobs 0444, refs 0644,
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from bootseer.errors import BlobNotFound, DigestMismatch, RangeError, StoreError
+from bootseer.errors import BlobNotFound, DigestMismatch, RangeError, ReadOnlyStore, StoreError
 from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, hex_of, parse
 
@@ -46,19 +47,31 @@ def _check_ref_name(name: str) -> str:  # older name, kept for callers
     return check_ref_name(name)
 
 
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 class LocalBackend:
     host = "local"
-    writable = True
 
     def __init__(self, root: str | os.PathLike):
-        """Open (creating if needed) the store in directory ``root``."""
+        """Open (creating if needed) the store in directory ``root``. A store this process
+        cannot write (a read-only mount, a mirror) opens too, with ``writable`` False:
+        reads work, writes raise ReadOnlyStore."""
         self.root = Path(os.path.abspath(root))   # the same store after a chdir
         self.url = str(self.root)
         try:
             _makedirs(self.root / "blobs" / "sha256")
             _makedirs(self.root / "refs")
         except OSError as e:
-            raise StoreError(f"cannot create store at {self.root}: {e}", url=self.url) from e
+            if not (e.errno in _READ_ONLY_ERRNOS and self.root.is_dir()):
+                raise StoreError(f"cannot create store at {self.root}: {e}", url=self.url) from e
+            # a read-only store lacking a folder: nothing to read there, nothing to write
+        # access() answers for this process (root included) and for read-only mounts
+        self.writable = all(os.access(self.root / d, os.W_OK) for d in ("blobs/sha256", "refs"))
+
+    def _read_only(self, what: str, cause: OSError | None = None) -> ReadOnlyStore:
+        why = f" ({cause.strerror})" if cause is not None and cause.strerror else ""
+        return ReadOnlyStore(f"cannot {what}: store {self.url} is read-only{why}", url=self.url)
 
     def path(self, digest: Digest) -> Path:
         h = hex_of(digest)
@@ -116,8 +129,16 @@ class LocalBackend:
         final = self.path(digest)
         if final.exists():
             return False
-        _makedirs(final.parent)
-        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
+        if not self.writable:
+            raise self._read_only(f"write blob {digest}")
+        try:
+            _makedirs(final.parent)
+            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
+        except OSError as e:
+            if e.errno in _READ_ONLY_ERRNOS:
+                raise self._read_only(f"write blob {digest}", e) from e
+            raise StoreError(f"cannot write blob {digest} to {self.url}: {e}", digest=digest,
+                             url=self.url) from e
         try:
             h = hashlib.sha256()
             written = 0
@@ -177,12 +198,18 @@ class LocalBackend:
         ``exclusive``, hard-linked: link() fails if the name exists, across processes)."""
         parse(digest)
         path = self._ref_path(name)
+        if not self.writable:
+            raise self._read_only(f"set ref {name}")
         try:
             _makedirs(path.parent)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         except (FileExistsError, NotADirectoryError) as e:
             raise StoreError(f"cannot create ref {name} in {self.url}: a ref is named like one "
                              f"of its parent folders", url=self.url) from e
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        except OSError as e:
+            if e.errno in _READ_ONLY_ERRNOS:
+                raise self._read_only(f"set ref {name}", e) from e
+            raise StoreError(f"cannot set ref {name} in {self.url}: {e}", url=self.url) from e
         os.fchmod(fd, REF_MODE)   # mkstemp makes 0600: a web server could not serve it
         with os.fdopen(fd, "w") as f:
             f.write(digest + "\n")
@@ -206,6 +233,11 @@ class LocalBackend:
             self._ref_path(name).unlink()
         except FileNotFoundError:
             pass
+        except OSError as e:
+            if e.errno in _READ_ONLY_ERRNOS:
+                raise self._read_only(f"remove ref {name}", e) from e
+            raise StoreError(f"cannot remove ref {name} from {self.url}: {e}",
+                             url=self.url) from e
 
     def list_refs(self, prefix: str = "") -> Iterator[str]:
         base = self.root / "refs"
