@@ -6,14 +6,29 @@ Whether a mark is held is read from ``/proc/locks``, never by trying to take the
 POSIX locks never conflict within one process, so a probe from the holder's own process
 would succeed, and closing the probe would drop the holder's lock. Holders in other PID
 namespaces are seen too (the lock is on the file).
+
+State directories build on marks: every command that mounts or keeps state makes a
+:class:`StateDir` (``/tmp/<prefix>XXXX`` holding its mark) and notes in it what it leaves
+outside (a mount point, another directory with the command that undoes it). The next
+command on the node (:func:`sweep_dead`) removes what a dead command left: its notes undone,
+its mounts lazily unmounted deepest first, its directory removed; never a live one's.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
+import logging
 import os
+import shutil
+import stat
+import subprocess
 import tempfile
 from pathlib import Path
+
+from bootseer.mount import points
+
+log = logging.getLogger(__name__)
 
 
 class Mark:
@@ -40,13 +55,9 @@ class Mark:
             self._fd = None
 
 
-def held(path: str | os.PathLike) -> bool | None:
-    """Whether a live process holds the mark at ``path`` (None: there is no such file)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+def _held_locks() -> set[tuple[int, int, int]] | None:
+    """(major, minor, inode) of every file a process holds a lock on; None: cannot tell."""
+    out = set()
     try:
         with open("/proc/locks") as f:
             for line in f:
@@ -54,8 +65,162 @@ def held(path: str | os.PathLike) -> bool | None:
                 if "->" in fields or len(fields) < 6:   # a waiter, not a holder
                     continue
                 major, minor, ino = fields[5].split(":")
-                if (int(major, 16), int(minor, 16), int(ino)) == want:
-                    return True
+                out.add((int(major, 16), int(minor, 16), int(ino)))
     except (OSError, ValueError):
+        return None
+    return out
+
+
+def held(path: str | os.PathLike, locks: set | None = None) -> bool | None:
+    """Whether a live process holds the mark at ``path`` (None: there is no such file).
+    ``locks``: a :func:`_held_locks` read to reuse (one read for many marks)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    locks = _held_locks() if locks is None else locks
+    if locks is None:
         return True   # cannot tell: treat as alive, never remove what may be in use
-    return False
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in locks
+
+
+# -- state directories -----------------------------------------------------------------------
+STATE_ROOT = "/tmp"   # fixed, not $TMPDIR: every command on the node must look in one place
+STATE_PREFIXES = ("bsn-", "bsimg-", "bsfuse-")   # node run, image mount, one FUSE mount
+MARK, NOTES = ".alive", ".left-outside"
+
+
+class StateDir:
+    """A command's private directory under ``root``, marked alive while the command lives.
+    Creating one first sweeps what dead commands left (``sweep``)."""
+
+    def __init__(self, prefix: str, root: str = STATE_ROOT, *, sweep: bool = True):
+        if prefix not in STATE_PREFIXES:
+            raise ValueError(f"unknown state prefix {prefix!r} (add it to STATE_PREFIXES)")
+        if sweep:
+            sweep_dead(root)
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        self._mark: Mark | None = Mark(self.path / MARK)
+
+    def note_mount(self, mountpoint: str) -> None:
+        """A mount this command made outside its directory: unmounted by the next command if
+        this one dies with it still mounted (the same mount: its id and device match)."""
+        entry = points.find(mountpoint)
+        if entry is not None:
+            self._note({"mount": entry.mountpoint, "id": entry.mount_id, "dev": entry.dev})
+
+    def note_dir(self, path: str, undo: list[str] | None = None) -> None:
+        """A directory this command made outside its own: if it dies, the next command runs
+        ``undo`` (e.g. removes the containers whose storage is there), unmounts what is
+        left under ``path`` and removes it."""
+        self._note({"dir": os.path.realpath(path), "undo": list(undo or [])})
+
+    def _note(self, record: dict) -> None:
+        with open(self.path / NOTES, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        """This command cleaned up after itself: remove the directory (unmounting what is
+        still below it). The mark goes last, so a kill midway leaves a dead, swept state."""
+        if self._mark is None:
+            return
+        points.unmount_under(str(self.path))
+        for child in self.path.iterdir():
+            if child.name == MARK:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+        self._mark.release()
+        self._mark = None
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> "StateDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _private(path: Path) -> bool:
+    """Made by us: owned by this user, not writable by others, not a symlink. A directory
+    anyone could plant in /tmp must never make us unmount, run or remove anything."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)
+
+
+def _notes(state: Path) -> list[dict]:
+    try:
+        fd = os.open(state / NOTES, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return []
+        lines = f.read(1 << 20).splitlines()
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue   # torn by the kill
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def sweep_dead(root: str = STATE_ROOT) -> list[str]:
+    """Remove the state dead commands left under ``root`` (see the module docstring);
+    return the directories removed. A state being set up or closed (no mark file), one
+    whose holder is alive, and one we did not make are left alone."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    candidates = [Path(root, n) for n in names if n.startswith(STATE_PREFIXES)]
+    candidates = [p for p in candidates if _private(p) and stat.S_ISDIR(os.lstat(p).st_mode)]
+    if not candidates:
+        return []
+    locks = _held_locks()
+    live_mounts, dead = set(), []
+    for path in candidates:
+        state = held(path / MARK, locks)
+        if state is None:
+            continue
+        if state:
+            live_mounts |= {(r.get("mount"), r.get("id")) for r in _notes(path) if "mount" in r}
+        else:
+            dead.append(path)
+    for path in dead:
+        _undo(path, live_mounts)
+        log.info("removed %s, left by a command that died", path)
+    return [str(p) for p in dead]
+
+
+def _undo(state: Path, live_mounts: set) -> None:
+    mounted = {(e.mountpoint, e.mount_id, e.dev) for e in points.table()}
+    for record in _notes(state):
+        undo = record.get("undo")
+        if undo and isinstance(undo, list) and all(isinstance(a, str) for a in undo):
+            try:
+                subprocess.run(undo, capture_output=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                log.warning("cleanup of a dead command's state: %s: %s", undo[0], e)
+        where = record.get("dir")
+        if isinstance(where, str) and _private(Path(where)):
+            points.unmount_under(where)
+            shutil.rmtree(where, ignore_errors=True)
+        mp = record.get("mount")
+        if ((mp, record.get("id"), record.get("dev")) in mounted
+                and (mp, record.get("id")) not in live_mounts):
+            points.lazy_unmount(mp)
+    points.unmount_under(str(state))
+    shutil.rmtree(state, ignore_errors=True)

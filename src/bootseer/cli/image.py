@@ -81,14 +81,14 @@ def _convert(args) -> int:
 
 def _mount(args) -> int:
     import os
-    import shutil
     import signal
-    import tempfile
     import time
+    from bootseer.alive import StateDir
     from bootseer.image.session import mount_image
     from bootseer.tree.session import TRIGGER
     config = _config(args.store)
-    state = tempfile.mkdtemp(prefix="bsimg-")
+    state_dir = StateDir("bsimg-")   # swept by the next command if we are SIGKILLed
+    state = str(state_dir.path)
     stop = []   # handlers first: a SIGTERM once the mount is visible must still unmount
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda n, f: stop.append(n))
@@ -108,7 +108,7 @@ def _mount(args) -> int:
         handle.unmount()
         return _publish(config, state, args.record)
     finally:
-        shutil.rmtree(state, ignore_errors=True)
+        state_dir.close()
 
 
 def _publish(config, state, record: bool) -> int:

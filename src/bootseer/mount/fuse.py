@@ -21,6 +21,7 @@ import subprocess
 import time
 from typing import Callable
 
+from bootseer import alive, proc as procs
 from bootseer.errors import BootseerError
 from bootseer.mount.errno_map import to_errno
 from bootseer.mount.view import TreeView
@@ -102,9 +103,12 @@ def operations(view: TreeView):
     return Ops()
 
 
-def _serve(view_factory, mountpoint: str, name: str, ready) -> None:
+def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> None:
     import mfusepy
     os.setsid()
+    # The mount must not outlive the process that made it (a SIGKILLed `image mount`):
+    # SIGTERM when it dies, which libfuse's handler turns into an unmount.
+    procs.die_with_parent(parent_pid, signal.SIGTERM)
     try:
         view = view_factory()
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -143,8 +147,9 @@ def set_read_ahead(mountpoint: str, kb: int) -> bool:
 
 
 class MountHandle:
-    def __init__(self, proc, mountpoint: str):
+    def __init__(self, proc, mountpoint: str, state: alive.StateDir | None = None):
         self.proc, self.mountpoint = proc, mountpoint
+        self.state = state   # notes the mount, so a SIGKILLed owner's is undone next time
 
     @property
     def pid(self) -> int:
@@ -162,6 +167,9 @@ class MountHandle:
             self.proc.join(5)
         if os.path.ismount(self.mountpoint):
             _lazy_unmount(self.mountpoint)
+        if self.state is not None:
+            self.state.close()
+            self.state = None
 
     def __enter__(self):
         return self
@@ -173,7 +181,9 @@ class MountHandle:
 def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_kb: int = 1024,
           name: str = "bootseer", timeout: float = 30) -> MountHandle:
     """Mount ``view_factory()`` at ``mountpoint`` in a child process; return when it is
-    serving. Errors building the view are raised here, before anything is mounted."""
+    serving. Errors building the view are raised here, before anything is mounted.
+    The server dies with this process; what a killed one left is removed first."""
+    alive.sweep_dead()   # a mount left at ``mountpoint`` by a SIGKILLed command goes now
     if not os.path.isdir(mountpoint):
         raise MountError(f"mount point {mountpoint} is not a directory")
     if os.path.ismount(mountpoint):
@@ -187,10 +197,11 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
     # nothing; the view factory must pickle (a module-level function or a partial of one).
     ctx = multiprocessing.get_context("spawn")
     r, w = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_serve, args=(view_factory, mountpoint, name, w), daemon=False,
+    proc = ctx.Process(target=_serve, args=(view_factory, mountpoint, name, w, os.getpid()),
+                       daemon=False,
                        name=f"bootseer-fuse-{name}")
     try:
-        proc.start()   # pickles the factory for the new interpreter
+        procs.spawn(proc.start)   # pickles the factory; from a thread that outlives the server
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         r.close()
         w.close()
@@ -218,8 +229,10 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
             raise MountError(f"FUSE server for {name} did not mount {mountpoint} "
                              f"(exit {proc.exitcode})")
         time.sleep(0.02)
+    state = alive.StateDir("bsfuse-", sweep=False)
+    state.note_mount(mountpoint)
     set_read_ahead(mountpoint, read_ahead_kb)
-    return MountHandle(proc, mountpoint)
+    return MountHandle(proc, mountpoint, state)
 
 
 def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,

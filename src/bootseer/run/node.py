@@ -17,16 +17,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootseer import alive
+from bootseer import proc as procs
 from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
 from bootseer.run import container as C
@@ -112,20 +111,14 @@ class Timeline:
         return {"t0": self.t0, "phases": self.phases}
 
 
-STATE_PREFIX, ALIVE = "bsn-", ".alive"
+STATE_PREFIX, ALIVE = "bsn-", alive.MARK
 
 
-def sweep_dead_states(tmp: str = "/tmp") -> list[str]:
-    """Remove the state directories of node runs that died without cleaning up (SIGKILL,
-    OOM): a live run holds its ``.alive`` mark (bootseer.alive). Returns those removed."""
-    gone = []
-    for path in Path(tmp).glob(f"{STATE_PREFIX}*"):
-        if alive.held(path / ALIVE) is not False:   # alive, setting up, or not ours
-            continue
-        C.unmount_under(str(path))   # a dead run's lazy image may still be mounted
-        shutil.rmtree(path, ignore_errors=True)
-        gone.append(str(path))
-    return gone
+def sweep_dead_states(tmp: str = alive.STATE_ROOT) -> list[str]:
+    """Remove what commands that died without cleaning up (SIGKILL, OOM) left on the node:
+    their state directories, mounts and containers (bootseer.alive). Returns the
+    directories removed; a live command's are kept."""
+    return alive.sweep_dead(tmp)
 
 
 class NodeRun:
@@ -134,12 +127,10 @@ class NodeRun:
         self.config = config or BootseerConfig.from_env()
         self.timeline = Timeline()
         self._owns_state = spec.state_dir is None
-        self._alive: alive.Mark | None = None
-        if self._owns_state:
-            for path in sweep_dead_states():
-                log.info("removed %s, left by a node run that died", path)
-            self.state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir="/tmp"))
-            self._alive = alive.Mark(self.state / ALIVE)   # held until we exit
+        self._state_dir: alive.StateDir | None = None
+        if self._owns_state:   # held until we exit; a dead run's is swept by the next
+            self._state_dir = alive.StateDir(STATE_PREFIX)
+            self.state = self._state_dir.path
         else:
             self.state = Path(spec.state_dir)
         self.state.mkdir(parents=True, exist_ok=True)
@@ -314,6 +305,7 @@ class NodeRun:
             container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
                                     env=env, binds=binds)
             self._running = C.start(container, runtime=s.runtime, **self._output_pipes())
+            self._note_container(self._running)
             waiter, forward = self._running.wait, self._running.send_signal
             pumps = self._pump_output(self._running.proc, signal_dir / "ready")
         else:
@@ -321,8 +313,8 @@ class NodeRun:
             env = {**os.environ, **self._command_env(prepared, str(signal_dir / "ready"),
                                                      in_container=False)}
             try:
-                self._proc = subprocess.Popen(s.argv, env=env, cwd=s.workdir,
-                                              **self._output_pipes())
+                self._proc = procs.spawn(subprocess.Popen, s.argv, env=env, cwd=s.workdir,
+                                         **procs.popen_kwargs(), **self._output_pipes())
             except FileNotFoundError:
                 print(f"bootseer: error: command {s.argv[0]!r} not found", file=sys.stderr)
                 return C.EXIT_NOT_FOUND
@@ -367,10 +359,17 @@ class NodeRun:
                 except Exception as e:  # noqa: BLE001 - cleanup goes on
                     log.warning("cleanup: %s", e)
             self._write_summary()
-            if self._owns_state:
-                if self._alive is not None:
-                    self._alive.release()
-                shutil.rmtree(self.state, ignore_errors=True)
+            if self._state_dir is not None:
+                self._state_dir.close()
+
+    def _note_container(self, running: C.Running) -> None:
+        """If this run dies (SIGKILL) the next command removes the container's storage and
+        whatever still runs in it (podman's conmon outlives us)."""
+        if self._state_dir is None:
+            return
+        undo = ([*C._podman(running.state_dir), "rm", "--force", "--all", "--time", "0"]
+                if running.runtime == "podman" else None)
+        self._state_dir.note_dir(running.state_dir, undo)
 
     def _write_summary(self) -> None:
         if not self.spec.summary:
