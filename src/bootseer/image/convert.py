@@ -16,12 +16,14 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 
-from bootseer.errors import BootseerError, StoreError
+from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
+from bootseer.store.digest import VerifyingReader, parse, parse_oci
 from bootseer.tree.build import TreeBuilder, TreeBuildError
 
 
@@ -48,25 +50,73 @@ def _skopeo_to_layout(src: str, dest: str) -> None:
         raise ConvertError(f"cannot read image {src}: {proc.stderr.strip()[-500:]}")
 
 
-def _layout_layers(layout: Path) -> tuple[str, list[Path], dict]:
+class Layer:
+    """A layer blob of a layout: its file, and the digest and size it must have."""
+
+    def __init__(self, path: Path, digest: str, size: int | None):
+        self.path, self.digest, self.size = path, digest, size
+        self.name = digest.split(":", 1)[1]
+
+
+def _layout_layers(layout: Path) -> tuple[str, list[Layer], dict]:
+    """(manifest digest, layers, config) of the layout's image. Every digest is checked
+    before it names a file, and every blob read is verified against it (layers as they
+    are applied)."""
     try:
         index = json.loads((layout / "index.json").read_text())
         mdesc = index["manifests"][0]
-        manifest = json.loads(_blob(layout, mdesc["digest"]).read_text())
+        manifest = json.loads(_read_blob(layout, mdesc))
         if manifest.get("mediaType", mdesc.get("mediaType", "")).endswith("index.v1+json") or "manifests" in manifest:
             mdesc = next(m for m in manifest["manifests"]
                          if m.get("platform", {}).get("architecture", "amd64") == "amd64")
-            manifest = json.loads(_blob(layout, mdesc["digest"]).read_text())
-        layers = [_blob(layout, l["digest"]) for l in manifest["layers"]]
-        config = json.loads(_blob(layout, manifest["config"]["digest"]).read_text())
-    except (OSError, KeyError, ValueError, StopIteration) as e:
+            manifest = json.loads(_read_blob(layout, mdesc))
+        layers = [Layer(_blob(layout, desc["digest"]), desc["digest"], _size(desc))
+                  for desc in manifest["layers"]]
+        config = json.loads(_read_blob(layout, manifest["config"]))
+    except (DigestMismatch, InvalidDigest) as e:
+        raise ConvertError(f"{layout}: {e}; refusing the image") from e
+    except (OSError, KeyError, TypeError, ValueError, StopIteration) as e:
         raise ConvertError(f"{layout} is not a readable OCI image layout: {e}") from e
     return mdesc["digest"], layers, config
 
 
+def _size(desc: dict) -> int | None:
+    size = desc.get("size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
 def _blob(layout: Path, digest: str) -> Path:
-    algo, hexd = digest.split(":", 1)
+    algo, hexd = parse_oci(digest)   # never a path of its own (sha256:../../x)
     return layout / "blobs" / algo / hexd
+
+
+def _open_blob(path: Path):
+    """A blob file, opened as a regular file only (a FIFO or a device is no blob)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConvertError(f"{path} is not a regular file; refusing the image")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_blob(layout: Path, desc: dict) -> bytes:
+    """A small blob (index, manifest, config), verified against its descriptor."""
+    path = _blob(layout, desc["digest"])
+    with _open_blob(path) as f:
+        reader = VerifyingReader(f, desc["digest"], size=_size(desc), source=str(layout))
+        data = reader.read(MAX_METADATA_BLOB + 1)
+        if len(data) > MAX_METADATA_BLOB:
+            raise ConvertError(f"{path}: a manifest or config over {MAX_METADATA_BLOB} bytes; "
+                               f"refusing the image")
+        reader.finish()
+    return data
+
+
+MAX_METADATA_BLOB = 16 << 20
 
 
 def _member_path(name: str) -> str:
@@ -76,52 +126,95 @@ def _member_path(name: str) -> str:
     return name.lstrip("/")
 
 
-def apply_layer(builder: TreeBuilder, layer: Path, progress=None) -> None:
+def apply_layer(builder: TreeBuilder, layer: Layer, progress=None) -> None:
+    """Apply one layer; its blob is hashed as it streams and must match its digest."""
     added: set[str] = set()
     try:
-        with tarfile.open(layer, "r|*") as tar:
-            for m in tar:
-                name = "/" + _member_path(m.name)
-                try:
-                    norm = builder._norm(name)
-                except TreeBuildError as e:
-                    raise ConvertError(f"layer {layer.name[:12]}: member {m.name!r} escapes the "
-                                       f"image root; refusing the image") from e
-                base = os.path.basename(norm)
-                parent = os.path.dirname(norm)
-                if base == ".wh..wh..opq":
-                    prefix = parent.rstrip("/") + "/"
-                    for p in [p for p in builder.entries if p.startswith(prefix) and p not in added]:
-                        del builder.entries[p]
-                    continue
-                if base.startswith(".wh."):
-                    builder.remove(os.path.join(parent, base[4:]))
-                    continue
-                kw = dict(uid=m.uid, gid=m.gid, mtime=float(m.mtime))
-                xattrs = {k[len("SCHILY.xattr."):]: __import__("base64").b64encode(
-                    v.encode("utf-8", "surrogateescape")).decode()
-                    for k, v in (m.pax_headers or {}).items() if k.startswith("SCHILY.xattr.")}
-                if m.isdir():
-                    existing = builder.entries.get(norm)
-                    builder.add_dir(norm, m.mode, xattrs=xattrs or None, **kw)
-                elif m.issym():
-                    builder.remove(norm)
-                    builder.add_symlink(norm, m.linkname, **kw)
-                elif m.islnk():
-                    builder.remove(norm)
-                    builder.add_hardlink(norm, builder._norm("/" + _member_path(m.linkname)))
-                elif m.isfile():
-                    builder.remove(norm)
-                    f = tar.extractfile(m)
-                    builder.add_file(norm, f, m.mode, xattrs=xattrs or None, **kw)
-                    if progress:
-                        progress(m.size)
-                elif m.ischr() or m.isblk() or m.isfifo():
-                    kind = "c" if m.ischr() else "b" if m.isblk() else "p"
-                    builder.add_special(norm, kind, m.mode, os.makedev(m.devmajor, m.devminor), **kw)
-                added.add(norm)
+        with _open_blob(layer.path) as raw:
+            blob = VerifyingReader(raw, layer.digest, size=layer.size, source=str(layer.path))
+            with tarfile.open(fileobj=blob, mode="r|*") as tar:
+                _apply_members(builder, tar, layer, added, progress)
+            blob.finish()   # before the tree is finished: no tree from an unverified layer
+    except DigestMismatch as e:
+        raise ConvertError(f"layer {layer.digest}: {e}; refusing the image") from e
+    except TreeBuildError as e:
+        raise ConvertError(f"layer {layer.name[:12]}: {e}; refusing the image") from e
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise ConvertError(f"layer {layer} is not a readable tar: {e}") from e
+        raise ConvertError(f"layer {layer.path} is not a readable tar: {e}") from e
+
+
+def _apply_members(builder: TreeBuilder, tar: tarfile.TarFile, layer: Layer, added: set[str],
+                   progress) -> None:
+    for m in tar:
+        name = "/" + _member_path(m.name)
+        try:
+            norm = builder._norm(name)
+        except TreeBuildError as e:
+            raise ConvertError(f"layer {layer.name[:12]}: member {m.name!r} escapes the "
+                               f"image root; refusing the image") from e
+        norm = _in_root(builder, norm)
+        base = os.path.basename(norm)
+        parent = os.path.dirname(norm)
+        if base == ".wh..wh..opq":
+            builder.clear_dir(parent, keep=added)
+            continue
+        if base.startswith(".wh."):
+            builder.remove(os.path.join(parent, base[4:]))
+            continue
+        kw = dict(uid=m.uid, gid=m.gid, mtime=float(m.mtime))
+        xattrs = {k[len("SCHILY.xattr."):]: __import__("base64").b64encode(
+            v.encode("utf-8", "surrogateescape")).decode()
+            for k, v in (m.pax_headers or {}).items() if k.startswith("SCHILY.xattr.")}
+        if m.isdir():
+            builder.add_dir(norm, m.mode, xattrs=xattrs or None, **kw)
+        elif m.issym():
+            builder.remove(norm)
+            builder.add_symlink(norm, m.linkname, **kw)
+        elif m.islnk():
+            builder.remove(norm)
+            target = _in_root(builder, builder._norm("/" + _member_path(m.linkname)))
+            builder.add_hardlink(norm, target)
+        elif m.isfile():
+            builder.remove(norm)
+            f = tar.extractfile(m)
+            builder.add_file(norm, f, m.mode, xattrs=xattrs or None, **kw)
+            if progress:
+                progress(m.size)
+        elif m.ischr() or m.isblk() or m.isfifo():
+            kind = "c" if m.ischr() else "b" if m.isblk() else "p"
+            builder.add_special(norm, kind, m.mode, os.makedev(m.devmajor, m.devminor),
+                                **kw)
+        added.add(norm)
+
+
+MAX_SYMLINK_HOPS = 40
+
+
+def _in_root(builder: TreeBuilder, path: str) -> str:
+    """``path`` with its parent directories resolved through the image's own symlinks,
+    as a container runtime applies a layer (``lib/x`` over a ``lib -> usr/lib`` link lands
+    in ``usr/lib/x``); a link never leads out of the root (``..`` stops at ``/``)."""
+    parts = path.strip("/").split("/")
+    todo, done, hops = parts[:-1], [], 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        e = builder.entries.get("/" + "/".join([*done, part]))
+        if e is None or e["type"] != "l":
+            done.append(part)
+            continue
+        hops += 1
+        if hops > MAX_SYMLINK_HOPS:
+            raise ConvertError(f"{path}: too many levels of symlinks in the image")
+        if e["target"].startswith("/"):
+            done = []
+        todo = e["target"].split("/") + todo
+    return "/" + "/".join([*done, parts[-1]]) if parts[-1] else "/"
 
 
 def _archive_kind(path: Path) -> str:
@@ -180,7 +273,7 @@ def resolve(ref: str, store) -> str:
     store that only holds the tree) is found through the referrer announced next to it."""
     from bootseer.errors import BlobNotFound
     if ref.startswith("sha256:"):
-        return ref
+        return parse(ref)   # InvalidDigest (one line) for anything but sha256:<64 hex>
     for name in (ref, ref_name(ref)):
         try:
             d = store.get_ref(name)
@@ -193,6 +286,7 @@ def resolve(ref: str, store) -> str:
     if referrer.registry_ref(ref) is not None:
         try:
             for found in referrer.find(ref):
+                parse(found["tree"])   # from the registry: a digest, or nothing
                 if store.exists(found["tree"]):
                     return found["tree"]
                 elsewhere.append(f"{found['tree']} in {found['store']}")

@@ -15,13 +15,23 @@ They are per process, so a thread lock is taken first.
 
 LRU clock: an entry's mtime, bumped on every hit. Pins: ``pins/<hex>.<pid>`` files; a pin
 whose process is gone no longer counts.
+
+Re-verified on every read: a disk or a hand can corrupt or truncate an entry after it was
+filled, so ``get`` checks the length and the digest (sha256 of a 1 MiB chunk costs about a
+third of its zstd decompression) and drops a bad entry, which the caller then refetches.
+A cache that cannot take an entry (disk full, budget smaller than the entry, all pinned)
+costs only the caching: ``offer`` logs it once and the verified bytes are served uncached.
+Files in ``data/`` and ``pins/`` that bootseer did not name are skipped, logged, kept.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
+import re
+import stat
 import tempfile
 import threading
 import time
@@ -31,6 +41,10 @@ from typing import Callable
 from bootseer.config import CacheConfig
 from bootseer.errors import CacheError, DigestMismatch
 from bootseer.store.digest import Digest, hex_of, sha256_digest
+
+log = logging.getLogger(__name__)
+_ENTRY = re.compile(r"[0-9a-f]{64}")
+_PIN = re.compile(r"([0-9a-f]{64})\.([0-9]+)")
 
 
 class NodeCache:
@@ -46,7 +60,9 @@ class NodeCache:
         self._thread_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._evict_tlock = threading.Lock()
-        self._stats = dict(hits=0, misses=0, fills=0, evictions=0, bytes_in=0, rejected=0)
+        self._stats = dict(hits=0, misses=0, fills=0, evictions=0, bytes_in=0, rejected=0,
+                           corrupt=0, uncached=0)
+        self._logged: set[str] = set()   # what was said once already (foreign files, full)
 
     # -- paths --------------------------------------------------------------------------------
     def _path(self, digest: Digest) -> Path:
@@ -58,11 +74,12 @@ class NodeCache:
         return p if p.exists() else None
 
     # -- reads --------------------------------------------------------------------------------
-    def get(self, digest: Digest) -> bytes | None:
+    def get(self, digest: Digest, size: int | None = None) -> bytes | None:
+        """The entry's bytes, verified (``size``: the length it must have), or None when it
+        is missing or was bad on disk (then it is dropped: the caller refetches it)."""
         p = self._path(digest)
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
+        data = self._read_verified(p, digest, size)
+        if data is None:
             with self._guard:
                 self._stats["misses"] += 1
             return None
@@ -73,6 +90,28 @@ class NodeCache:
         with self._guard:
             self._stats["hits"] += 1
         return data
+
+    def _read_verified(self, p: Path, digest: Digest, size: int | None) -> bytes | None:
+        try:
+            data = p.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        if size is not None and len(data) != size:
+            why = f"{len(data)} bytes, expected {size}"
+        else:
+            actual = sha256_digest(data)
+            if actual == digest:
+                return data
+            why = f"its {len(data)} bytes hash to {actual}"
+        log.warning("node cache entry %s is corrupt on disk (%s): dropped, fetching it again",
+                    digest, why)
+        with self._guard:
+            self._stats["corrupt"] += 1
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+        return None
 
     def touch(self, digest: Digest) -> None:
         """Mark an entry recently used (LRU) without reading it."""
@@ -119,6 +158,30 @@ class NodeCache:
         with self._guard:
             self._stats["bytes_in"] += len(data)
 
+    def offer(self, digest: Digest, data: bytes) -> bool:
+        """``put``, except that a cache unable to take the entry (disk full, an entry over
+        the budget, everything pinned) is logged once and the caller serves its verified
+        bytes uncached. Returns whether the entry is cached. Corrupt bytes still raise."""
+        try:
+            self.put(digest, data)
+            return True
+        except DigestMismatch:
+            raise
+        except CacheError as e:
+            with self._guard:
+                self._stats["uncached"] += 1
+            self._log_once(f"full:{type(e.__cause__).__name__}",
+                           "serving uncached: %s (further entries the cache cannot take "
+                           "are served uncached without a log line)", e)
+            return False
+
+    def _log_once(self, key: str, msg: str, *args) -> None:
+        with self._guard:
+            if key in self._logged:
+                return
+            self._logged.add(key)
+        log.warning(msg, *args)
+
     def get_or_fill(self, digest: Digest, fill: Callable[[], bytes]) -> bytes:
         """The entry, filling it with ``fill()`` if missing; one fill per digest at a time
         across threads and processes."""
@@ -132,13 +195,13 @@ class NodeCache:
             with open(lock_path, "a+") as lf:
                 fcntl.lockf(lf, fcntl.LOCK_EX)
                 try:
-                    p = self._path(digest)
-                    if p.exists():
-                        return p.read_bytes()
+                    data = self._read_verified(self._path(digest), digest, None)
+                    if data is not None:
+                        return data
                     data = fill()
                     with self._guard:
                         self._stats["fills"] += 1
-                    self.put(digest, data)
+                    self.offer(digest, data)
                     return data
                 finally:
                     fcntl.lockf(lf, fcntl.LOCK_UN)
@@ -156,25 +219,39 @@ class NodeCache:
     def _pinned(self) -> set[str]:
         pinned = set()
         for p in (self.root / "pins").iterdir():
-            h, _, pid = p.name.partition(".")
-            if pid.isdigit() and os.path.exists(f"/proc/{pid}"):
-                pinned.add(h)
+            m = _PIN.fullmatch(p.name)
+            if m is None or not p.is_file():
+                self._foreign(p)
+            elif os.path.exists(f"/proc/{m.group(2)}"):
+                pinned.add(m.group(1))
             else:
-                p.unlink(missing_ok=True)
+                p.unlink(missing_ok=True)   # its process is gone
         return pinned
+
+    def _foreign(self, p: Path) -> None:
+        """Not a name bootseer gives: never counted, evicted or removed."""
+        self._log_once(f"foreign:{p}", "node cache: skipping %s, which bootseer did not "
+                       "make (remove it by hand if it is not needed)", p)
 
     def _entries(self) -> list[tuple[float, int, Path]]:
         out = []
         now = time.time()
         for d in (self.root / "data").iterdir():
+            if len(d.name) != 2 or not d.is_dir() or d.is_symlink():
+                self._foreign(d)
+                continue
             for f in d.iterdir():
                 try:
-                    st = f.stat()
+                    st = f.lstat()
                 except FileNotFoundError:
                     continue
-                if f.name.startswith(".tmp-"):
+                if f.name.startswith(".tmp-") and stat.S_ISREG(st.st_mode):
                     if now - st.st_mtime > 3600:  # left by a killed process
                         f.unlink(missing_ok=True)
+                    continue
+                if not (_ENTRY.fullmatch(f.name) and f.name[:2] == d.name
+                        and stat.S_ISREG(st.st_mode)):
+                    self._foreign(f)
                     continue
                 out.append((st.st_mtime, st.st_size, f))
         return out

@@ -34,6 +34,7 @@ class TreeBuilder:
         self._pack = bytearray()
         self._seen: dict[str, list] = {}
         self._pending: list[list] = []   # chunk refs into the open pack (index patched on flush)
+        self._links: dict[str, list[str]] = {}   # file path -> hard links naming it
         self.progress = progress
         self.stats = {"files": 0, "bytes": 0, "chunks": 0, "dedup_chunks": 0, "stored_bytes": 0}
 
@@ -49,8 +50,16 @@ class TreeBuilder:
         path = self._norm(path)
         entry["path"] = path
         parent = path.rsplit("/", 1)[0] or "/"
-        if path != "/" and parent not in self.entries:
-            self.add_dir(parent)
+        if path != "/":
+            pe = self.entries.get(parent)
+            if pe is None:
+                self.add_dir(parent)
+            elif pe["type"] != "d":   # a reader would never reach it (or follow the link)
+                kind = "a symlink" if pe["type"] == "l" else "not a directory"
+                raise TreeBuildError(f"cannot add {path}: its parent {parent} is {kind}")
+        old = self.entries.get(path)
+        if old is not None and not (old["type"] == "d" and entry["type"] == "d"):
+            self.remove(path)   # what was there goes, with anything under it
         self.entries[path] = entry
 
     def add_dir(self, path: str, mode: int = 0o755, uid: int = 0, gid: int = 0,
@@ -64,8 +73,22 @@ class TreeBuilder:
                          "size": len(target.encode()), "target": target})
 
     def add_hardlink(self, path: str, target: str) -> None:
-        self._put(path, {"type": "h", "target": self._norm(target), "mode": 0, "uid": 0,
+        """A second name for ``target`` as it is now: should ``target`` later be removed or
+        replaced (a later layer), the link keeps this content (see ``_unlink``)."""
+        path, target = self._norm(path), self._norm(target)
+        te = self.entries.get(target)
+        if te is not None and te["type"] == "h":
+            target, te = te["target"], self.entries[te["target"]]
+        what = ("not in the tree" if te is None else "itself" if path == target
+                else "a directory" if te["type"] == "d" else "")
+        if what:
+            raise TreeBuildError(f"hard link {path} names {target}, which is {what}")
+        if te["type"] != "f":   # a link to a symlink or a fifo: the same entry again
+            self._put(path, {k: dict(v) if isinstance(v, dict) else v for k, v in te.items()})
+            return
+        self._put(path, {"type": "h", "target": target, "mode": 0, "uid": 0,
                          "gid": 0, "mtime": 0.0, "size": 0})
+        self._links.setdefault(target, []).append(path)
 
     def add_special(self, path: str, kind: str, mode: int, rdev: int = 0, uid: int = 0,
                     gid: int = 0, mtime: float = 0.0) -> None:
@@ -98,17 +121,37 @@ class TreeBuilder:
         if e is None:
             return
         if e["type"] != "d":
-            del self.entries[path]
+            self._unlink(path)
             return
         for p in [p for p in self.entries if p == path or p.startswith(path + "/")]:
-            del self.entries[p]
+            self._unlink(p)
 
-    def clear_dir(self, path: str) -> None:
-        """Opaque directory: keep the directory, drop what lower layers put in it."""
+    def clear_dir(self, path: str, keep: set[str] | frozenset = frozenset()) -> None:
+        """Opaque directory: keep the directory, drop what lower layers put in it (all but
+        the paths in ``keep``: what the opaque layer itself added)."""
         path = self._norm(path)
         prefix = path.rstrip("/") + "/"
-        for p in [p for p in self.entries if p.startswith(prefix)]:
-            del self.entries[p]
+        for p in [p for p in self.entries if p.startswith(prefix) and p not in keep]:
+            self._unlink(p)
+
+    def _unlink(self, path: str) -> None:
+        """Drop one entry. A regular file with hard links to it hands its content to the
+        first link, which the others then name: a link keeps the bytes it had in its layer
+        (as in an overlay filesystem), whatever later layers do to the first path."""
+        e = self.entries.pop(path, None)
+        if e is None or e["type"] != "f":
+            return
+        links = sorted(p for p in self._links.pop(path, ())
+                       if (le := self.entries.get(p)) is not None and le["type"] == "h"
+                       and le["target"] == path)
+        if not links:
+            return
+        heir, rest = links[0], links[1:]
+        self.entries[heir] = {**e, "path": heir}   # the chunk list is shared, not copied
+        for p in rest:
+            self.entries[p]["target"] = heir
+        if rest:
+            self._links[heir] = rest
 
     # -- chunks and packs ---------------------------------------------------------------------
     def _chunk(self, data: bytes) -> list:

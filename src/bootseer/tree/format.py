@@ -43,4 +43,6 @@ def decode(blob: bytes, digest: str = "") -> dict:
     if toc.get("v") != VERSION:
         raise TreeFormatError(f"tree {digest} has format version {toc.get('v')}, this bootseer "
                               f"reads version {VERSION}")
+    from bootseer.tree import validate   # the store is untrusted: check before any use
+    validate.check(toc, digest)
     return toc

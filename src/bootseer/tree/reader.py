@@ -5,10 +5,10 @@ a chunk that prefetch has queued promotes it instead of fetching it twice."""
 from __future__ import annotations
 
 import logging
-import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
@@ -25,11 +25,12 @@ TYPE_BITS = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "h": stat.
 
 
 def load_toc(store, digest: str, fetcher: Fetcher, cache=None) -> dict:
+    """The tree's TOC, verified (node cache first) and checked (``validate``)."""
     if cache is not None:
         blob = cache.get(digest)
         if blob is None:
             blob = fetch_blob(fetcher, store, digest)
-            cache.put(digest, blob)
+            cache.offer(digest, blob)
     else:
         blob = fetch_blob(fetcher, store, digest)
     return fmt.decode(blob, digest)
@@ -57,7 +58,7 @@ class TreeReader:
         self.counters = {"chunks_local": 0, "chunks_fetched": 0, "bytes_fetched": 0,
                          "stall_s": 0.0}
         self._lock = threading.Lock()
-        self._touched: set[str] = set()   # LRU clock bumped once per chunk per process
+        self._recent: OrderedDict[str, bytes] = OrderedDict()   # verified, newest last
         self._read_ahead_dirs: set[str] = set()
 
     # -- metadata -----------------------------------------------------------------------------
@@ -110,16 +111,35 @@ class TreeReader:
     def has_chunk(self, ref: list) -> bool:
         return self.cache is not None and self.cache.contains(ref[0])
 
+    # Kernel reads are often smaller than a chunk (128 KiB pieces of a 1 MiB chunk): the
+    # last few chunks read stay in memory, verified, so each piece costs neither a re-read
+    # of the cache file nor a re-hash, and nothing unverified is ever served.
+    RECENT_CHUNKS = 8
+
+    def _remember(self, digest: str, data: bytes) -> None:
+        with self._lock:
+            self._recent[digest] = data
+            self._recent.move_to_end(digest)
+            while len(self._recent) > self.RECENT_CHUNKS:
+                self._recent.popitem(last=False)
+
     def chunk(self, ref: list, path: str = "") -> bytes:
-        """Uncompressed, verified bytes of one chunk (node cache first)."""
-        if self.cache is not None:
-            data = self.cache.get(ref[0])
+        """Uncompressed, verified bytes of one chunk (memory, then the node cache, whose
+        entries are re-verified as they are read, then the store)."""
+        with self._lock:
+            data = self._recent.get(ref[0])
             if data is not None:
-                with self._lock:
-                    self.counters["chunks_local"] += 1
-                if self.on_chunk is not None:
-                    self.on_chunk(ref[0], path, ref[4], True)
-                return data
+                self._recent.move_to_end(ref[0])
+        if data is None and self.cache is not None:
+            data = self.cache.get(ref[0], ref[4])   # None too when it was bad on disk
+            if data is not None:
+                self._remember(ref[0], data)
+        if data is not None:
+            with self._lock:
+                self.counters["chunks_local"] += 1
+            if self.on_chunk is not None:
+                self.on_chunk(ref[0], path, ref[4], True)
+            return data
         if self.on_chunk is not None:
             self.on_chunk(ref[0], path, ref[4], False)
         t0 = time.monotonic()
@@ -132,8 +152,9 @@ class TreeReader:
             self.counters["chunks_fetched"] += 1
             self.counters["bytes_fetched"] += len(raw)
             self.counters["stall_s"] += time.monotonic() - t0
+        self._remember(ref[0], data)
         if self.cache is not None:
-            self.cache.put(ref[0], data)
+            self.cache.offer(ref[0], data)   # a full cache only costs the caching
         return data
 
     # Demand read-ahead: without a profile every miss is a round trip, and a Python import
@@ -185,7 +206,7 @@ class TreeReader:
         """Verify and cache a chunk fetched by prefetch."""
         data = self._decompress(raw, ref)
         if self.cache is not None:
-            self.cache.put(ref[0], data)
+            self.cache.offer(ref[0], data)
 
     def read(self, path: str, size: int, offset: int) -> bytes:
         e = self.entry(path)
@@ -199,34 +220,5 @@ class TreeReader:
         for i in range(offset // csize, (end - 1) // csize + 1):
             ref, base = e["chunks"][i], i * csize
             lo, hi = max(offset - base, 0), min(end - base, ref[4])
-            part = self._local_slice(ref, lo, hi, path)
-            if part is None:
-                part = self.chunk(ref, path)[lo:hi]
-            out.append(part)
+            out.append(self.chunk(ref, path)[lo:hi])
         return b"".join(out)
-
-    def _local_slice(self, ref: list, lo: int, hi: int, path: str) -> bytes | None:
-        """A cached chunk's bytes [lo, hi) read in place: kernel reads are often smaller
-        than a chunk, and copying the whole chunk per read multiplies the I/O."""
-        if self.cache is None:
-            return None
-        p = self.cache.path(ref[0])
-        if p is None:
-            return None
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except FileNotFoundError:  # evicted meanwhile
-            return None
-        try:
-            data = os.pread(fd, hi - lo, lo)
-        finally:
-            os.close(fd)
-        with self._lock:
-            self.counters["chunks_local"] += 1
-            first = ref[0] not in self._touched
-            self._touched.add(ref[0])
-        if first:
-            self.cache.touch(ref[0])
-        if self.on_chunk is not None:
-            self.on_chunk(ref[0], path, ref[4], True)
-        return data
