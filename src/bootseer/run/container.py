@@ -2,16 +2,22 @@
 
 ``podman run --rootfs DIR:O`` is the first choice: the ``:O`` overlay gives the read-only
 mount a writable upper layer, podman proxies signals, and a missing command exits 127.
-This machine needs ``--runtime runc`` (crun fails), ``--network none`` (never podman's
-bridge) and explicit ulimits (runc cannot raise RLIMIT_NOFILE without CAP_SYS_RESOURCE).
-Podman's state lives under a short private path: it refuses a ``--runroot`` longer than
-~50 characters. Without podman, ``unshare`` + an overlay + ``chroot`` does the same job.
+This machine needs ``--runtime runc`` (crun fails). Podman's state lives under a short
+private path: it refuses a ``--runroot`` longer than ~50 characters. Without podman,
+``unshare`` + an overlay + ``chroot`` does the same job, with its own ``/dev`` (a tmpfs
+with the usual nodes, a private devpts and a ``/dev/shm``; never the host's ``/dev``).
+
+The container is fit for training (:class:`Options`): the node's network (torchrun, c10d
+and NCCL expect it), the host's IPC namespace or a sized ``/dev/shm``, the host's hard
+``nofile`` limit, unlimited ``memlock`` (RDMA), and the GPU/InfiniBand devices planned by
+:mod:`bootseer.run.devices`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -20,12 +26,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootseer import proc as procs
 from bootseer.errors import BootseerError
+from bootseer.run.devices import DevicePlan
 
 log = logging.getLogger(__name__)
 EXIT_NOT_FOUND = 127
-_PODMAN_FLAGS = ["--runtime", "runc", "--network", "none", "--ulimit", "nofile=4096:4096",
-                 "--ulimit", "nproc=4096:4096"]
+PODMAN_NETWORK_MODES = ("host", "none", "private", "bridge", "slirp4netns", "pasta")
+CHROOT_NETWORK_MODES = ("host", "none")
+# The nodes every container's /dev has (name, major, minor): chroot makes them itself.
+STANDARD_DEV_NODES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8),
+                      ("urandom", 1, 9), ("tty", 5, 0))
 
 
 class ContainerError(BootseerError):
@@ -47,6 +58,94 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
     binds: list[Bind] = field(default_factory=list)
     workdir: str = "/"
+    options: "Options" = field(default_factory=lambda: Options())
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What makes the container fit for a training job (defaults: a node of a job)."""
+    network: str = "host"
+    """``host`` (the node's network), ``none``, ``ns:PATH`` (a network namespace), or any
+    other podman network mode or network name (podman runtime)."""
+    shm_size: int | None = None
+    """Bytes of a private ``/dev/shm``; None: the host's IPC namespace (podman ``--ipc
+    host``; the chroot runtime always shares it and mounts an unsized /dev/shm tmpfs)."""
+    devices: DevicePlan = field(default_factory=DevicePlan)
+    """GPU and InfiniBand devices (:func:`bootseer.run.devices.plan`)."""
+
+
+def check_network(network: str, runtime: str) -> None:
+    """Refuse a network mode the runtime cannot set up, before anything is mounted."""
+    mode = network.split(":", 1)[0]
+    if mode == "ns":
+        path = network[3:]
+        if not path or not os.path.exists(path):
+            raise ContainerError(f"--network {network}: no network namespace at {path!r}")
+        return
+    if runtime == "chroot":
+        if network not in CHROOT_NETWORK_MODES:
+            raise ContainerError(f"--network {network}: the chroot runtime supports host, "
+                                 f"none and ns:PATH (podman supports more)")
+        return
+    if mode in PODMAN_NETWORK_MODES or mode == "container":
+        if mode in ("slirp4netns", "pasta") and not shutil.which(mode):
+            raise ContainerError(f"--network {network}: {mode} is not installed")
+        return
+    try:   # a network name: podman knows it or refuses it
+        known = subprocess.run(["podman", "network", "exists", network],
+                               capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        known = False
+    if not known:
+        raise ContainerError(f"--network {network}: podman has no such network or mode "
+                             f"(use host, none, private, bridge, ns:PATH or a name from "
+                             f"'podman network ls')")
+
+
+def host_hard_limit(which: int, cap: int | None = None) -> int:
+    """The host's hard limit (-1: unlimited), at most ``cap``."""
+    hard = resource.getrlimit(which)[1]
+    if hard == resource.RLIM_INFINITY:
+        return -1 if cap is None else cap
+    return hard if cap is None else min(hard, cap)
+
+
+def _limit_word(value: int, unit: int = 1) -> str:
+    """For the shell's ``ulimit`` (``-l`` counts KiB)."""
+    return "unlimited" if value < 0 else str(value // unit)
+
+
+def _proc_int(path: str, default: int) -> int:
+    try:
+        return int(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def _nofile_limit() -> int:
+    return host_hard_limit(resource.RLIMIT_NOFILE, _proc_int("/proc/sys/fs/nr_open", 1048576))
+
+
+def podman_option_flags(o: Options) -> list[str]:
+    # The host's hard limits, soft raised to them: a limit above the hard one needs
+    # CAP_SYS_RESOURCE, which a node's bootseer may lack. memlock is unlimited where the
+    # node allows it (RDMA registers memory; see docs/gpu.md).
+    # nproc: at most pid_max (podman lowers its own limit to it; more cannot be used).
+    nofile = _nofile_limit()
+    nproc = host_hard_limit(resource.RLIMIT_NPROC, _proc_int("/proc/sys/kernel/pid_max", 32768))
+    memlock = host_hard_limit(resource.RLIMIT_MEMLOCK)
+    flags = ["--runtime", "runc", "--network", o.network,
+             "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"memlock={memlock}:{memlock}",
+             "--ulimit", f"nproc={nproc}:{nproc}"]
+    flags += ["--shm-size", str(o.shm_size)] if o.shm_size else ["--ipc", "host"]
+    d = o.devices
+    for name in d.cdi:
+        flags += ["--device", name]
+    for node in d.nodes:
+        flags += ["--device", f"{node.host}:{node.target}"]
+    if d.hooks_dir:
+        flags += ["--hooks-dir", d.hooks_dir]
+    return flags
 
 
 def available_runtimes() -> list[str]:
@@ -72,38 +171,85 @@ def _podman(state_dir: str) -> list[str]:
 def podman_command(c: Container, state_dir: str) -> list[str]:
     """The podman argv. ``--rootfs`` takes no value: the path is the first positional,
     so every option must come before it."""
-    cmd = [*_podman(state_dir), "run", "--rm", "--init", *_PODMAN_FLAGS, "--workdir", c.workdir]
+    cmd = [*_podman(state_dir), "run", "--rm", "--init", *podman_option_flags(c.options),
+           "--workdir", c.workdir]
     for b in c.binds:
         cmd += ["-v", f"{b.source}:{b.target}:{'ro' if b.readonly else 'rw'}"]
-    for k, v in {**_default_env(), **c.env}.items():
+    for k, v in {**_default_env(), **c.options.devices.env, **c.env}.items():
         cmd += ["-e", f"{k}={v}"]
     return cmd + ["--rootfs", f"{c.rootfs}:O", *c.argv]
 
 
+def _dev_lines(dev: str, o: Options) -> list[str]:
+    """A private /dev: a tmpfs (device nodes allowed, never set-id or executables) with the
+    standard nodes, a new devpts instance for ptys, a /dev/shm, and the planned GPU and
+    InfiniBand nodes made with the host's major/minor. The host's /dev is never bound in:
+    a process in the container can neither remove the host's nodes nor open its disks."""
+    q = shlex.quote(dev)
+    shm = f",size={o.shm_size}" if o.shm_size else ""
+    lines = [f"mkdir -p {q}", f"mount -t tmpfs -o nosuid,noexec,mode=755,size=1m bootseer-dev {q}"]
+    lines += [f"mknod -m 666 {q}/{name} c {major} {minor}"
+              for name, major, minor in STANDARD_DEV_NODES]
+    lines += [f"mkdir -m 755 {q}/pts",
+              f"mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts {q}/pts",
+              f"ln -s pts/ptmx {q}/ptmx",
+              f"mkdir -m 1777 {q}/shm",
+              f"mount -t tmpfs -o nosuid,nodev,mode=1777{shm} shm {q}/shm",
+              f"ln -s /proc/self/fd {q}/fd", f"ln -s /proc/self/fd/0 {q}/stdin",
+              f"ln -s /proc/self/fd/1 {q}/stdout", f"ln -s /proc/self/fd/2 {q}/stderr"]
+    for node in o.devices.nodes:
+        try:
+            st = os.stat(node.host)
+        except OSError as e:
+            raise ContainerError(f"device {node.host} vanished: {e}") from e
+        target = shlex.quote(dev + node.target.removeprefix("/dev"))
+        lines += [f"mkdir -p $(dirname {target})",
+                  f"mknod -m {st.st_mode & 0o777:o} {target} c {os.major(st.st_rdev)} "
+                  f"{os.minor(st.st_rdev)}"]
+    return lines
+
+
+def _host_name_files(o: Options) -> list[Bind]:
+    """On the node's network the container resolves names as the node does."""
+    if o.network != "host":
+        return []
+    return [Bind(p, p) for p in ("/etc/hosts", "/etc/resolv.conf") if os.path.isfile(p)]
+
+
 def chroot_command(c: Container, state_dir: str) -> list[str]:
     """``unshare`` into private mount and pid namespaces, stack a tmpfs overlay on the
-    read-only root so bind targets can be created, bind, then ``chroot``."""
+    read-only root so bind targets can be created, give it its own /dev, bind, then
+    ``chroot``."""
     merged, work = f"{state_dir}/m", f"{state_dir}/w"
+    o = c.options
     lines = ["set -e", f"mount -t tmpfs tmpfs {shlex.quote(work)}",
              f"mkdir -p {work}/upper {work}/work",
              f"mount -t overlay overlay -o lowerdir={shlex.quote(c.rootfs)},upperdir={work}/upper,"
              f"workdir={work}/work {shlex.quote(merged)}",
+             f"mkdir -p {merged}/proc {merged}/sys",
              f"mount -t proc proc {merged}/proc || true",
-             f"mount --rbind /dev {merged}/dev || true"]
-    for b in c.binds:
+             f"mount -t sysfs -o ro,nosuid,nodev,noexec sysfs {merged}/sys || true",
+             *_dev_lines(f"{merged}/dev", o)]
+    for b in [*_host_name_files(o), *c.binds]:
         target = shlex.quote(merged + b.target)
         kind = "mkdir -p" if os.path.isdir(b.source) else "touch"
         lines += [f"[ -e {target} ] || {{ mkdir -p $(dirname {target}); {kind} {target}; }}",
                   f"mount --bind {shlex.quote(b.source)} {target}"]
         if b.readonly:
             lines.append(f"mount -o remount,bind,ro {target}")
-    env = [f"{k}={v}" for k, v in {**_default_env(), **c.env}.items()]
+    nofile = _nofile_limit()
+    lines += [f"ulimit -n {nofile} 2>/dev/null || true",
+              f"ulimit -l {_limit_word(host_hard_limit(resource.RLIMIT_MEMLOCK), 1024)} "
+              f"2>/dev/null || true"]
+    env = [f"{k}={v}" for k, v in {**_default_env(), **o.devices.env, **c.env}.items()]
     inner = shlex.join(["env", "-i", *env, "sh", "-c", 'cd "$0" && exec "$@"', c.workdir,
                         *c.argv])
     lines.append(f"exec chroot {shlex.quote(merged)} {inner}")
+    namespaces = ["--mount", "--pid"] + (["--net"] if o.network == "none" else [])
+    enter = ["nsenter", f"--net={o.network[3:]}"] if o.network.startswith("ns:") else []
     # --kill-child: if unshare itself is killed, the namespace's init gets SIGKILL.
-    return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
-            "sh", "-c", "\n".join(lines)]
+    return [*enter, "unshare", *namespaces, "--fork", "--kill-child", "--propagation",
+            "private", "sh", "-c", "\n".join(lines)]
 
 
 class Running:
@@ -194,21 +340,28 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def pick_runtime(runtime: str = "auto") -> str:
+    """``auto`` -> the first available runtime; refuse one that is not installed."""
+    have = available_runtimes()
+    if runtime == "auto":
+        if not have:
+            raise ContainerError("no container runtime: install podman and runc "
+                                 "(or util-linux for unshare + chroot)")
+        return have[0]
+    if runtime not in have:
+        raise ContainerError(f"container runtime {runtime!r} is not available here "
+                             f"(available: {', '.join(have) or 'none'})")
+    return runtime
+
+
 def start(c: Container, *, runtime: str = "auto", stdout=None, stderr=None) -> Running:
     """Start ``c`` and return at once. ``runtime``: ``auto``, ``podman`` or ``chroot``."""
     if not os.path.isdir(c.rootfs):
         raise ContainerError(f"container root {c.rootfs!r} is not a directory")
     if not c.argv:
         raise ContainerError("no command given to run in the container")
-    have = available_runtimes()
-    if runtime == "auto":
-        if not have:
-            raise ContainerError("no container runtime: install podman and runc "
-                                 "(or util-linux for unshare + chroot)")
-        runtime = have[0]
-    elif runtime not in have:
-        raise ContainerError(f"container runtime {runtime!r} is not available here "
-                             f"(available: {', '.join(have) or 'none'})")
+    runtime = pick_runtime(runtime)
+    check_network(c.options.network, runtime)
     # Short path on purpose: podman rejects a long --runroot.
     state_dir = tempfile.mkdtemp(prefix="bsr-", dir="/tmp")
     if runtime == "podman":
@@ -218,7 +371,10 @@ def start(c: Container, *, runtime: str = "auto", stdout=None, stderr=None) -> R
         os.makedirs(f"{state_dir}/w")
         argv = chroot_command(c, state_dir)
     try:
-        proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, start_new_session=False)
+        # Dies with us: podman forwards SIGTERM to the job; unshare --kill-child needs SIGKILL.
+        proc = procs.spawn(subprocess.Popen, argv, stdout=stdout, stderr=stderr,
+                           preexec_fn=procs.preexec(signal.SIGTERM if runtime == "podman"
+                                                    else signal.SIGKILL))
     except OSError as e:
         shutil.rmtree(state_dir, ignore_errors=True)
         raise ContainerError(f"cannot start {runtime}: {e}") from e
