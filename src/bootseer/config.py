@@ -172,12 +172,25 @@ class CkptConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class MountConfig:
+    backend: str = "auto"
+    """How lazy trees (images, environments) are mounted: ``erofs`` (the kernel's EROFS on
+    a metadata image and a data blob), ``fuse`` (the Python FUSE tree view) or ``auto``
+    (EROFS where the kernel has file-backed mounts, else FUSE, said once in the log)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "erofs", "fuse"):
+            raise ConfigError("mount.backend", f"{self.backend!r} is not auto, erofs or fuse")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BootseerConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     fetch: FetchConfig = field(default_factory=FetchConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
+    mount: MountConfig = field(default_factory=MountConfig)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
