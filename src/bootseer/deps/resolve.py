@@ -7,12 +7,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.errors import BootseerError
+from bootseer.proc import preexec
 
 FORMAT = 1
 
@@ -27,7 +29,10 @@ def uv() -> list[str]:
 
 
 def _run(cmd: list[str], what: str, **kw) -> str:
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    """Run a resolver or builder step; it dies with this process (a killed ``ensure``
+    must not leave uv writing on)."""
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       preexec_fn=preexec(signal.SIGKILL), **kw)
     if p.returncode != 0:
         tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
         raise DepsError(f"{what} failed: {tail}")
@@ -68,8 +73,85 @@ def resolve(spec: str, python: str, index_urls: list[str] | None = None) -> str:
                      "--directory", str(p.parent)], f"uv export {spec}")
     ver = interpreter(python)["version"].rsplit(".", 1)[0]
     env = {**os.environ, "UV_NO_CONFIG": "1"}
-    return _run([*uv(), "pip", "compile", "-q", "--generate-hashes", "--python-version", ver,
-                 "--no-header", *idx, str(p)], f"resolving {spec} (uv pip compile)", env=env)
+    locked = _run([*uv(), "pip", "compile", "-q", "--generate-hashes", "--python-version", ver,
+                   "--no-header", *idx, str(p)], f"resolving {spec} (uv pip compile)", env=env)
+    return keep_user_hashes(locked, user_hashes(p))
+
+
+def _is_requirements(spec: Path) -> bool:
+    return spec.name == "requirements.txt" or spec.suffix in (".txt", ".in")
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Requirements lines with backslash continuations joined and comments dropped."""
+    out, cur = [], ""
+    for line in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", line)
+        if line.rstrip().endswith("\\"):
+            cur += line.rstrip()[:-1] + " "
+            continue
+        out.append((cur + line).strip())
+        cur = ""
+    if cur.strip():
+        out.append(cur.strip())
+    return [l for l in out if l]
+
+
+def _project(line: str) -> str | None:
+    m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)", line)
+    return re.sub(r"[-_.]+", "-", m[1]).lower() if m else None
+
+
+_HASH = re.compile(r"--hash[=\s]\s*([A-Za-z0-9]+:[0-9A-Fa-f]+)")
+
+
+def user_hashes(spec: Path, _seen: set | None = None) -> dict[str, set[str]]:
+    """The ``--hash`` pins of a requirements file (and of the files it includes with
+    ``-r``): ``{project: {"sha256:...", ...}}``. Other spec formats carry none."""
+    seen = _seen if _seen is not None else set()
+    if not _is_requirements(spec) or spec.resolve() in seen:
+        return {}
+    seen.add(spec.resolve())
+    pins: dict[str, set[str]] = {}
+    for line in _logical_lines(spec.read_text()):
+        inc = re.match(r"(?:-r|--requirement)[=\s]\s*(\S+)", line)
+        if inc:
+            for name, hs in user_hashes(spec.parent / inc[1], seen).items():
+                pins.setdefault(name, set()).update(hs)
+            continue
+        hashes = {h.lower() for h in _HASH.findall(line)}
+        name = _project(line) if hashes else None
+        if name:
+            pins.setdefault(name, set()).update(hashes)
+    return pins
+
+
+def keep_user_hashes(locked: str, pins: dict[str, set[str]]) -> str:
+    """The locked requirements with each user-pinned project's hashes replaced by the
+    user's own, so that the install (``--require-hashes``) accepts only artifacts the user
+    pinned, as pip does; the resolver regenerates hashes from the index, which would
+    accept whatever the index serves. A pin that none of the index's artifacts matches
+    fails here, before anything is built."""
+    if not pins:
+        return locked
+    out = []
+    for line in _logical_lines(locked):
+        name = _project(line)
+        if name not in pins:
+            out.append(" ".join(line.split()))
+            continue
+        offered = {h.lower() for h in _HASH.findall(line)}
+        wanted = pins[name]
+        comparable = {h.split(":", 1)[0] for h in offered}
+        if offered and all(h.split(":", 1)[0] in comparable for h in wanted) \
+                and not offered & wanted:
+            req = _HASH.sub("", line).split()[0]
+            raise DepsError(f"{req}: no artifact the index offers matches the pinned hash "
+                            f"{' or '.join(sorted(h[:19] + '...' for h in wanted))}: refusing "
+                            f"to install it (fix the pin or the index)")
+        req = " ".join(_HASH.sub("", line).split())
+        out.append(" ".join([req, *(f"--hash={h}" for h in sorted(wanted))]))
+    return "\n".join(out) + "\n"
 
 
 @dataclass(frozen=True)
