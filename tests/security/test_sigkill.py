@@ -1,0 +1,228 @@
+"""Nothing outlives a killed command (issue 18, item 8): ``image mount``, ``ckpt mount`` and
+``image run`` are SIGKILLed at seeded random moments of their start (and once when they
+are up); their servers die with them, the next command on the node removes what they
+left, and nothing of theirs is then mounted, running or on disk."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bootseer import alive, proc
+from bootseer.mount import points
+from tests.image.test_image import oci_layout
+
+pytestmark = pytest.mark.timeout(300)
+SEEDS = (3, 5)           # bounded: two random moments per command, plus one when it is up
+UP = None                # the kill moment "once it is up"
+
+
+def _kill_moments() -> list[float | None]:
+    return [random.Random(seed).uniform(0.2, 2.0) for seed in SEEDS] + [UP]
+
+
+def _bootseer(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "bootseer", *args], capture_output=True,
+                          text=True, env=env, timeout=120, **kw)
+
+
+def _theirs(token: str) -> list[int]:
+    """Processes that carry ``token`` in their environment or arguments."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if not zombie and (token.encode() in env or token.encode() in cmd):
+            found.append(int(entry))
+    return found
+
+
+def _dead_states(before: set[str]) -> dict[Path, list[dict]]:
+    """State directories made since ``before`` whose owner is dead, with their notes."""
+    out = {}
+    for name in set(os.listdir(alive.STATE_ROOT)) - before:
+        path = Path(alive.STATE_ROOT, name)
+        if name.startswith(alive.STATE_PREFIXES) and alive.held(path / alive.MARK) is False:
+            out[path] = alive._notes(path)
+    return out
+
+
+def _mounted_under(*roots) -> list[str]:
+    roots = [os.path.realpath(r) for r in roots]
+    return [e.mountpoint for e in points.table()
+            if any(e.mountpoint == r or e.mountpoint.startswith(r + "/") for r in roots)]
+
+
+def _wait(check, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while True:
+        result = check()
+        if result or time.time() > deadline:
+            assert result, what
+            return result
+        time.sleep(0.05)
+
+
+def _kill_then_next(argv: list[str], env: dict, up, next_command, tmp_path: Path,
+                    moment: float | None, watched_mount: Path | None) -> None:
+    token = f"bstest-{uuid.uuid4().hex}"
+    env = {**env, "BOOTSEER_TEST_KILL_TOKEN": token}
+    argv = [a.replace("TOKEN", token) for a in argv]
+    before = set(os.listdir(alive.STATE_ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "bootseer", *argv], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        if moment is UP:
+            _wait(lambda: up(token) or p.poll() is not None, 90, "the command did not come up")
+            assert p.poll() is None, p.stderr.read()
+        else:
+            time.sleep(moment)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    if watched_mount is not None:   # the FUSE server unmounts as its parent dies
+        _wait(lambda: not os.path.ismount(watched_mount), 15,
+              f"{watched_mount} still mounted after its command was killed")
+    left = _dead_states(before)
+    noted = [Path(r["dir"]) for notes in left.values() for r in notes if "dir" in r]
+    next_command()   # sweeps what the killed one left, and must work
+    assert not _mounted_under(tmp_path, *left, *noted), "left mounted"
+    assert not [p for p in (*left, *noted) if p.exists()], "left on disk"
+    _wait(lambda: not _theirs(token), 30, f"left running: {_theirs(token)}")
+
+
+@pytest.fixture(scope="module")
+def image_store(tmp_path_factory, busybox_rootfs):
+    """A converted busybox image in a local store: (store, tree digest)."""
+    root = tmp_path_factory.mktemp("sigkill-image")
+    layer = root / "layer.tar"
+    with tarfile.open(layer, "w") as t:
+        for entry in sorted(busybox_rootfs.iterdir()):
+            t.add(entry, arcname=entry.name)
+    (root / "layout").mkdir()
+    oci_layout(root / "layout", [layer.read_bytes()])
+    store = str(root / "store")
+    r = _bootseer("image", "convert", str(root / "layout"), "--to", store)
+    assert r.returncode == 0, r.stderr
+    return store, r.stdout.strip().splitlines()[-1]
+
+
+def _env(tmp_path: Path) -> dict:
+    return {**os.environ, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache/blobs")}
+
+
+def _mount_read_unmount(argv: list[str], env: dict, mnt: Path, check_file: str) -> None:
+    """Run a foreground mount command: it mounts, serves ``check_file``, SIGTERM unmounts."""
+    p = subprocess.Popen([sys.executable, "-m", "bootseer", *argv], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: os.path.ismount(mnt) or p.poll() is not None, 60, "no mount")
+        assert p.poll() is None, p.stderr.read()
+        assert (mnt / check_file).exists()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, p.stderr.read()
+        assert not os.path.ismount(mnt)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.mark.parametrize("moment", _kill_moments())
+def test_killed_image_mount_leaves_nothing(need_fuse, image_store, tmp_path, moment):
+    store, tree = image_store
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    argv = ["image", "mount", tree, str(mnt), "--store", store, "--record"]
+    env = _env(tmp_path)
+    _kill_then_next(argv, env, lambda _token: os.path.ismount(mnt),
+                    lambda: _mount_read_unmount(argv, env, mnt, "bin/busybox"),
+                    tmp_path, moment, mnt)
+
+
+@pytest.mark.parametrize("moment", _kill_moments())
+def test_killed_ckpt_mount_leaves_nothing(need_fuse, nginx, www, tmp_path, moment):
+    (www / "model.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    argv = ["ckpt", "mount", nginx.url + "/", str(mnt)]
+    env = _env(tmp_path)
+    _kill_then_next(argv, env, lambda _token: os.path.ismount(mnt),
+                    lambda: _mount_read_unmount(argv, env, mnt, "model.bin"),
+                    tmp_path, moment, mnt)
+
+
+@pytest.mark.parametrize("moment", _kill_moments())
+def test_killed_image_run_leaves_nothing(need_root, need_fuse, image_store, tmp_path, moment):
+    store, tree = image_store
+    env = _env(tmp_path)
+
+    def container_is_up(token: str) -> bool:   # its command runs (the token is its $0)
+        return any(Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sh\0-c\0sleep")
+                   for pid in _theirs(token) if Path(f"/proc/{pid}").exists())
+
+    def next_run() -> None:
+        r = _bootseer("image", "run", tree, "--store", store, "--", "sh", "-c", "echo ok",
+                      env=env)
+        assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+    argv = ["image", "run", tree, "--store", store, "--", "sh", "-c", "sleep 300; :", "TOKEN"]
+    _kill_then_next(argv, env, container_is_up, next_run, tmp_path, moment, None)
+
+
+def test_a_child_started_from_a_short_lived_thread_lives_until_its_parent_dies():
+    """PR_SET_PDEATHSIG follows the spawning thread: ``proc.spawn`` starts the child from
+    a thread that lives as long as the process, so the child survives its caller's thread
+    and dies with the process."""
+    import threading
+    script = ("import subprocess, threading, time\n"
+              "from bootseer import proc\n"
+              "box = []\n"
+              "t = threading.Thread(target=lambda: box.append(proc.spawn(\n"
+              "    subprocess.Popen, ['sleep', '60'], **proc.popen_kwargs())))\n"
+              "t.start(); t.join()\n"
+              "print(box[0].pid, flush=True)\n"
+              "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(p.stdout.readline())
+        time.sleep(0.3)   # the spawning thread has ended: the child must still run
+        assert Path(f"/proc/{child}").exists()
+        p.kill()
+        p.wait(10)
+        _wait(lambda: not Path(f"/proc/{child}").exists()
+              or Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+              10, "the child outlived its parent")
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert threading.current_thread() is threading.main_thread()
+
+
+def test_die_with_parent_when_the_parent_is_already_gone():
+    """The race between fork and prctl: a child whose parent died first is signalled at
+    once (getppid no longer names the spawner)."""
+    r = subprocess.run([sys.executable, "-c",
+                        "import signal; from bootseer import proc\n"
+                        "proc.die_with_parent(1, signal.SIGKILL)\n"
+                        "print('still here')"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == -signal.SIGKILL and "still here" not in r.stdout
+    assert proc.popen_kwargs()["preexec_fn"] is not None
