@@ -114,7 +114,9 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
                record: bool = True, prefetch: bool = True, profile_digest: str | None = None,
                window_timeout_s: float = 600.0, name: str = "bootseer-tree"):
     """Check ``tree`` and load its profile (errors surface here, before mounting), then
-    serve it at ``mountpoint``. Returns (MountHandle, profile or None, the tree's meta)."""
+    serve it at ``mountpoint``: the kernel's EROFS where ``bootseer.mount.tree_backend``
+    says so, else the FUSE tree view. Returns (a mount handle, profile or None, the
+    tree's meta)."""
     from bootseer.mount.fuse import mount
     from bootseer.tree import profile as prof
     from bootseer.tree.reader import load_toc
@@ -126,6 +128,16 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
         if profile is not None:
             prof.check(profile, tree)
+    from bootseer.mount import tree_backend
+    if tree_backend(config) == "erofs":   # the kernel path (bootseer.tree.blob_mount)
+        from bootseer.tree.blob import unsupported
+        why = unsupported(toc)
+        if why is None:
+            from bootseer.tree.blob_mount import mount_tree_erofs
+            return (mount_tree_erofs(config, tree, toc, profile, mountpoint, state_dir,
+                                     record=record, window_timeout_s=window_timeout_s,
+                                     name=name), profile, toc.get("meta") or {})
+        log.info("tree %s is served by the FUSE tree view: %s", tree[:19], why)
     factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
                                 window_timeout_s)
     return (mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile,

@@ -1,0 +1,106 @@
+"""EROFS mounts through ``mount(2)`` itself: util-linux ``mount -t erofs FILE`` attaches a
+loop device without saying so, while the syscall on a regular file uses the kernel's
+file-backed mode (``CONFIG_EROFS_FS_BACKED_BY_FILE``), with the blob named by
+``device=<file>``. And the feature check: the filesystem is registered and a probe image
+written by this package mounts and reads back."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import stat
+import tempfile
+
+from bootseer.errors import BootseerError
+
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MNT_DETACH = 2
+
+
+class ErofsMountError(BootseerError, OSError):
+    pass
+
+
+@functools.cache
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def mount(image: str, mountpoint: str, blob: str) -> None:
+    """Mount the metadata ``image`` at ``mountpoint`` with ``blob`` as its device 1
+    (read-only, nosuid, nodev)."""
+    for what, path in (("image", image), ("blob", blob)):
+        if "," in path:   # the option string cannot quote a comma
+            raise ErofsMountError(f"the EROFS {what} path {path} contains a comma")
+    opts = f"device={os.path.abspath(blob)}".encode()
+    rc = _libc().mount(os.path.abspath(image).encode(), mountpoint.encode(), b"erofs",
+                       MS_RDONLY | MS_NOSUID | MS_NODEV, opts)
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise ErofsMountError(f"cannot mount EROFS image {image} at {mountpoint}: "
+                              f"{os.strerror(e)} (see dmesg)", )
+
+
+def unmount(mountpoint: str) -> bool:
+    """Unmount; when files are still open (EBUSY), detach lazily: the kernel keeps the
+    filesystem for the open files and frees it when the last one closes. Returns
+    whether the unmount was immediate."""
+    if _libc().umount2(mountpoint.encode(), 0) == 0:
+        return True
+    e = ctypes.get_errno()
+    if e == errno.EINVAL and not os.path.ismount(mountpoint):
+        return True   # not mounted (any more)
+    if _libc().umount2(mountpoint.encode(), MNT_DETACH) != 0:
+        e2 = ctypes.get_errno()
+        raise ErofsMountError(f"cannot unmount {mountpoint}: {os.strerror(e2)}")
+    return False
+
+
+def registered() -> bool:
+    try:
+        with open("/proc/filesystems") as f:
+            return any(line.split()[-1] == "erofs" for line in f if line.strip())
+    except OSError:
+        return False
+
+
+@functools.cache
+def availability() -> str | None:
+    """None when file-backed EROFS with a blob device works here, else why not (checked
+    once per process)."""
+    if os.geteuid() != 0:
+        return "mounting EROFS needs root"
+    if not registered():
+        return "the kernel has no EROFS (not in /proc/filesystems)"
+    try:
+        _probe()
+    except (OSError, ValueError) as e:
+        return f"a probe mount failed: {e}"
+    return None
+
+
+PROBE_BYTES = b"bootseer erofs probe\n"
+
+
+def _probe() -> None:
+    """Write a one-file image and its blob, mount them from regular files, read back."""
+    from bootseer.mount.erofs.layout import BLOCK
+    from bootseer.mount.erofs.writer import Inode, write_image
+    with tempfile.TemporaryDirectory(prefix="bootseer-erofs-probe-") as d:
+        f = Inode(stat.S_IFREG, 0o444, size=len(PROBE_BYTES), chunk_blocks=[0])
+        root = Inode(stat.S_IFDIR, 0o755, entries={b"probe": f})
+        image, _ = write_image(root, chunk_size=BLOCK, blob_blocks=1, tag=b"probe")
+        with open(f"{d}/meta", "wb") as out:
+            out.write(image)
+        with open(f"{d}/blob", "wb") as out:
+            out.write(PROBE_BYTES.ljust(BLOCK, b"\0"))
+        os.mkdir(f"{d}/mnt")
+        mount(f"{d}/meta", f"{d}/mnt", f"{d}/blob")
+        try:
+            with open(f"{d}/mnt/probe", "rb") as got:
+                if got.read() != PROBE_BYTES:
+                    raise ValueError("the probe file reads back wrong bytes")
+        finally:
+            unmount(f"{d}/mnt")

@@ -1,0 +1,250 @@
+"""A tree as one data blob plus an EROFS metadata image (the kernel path of a lazy mount).
+
+The blob holds every distinct chunk of the tree once, uncompressed, each at a 4 KiB
+boundary, the profile's hot chunks first in their recorded order, then the rest in TOC
+order (a package's files side by side). A blob offset maps back to one chunk digest,
+so reads are verified, cached, recorded and prefetched per chunk exactly as on the
+FUSE tree view, and profiles stay the same format. Dedup across trees stays in the node
+cache and the store (content-addressed chunks); inside one blob a chunk appears once.
+
+* :class:`BlobLayout`: where each chunk sits, the hot extent, a key naming the layout;
+* :func:`erofs_root`: the TOC as writer inodes pointing into that layout;
+* :class:`BlobView`: the one-file view a FUSE server mounts while the blob is incomplete;
+* :func:`assemble` / :func:`verify_blob`: the complete blob as a local file, checked
+  chunk by chunk against the digests.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import hashlib
+import logging
+import os
+import stat
+import tempfile
+
+from bootseer.errors import DigestMismatch
+from bootseer.mount.erofs.layout import BLOCK, blocks_for
+from bootseer.mount.erofs.writer import Inode
+from bootseer.mount.view import Attr
+from bootseer.tree import format as fmt
+
+log = logging.getLogger(__name__)
+BLOB_NAME = "blob"
+LAYOUT_VERSION = b"bootseer.blob.v1"
+_FMT = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_IFCHR,
+        "b": stat.S_IFBLK, "p": stat.S_IFIFO}
+
+
+def unsupported(toc: dict) -> str | None:
+    """Why this tree cannot be an EROFS image (None when it can)."""
+    cs = toc.get("chunk_size")
+    if not isinstance(cs, int) or cs < BLOCK or cs & (cs - 1) or cs > BLOCK << 31:
+        return f"its chunk size {cs} is not a power of two of at least {BLOCK} bytes"
+    return None
+
+
+class BlobLayout:
+    def __init__(self, toc: dict, hot: list[str] | tuple[str, ...] = ()):
+        self.chunk_size = toc["chunk_size"]
+        by_digest: dict[str, list] = {}
+        self.path_of: dict[str, str] = {}   # a path reading the chunk (profile rows name one)
+        for e in toc["entries"]:
+            for c in e.get("chunks") or ():
+                if c[0] not in by_digest:
+                    by_digest[c[0]] = c
+                    self.path_of[c[0]] = e["path"]
+        hot_refs = []
+        for d in dict.fromkeys(hot):
+            if d in by_digest:
+                hot_refs.append(by_digest.pop(d))
+        self.refs: list[list] = hot_refs + list(by_digest.values())
+        self.offsets: list[int] = []
+        self.block_of: dict[str, int] = {}
+        blk = 0
+        for c in self.refs:
+            self.offsets.append(blk * BLOCK)
+            self.block_of[c[0]] = blk
+            blk += max(blocks_for(c[4]), 1)
+        self.blocks = blk
+        self.size = blk * BLOCK
+        self.hot_bytes = self.offsets[len(hot_refs)] if len(hot_refs) < len(self.refs) \
+            else self.size
+        h = hashlib.sha256(LAYOUT_VERSION + b"\0%d\0" % self.chunk_size)
+        for c in self.refs:
+            h.update(b"%s:%d\0" % (c[0].encode(), c[4]))
+        self.key = h.hexdigest()
+
+    def locate(self, offset: int) -> int:
+        """Index of the chunk slot holding blob byte ``offset``."""
+        return bisect.bisect_right(self.offsets, offset) - 1
+
+    def hot_extents(self) -> list[tuple[int, int]]:
+        """(offset, length) of the blob ranges the profile marks hot: one extent, the
+        blob's head, by construction."""
+        return [(0, self.hot_bytes)] if self.hot_bytes else []
+
+
+def _xattrs(e: dict) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (e.get("xattrs") or {}).items()}
+
+
+def erofs_root(toc: dict, layout: BlobLayout) -> tuple[Inode, dict]:
+    """The TOC as writer inodes (the root directory), and counts of what was left out."""
+    root = None
+    inodes: dict[str, Inode] = {}
+    skipped = {"hardlinks_to_missing": 0}
+    entries = sorted(toc["entries"], key=lambda e: e["path"])
+    for e in entries:
+        path = e["path"]
+        if path in ("/", ""):
+            root = inodes["/"] = Inode(stat.S_IFDIR, e["mode"], e["uid"], e["gid"], e["mtime"],
+                                       xattrs=_xattrs(e), entries={})
+            break
+    if root is None:
+        root = inodes["/"] = Inode(stat.S_IFDIR, 0o755, entries={})
+    for e in entries:
+        path, kind = e["path"], e["type"]
+        if path == "/" or kind == "h":
+            continue
+        if kind not in _FMT:
+            raise fmt.TreeFormatError(f"entry {path} has unknown type {kind!r}")
+        node = Inode(_FMT[kind], e["mode"], e["uid"], e["gid"], e["mtime"],
+                     xattrs=_xattrs(e))
+        if kind == "d":
+            node.entries = {}
+        elif kind == "f":
+            node.size = e["size"]
+            node.chunk_blocks = [layout.block_of[c[0]] for c in e["chunks"]] if e["size"] else None
+        elif kind == "l":
+            node.target = os.fsencode(e["target"])
+        else:
+            node.rdev = e.get("rdev", 0)
+        inodes[path] = node
+        _parent(inodes, path).entries[_name(path)] = node
+    for e in entries:
+        if e["type"] == "h":
+            target = inodes.get(e["target"])
+            if target is None or stat.S_ISDIR(target.fmt):
+                skipped["hardlinks_to_missing"] += 1
+                continue
+            _parent(inodes, e["path"]).entries[_name(e["path"])] = target
+    return root, skipped
+
+
+def _name(path: str) -> bytes:
+    return os.fsencode(path.rsplit("/", 1)[1])
+
+
+def _parent(inodes: dict[str, Inode], path: str) -> Inode:
+    """The directory holding ``path``, made (0755, root) when the TOC lacks it."""
+    parent = path.rsplit("/", 1)[0] or "/"
+    d = inodes.get(parent)
+    if d is None:
+        d = inodes[parent] = Inode(stat.S_IFDIR, 0o755, entries={})
+        if parent != "/":
+            _parent(inodes, parent).entries[_name(parent)] = d
+    if d.entries is None:
+        raise fmt.TreeFormatError(f"{path}: its parent {parent} is not a directory")
+    return d
+
+
+class BlobView:
+    """The blob as a one-file tree view (``/blob``) over a TreeReader: each range read
+    maps to chunk slices, served from the node cache or fetched (verified, recorded)."""
+
+    def __init__(self, reader, layout: BlobLayout, on_close=None):
+        self.reader, self.layout, self._on_close = reader, layout, on_close
+
+    def getattr(self, path: str) -> Attr:
+        if path == "/":
+            return Attr(mode=stat.S_IFDIR | 0o555, size=0, nlink=2)
+        if path == f"/{BLOB_NAME}":
+            return Attr(mode=stat.S_IFREG | 0o444, size=self.layout.size)
+        raise FileNotFoundError(path)
+
+    def readdir(self, path: str) -> list[str]:
+        if path != "/":
+            raise NotADirectoryError(path)
+        return [BLOB_NAME]
+
+    def readlink(self, path: str) -> str:
+        raise OSError(22, "not a symlink", path)
+
+    def read(self, path: str, size: int, offset: int) -> bytes:
+        if path != f"/{BLOB_NAME}":
+            raise FileNotFoundError(path) if path != "/" else IsADirectoryError(path)
+        lay = self.layout
+        end = min(offset + size, lay.size)
+        out, pos = [], offset
+        i = lay.locate(pos)
+        while pos < end:
+            start, ref = lay.offsets[i], lay.refs[i]
+            slot_end = lay.offsets[i + 1] if i + 1 < len(lay.refs) else lay.size
+            data_end = start + ref[4]
+            if pos < data_end:
+                lo, hi = pos - start, min(end, data_end) - start
+                out.append(self._slice(ref, lo, hi))
+                pos = start + hi
+            else:   # the zero padding up to the next block boundary
+                stop = min(end, slot_end)
+                out.append(bytes(stop - pos))
+                pos = stop
+            if pos >= slot_end:
+                i += 1
+        return b"".join(out)
+
+    def _slice(self, ref: list, lo: int, hi: int) -> bytes:
+        # the reader keeps the last chunks in memory, verified: the kernel's smaller
+        # reads of one chunk cost neither a re-read nor a re-hash
+        return self.reader.chunk(ref, self.layout.path_of.get(ref[0], ""))[lo:hi]
+
+    def statfs(self) -> dict:
+        return {"f_bsize": BLOCK, "f_frsize": BLOCK, "f_blocks": self.layout.blocks,
+                "f_bfree": 0, "f_bavail": 0, "f_files": 1, "f_ffree": 0, "f_namemax": 255}
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+
+
+def all_local(layout: BlobLayout, cache) -> bool:
+    return all(cache.contains(c[0]) for c in layout.refs)
+
+
+def assemble(layout: BlobLayout, cache, dest: str) -> None:
+    """Write the complete blob from the node cache's chunks (each verified as it is
+    read) to ``dest``, atomically. A chunk missing or bad raises FileNotFoundError."""
+    d = os.path.dirname(dest)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-blob-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for off, ref in zip(layout.offsets, layout.refs):
+                data = cache.get(ref[0], ref[4])   # verified; None if missing or bad
+                if data is None:
+                    raise FileNotFoundError(f"chunk {ref[0]} is not (or no longer) in the "
+                                            "node cache")
+                f.seek(off)
+                f.write(data)
+            f.truncate(layout.size)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def verify_blob(layout: BlobLayout, path: str) -> None:
+    """Every chunk of a local blob still hashes to its digest (DigestMismatch if not)."""
+    if os.path.getsize(path) != layout.size:
+        raise DigestMismatch(f"blob {path} has {os.path.getsize(path)} bytes, its layout "
+                             f"{layout.size}", digest=f"sha256:{layout.key}")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off, ref in zip(layout.offsets, layout.refs):
+            data = os.pread(fd, ref[4], off)
+            if hashlib.sha256(data).hexdigest() != ref[0].removeprefix("sha256:"):
+                raise DigestMismatch(f"blob {path} is corrupt at offset {off} (chunk "
+                                     f"{ref[0]})", digest=ref[0])
+    finally:
+        os.close(fd)

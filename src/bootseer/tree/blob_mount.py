@@ -1,0 +1,235 @@
+"""A lazy tree mounted by the kernel: EROFS on a metadata image written from the TOC, with
+the data blob as its device.
+
+* The blob is complete on the node (``<cache>/erofs/<layout key>.blob``, re-verified
+  chunk by chunk before each mount): EROFS mounts it directly, no Python serves reads.
+  Every chunk of a tree already in the node cache is first assembled into that file.
+* Otherwise a single-file FUSE server (the tree session: demand reads through the
+  fetcher and node cache, verified, recorded, hot chunks prefetched) serves the blob,
+  and EROFS mounts the blob file on that FUSE mount. The server sees only range reads.
+  Once the prefetch is done, the hot head of the blob is read through the FUSE file so
+  the page cache holds it before the job reads it.
+
+The metadata image (about 128 bytes per inode plus directories) is written per mount
+into the state directory, on local disk: the kernel reads it in 4 KiB pieces.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from bootseer.config import BootseerConfig
+from bootseer.errors import StoreError
+from bootseer.mount.erofs import kernel
+from bootseer.mount.erofs.writer import write_image
+from bootseer.store.cache import NodeCache
+from bootseer.tree.blob import (BLOB_NAME, BlobLayout, BlobView, all_local, assemble,
+                                erofs_root, verify_blob)
+
+log = logging.getLogger(__name__)
+PREREAD = "preread"           # created in the state dir once the hot head was pre-read
+PREREAD_PIECE = 1 << 20
+
+
+class _NoServer:
+    """Stands for the server process of a mount that has none (EROFS on a local blob):
+    alive while mounted, so callers that watch the server watch the mount."""
+
+    pid = None
+
+    def __init__(self, mountpoint: str):
+        self.mountpoint = mountpoint
+
+    def is_alive(self) -> bool:
+        return os.path.ismount(self.mountpoint)
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+class ErofsTreeHandle:
+    """A mounted tree on the kernel path; the same surface as the FUSE MountHandle."""
+
+    def __init__(self, mountpoint: str, server=None, backend: str = "erofs"):
+        self.mountpoint, self.server, self.backend = mountpoint, server, backend
+        self.proc = server.proc if server is not None else _NoServer(mountpoint)
+        self._stop = threading.Event()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def unmount(self, timeout: float = 20) -> None:
+        """Idempotent. Files still open keep a lazily detached EROFS alive; its blob
+        server then gets a short grace and is stopped, so nothing outlives the caller
+        (reads of data not yet in the page cache fail with EIO from then on)."""
+        self._stop.set()
+        immediate = True
+        if os.path.ismount(self.mountpoint):
+            immediate = kernel.unmount(self.mountpoint)
+            if not immediate:
+                log.info("%s is busy: detached lazily", self.mountpoint)
+        if self.server is not None:
+            self.server.unmount(timeout=timeout if immediate else 2)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.unmount()
+
+
+def local_blob_path(config: BootseerConfig, layout: BlobLayout) -> Path:
+    return Path(config.cache.dir) / "erofs" / f"{layout.key}.blob"
+
+
+def _local_blob(config: BootseerConfig, layout: BlobLayout) -> str | None:
+    """The complete blob as a verified local file, when it is or can be made so."""
+    path = local_blob_path(config, layout)
+    if path.exists():
+        try:
+            verify_blob(layout, str(path))
+            os.utime(path)   # LRU clock among local blobs
+            return str(path)
+        except (OSError, StoreError) as e:
+            log.error("local blob %s fails verification, removed: %s", path, e)
+            path.unlink(missing_ok=True)
+    cache = NodeCache(config.cache)
+    # a blob doubles the bytes of its chunks on disk: only where half the budget allows
+    share = config.cache.budget_bytes // 2
+    if layout.size > share or not all_local(layout, cache):
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_room(path.parent, share - layout.size)
+    try:
+        assemble(layout, cache, str(path))
+    except (OSError, StoreError) as e:
+        log.info("blob of %d bytes not assembled (%s): served by FUSE", layout.size, e)
+        return None
+    log.info("assembled the complete blob %s (%d bytes)", path.name, layout.size)
+    return str(path)
+
+
+def _make_room(directory: Path, allowed: int) -> None:
+    """Remove the least recently mounted blobs until the rest fit ``allowed`` bytes
+    (a mounted blob stays usable: the kernel holds it open)."""
+    blobs = sorted((p.stat().st_mtime, p.stat().st_size, p) for p in directory.glob("*.blob"))
+    used = sum(size for _, size, _ in blobs)
+    for _, size, p in blobs:
+        if used <= allowed:
+            break
+        p.unlink(missing_ok=True)
+        used -= size
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: bool,
+                     profile: dict | None, window_timeout_s: float, hot: list[str],
+                     key: str) -> BlobView:
+    """Runs in the blob's FUSE server process: the tree session behind a one-file view."""
+    from bootseer.tree.session import TreeSession
+    s = TreeSession(config, tree, state_dir, record=record, profile=profile,
+                    window_timeout_s=window_timeout_s)
+    layout = BlobLayout(s.reader.toc, hot)
+    if layout.key != key:
+        raise ValueError(f"blob layout {layout.key[:12]} differs from the image's {key[:12]}")
+    return BlobView(s.reader, layout, on_close=s.finish)
+
+
+def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict | None,
+                     mountpoint: str, state_dir: str, *, record: bool = True,
+                     window_timeout_s: float = 600.0,
+                     name: str = "bootseer-tree") -> ErofsTreeHandle:
+    from bootseer.mount.fuse import MountError, mount
+    from bootseer.tree.session import PREFETCHED
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"mount point {mountpoint} is not a directory")
+    if os.path.ismount(mountpoint):
+        raise MountError(f"{mountpoint} is already a mount point")
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    hot = [row[0] for row in profile["chunks"]] if profile else []
+    layout = BlobLayout(toc, hot)
+    root, skipped = erofs_root(toc, layout)
+    image, stats = write_image(root, chunk_size=layout.chunk_size, blob_blocks=layout.blocks,
+                               tag=layout.key.encode())
+    if stats.skipped_xattrs or skipped["hardlinks_to_missing"]:
+        log.warning("tree %s: %d xattrs outside EROFS's namespaces and %d dangling hard "
+                    "links are not in the image", tree[:19], stats.skipped_xattrs,
+                    skipped["hardlinks_to_missing"])
+    meta = state / "meta.erofs"
+    _write_atomic(meta, image)
+
+    local = _local_blob(config, layout)
+    if local is not None:
+        kernel.mount(str(meta), mountpoint, local)
+        # no Python sees the reads: nothing to record, nothing to prefetch
+        _write_atomic(state / "figures.json", json.dumps({
+            "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
+            "read_chunks": 0, "read_bytes": 0, "coverage": 1.0, "precision": None,
+            "stall_s": 0.0, "store_bytes": 0, "store_requests": 0,
+            "prefetch": None}).encode())
+        for marker in (PREFETCHED, PREREAD):
+            (state / marker).touch()
+        log.info("%s: EROFS on the local blob at %s", tree[:19], mountpoint)
+        return ErofsTreeHandle(mountpoint, None, backend="erofs-local")
+
+    blob_mp = state / "blobfs"
+    blob_mp.mkdir(exist_ok=True)
+    factory = functools.partial(blob_server_view, config, tree, str(state), record, profile,
+                                window_timeout_s, hot, layout.key)
+    server = mount(factory, str(blob_mp), name=f"{name}-blob-{tree[7:19]}")
+    try:
+        kernel.mount(str(meta), mountpoint, str(blob_mp / BLOB_NAME))
+    except BaseException:
+        server.unmount()
+        raise
+    handle = ErofsTreeHandle(mountpoint, server, backend="erofs-fuse-blob")
+    threading.Thread(target=_preread, daemon=True, name="bootseer-preread",
+                     args=(str(blob_mp / BLOB_NAME), layout.hot_extents(), state / PREFETCHED,
+                           state / PREREAD, handle._stop)).start()
+    log.info("%s: EROFS at %s on the FUSE-served blob (%d bytes, hot head %d)", tree[:19],
+             mountpoint, layout.size, layout.hot_bytes)
+    return handle
+
+
+def _preread(blob: str, extents: list[tuple[int, int]], prefetched: Path, done: Path,
+             stop: threading.Event, wait_s: float = 600.0) -> None:
+    """Once the hot chunks are local, read the hot extents through the FUSE blob file so
+    the kernel's page cache holds them (the job's reads then reach no Python). Never
+    fails anything: an error only costs the warm-up."""
+    waited = 0.0
+    while not prefetched.exists():
+        if stop.wait(0.05):
+            return
+        waited += 0.05
+        if waited > wait_s:
+            break
+    try:
+        fd = os.open(blob, os.O_RDONLY)
+        try:
+            for off, length in extents:
+                end = off + length
+                while off < end and not stop.is_set():
+                    n = len(os.pread(fd, min(PREREAD_PIECE, end - off), off))
+                    if not n:
+                        break
+                    off += n
+        finally:
+            os.close(fd)
+        done.touch()
+    except OSError as e:
+        log.info("pre-read of the hot blob ranges stopped: %s", e)
