@@ -29,6 +29,7 @@ from bootseer import proc as procs
 from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
 from bootseer.run import container as C
+from bootseer.run import inroot
 from bootseer.run import pipelines as P
 from bootseer.run import tracing
 
@@ -290,9 +291,10 @@ class NodeRun:
             # (bootseer's variables and --env win); CMD replaces Entrypoint + Cmd
             img_env = dict(kv.split("=", 1) for kv in image.image_config.get("env") or []
                            if "=" in kv)
-            path = img_env.get("PATH")
-            if not (C.rootfs_has(image.path, s.argv[0], path) if path
-                    else C.rootfs_has(image.path, s.argv[0])):
+            workdir = s.workdir or image.image_config.get("workdir") or "/"
+            # resolved as inside the container: never through `..` or a link onto the host
+            if not inroot.has_command(image.path, s.argv[0],
+                                      img_env.get("PATH") or inroot.DEFAULT_PATH, workdir):
                 print(f"bootseer: error: command {s.argv[0]!r} not found in image {s.image}",
                       file=sys.stderr)
                 return C.EXIT_NOT_FOUND
@@ -301,7 +303,6 @@ class NodeRun:
             binds += s.binds
             env = {**img_env,
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
-            workdir = s.workdir or image.image_config.get("workdir") or "/"
             container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
                                     env=env, binds=binds)
             self._running = C.start(container, runtime=s.runtime, **self._output_pipes())
