@@ -140,17 +140,19 @@ class NodeCache:
         if len(data) > self.budget:
             raise CacheError(f"entry {digest} of {len(data)} bytes exceeds the cache budget "
                              f"of {self.budget} bytes (cache.budget_bytes)", digest=digest)
-        self._make_room(len(data))
-        final.parent.mkdir(exist_ok=True)
         try:
+            final.parent.mkdir(exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
-                os.replace(tmp, final)
+                # reserved and renamed under one lock: a scan never misses bytes in flight
+                self._make_room(len(data), place=lambda: _place(tmp, final))
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+        except CacheError:
+            raise
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise CacheError(f"node cache {self.root} is out of disk space writing "
@@ -257,8 +259,10 @@ class NodeCache:
                 out.append((st.st_mtime, st.st_size, f))
         return out
 
-    def _make_room(self, incoming: int) -> None:
-        """Reserve ``incoming`` bytes under the budget, evicting LRU entries if needed.
+    def _make_room(self, incoming: int, place: Callable[[], bool]) -> None:
+        """Reserve ``incoming`` bytes under the budget, evicting LRU entries if needed, and
+        ``place()`` the entry while the lock is held (it returns False when the entry was
+        there already: nothing is reserved then).
 
         The bytes in use are kept in the eviction lock file, so a put costs one small read
         and write instead of a scan of every entry (thousands of chunks per image made each
@@ -269,11 +273,9 @@ class NodeCache:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX)
                 used = _read_usage(fd)
-                if used is not None and used + incoming <= self.budget:
-                    _write_usage(fd, used + incoming)
-                    return
-                used = self._evict_for(incoming)
-                _write_usage(fd, used + incoming)
+                if used is None or used + incoming > self.budget:
+                    used = self._evict_for(incoming)
+                _write_usage(fd, used + (incoming if place() else 0))
             finally:
                 os.close(fd)  # releases the record lock
 
@@ -304,6 +306,14 @@ class NodeCache:
         with self._guard:
             return {**self._stats, "entries": len(entries),
                     "bytes": sum(s for _, s, _ in entries), "budget": self.budget}
+
+
+def _place(tmp: str, final: Path) -> bool:
+    """Rename a written entry into place; False when another filler placed it first."""
+    if final.exists():
+        return False
+    os.replace(tmp, final)
+    return True
 
 
 def _read_usage(fd: int) -> int | None:
