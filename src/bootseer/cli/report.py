@@ -8,20 +8,58 @@ def register(sub) -> None:
                        "and phase, stragglers, GPU-seconds lost",
                        description="Read a job's trace (a directory of .jsonl files) and print "
                                    "the per-phase breakdown, critical path and stragglers.")
-    p.add_argument("trace", help="trace directory (or one .jsonl file)")
+    p.add_argument("trace", help="trace directory (or one .jsonl file), or a URL of one "
+                   "(s3://bucket/traces/job, any fsspec location)")
     p.add_argument("--baseline", metavar="TRACE", help="compare with this trace")
     p.add_argument("--attempt", type=int, help="only this attempt")
     p.add_argument("-k", type=float, default=3.0, help="straggler rule: median + k*MAD (3)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--json", metavar="FILE", help="write a JSON summary")
-    p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace")
+    p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (a track "
+                   "per pipeline per node, absolute times)")
+    p.add_argument("--otlp", metavar="FILE|URL", help="OpenTelemetry spans: write OTLP/JSON to "
+                   "FILE, or send to an OTLP/HTTP receiver (http://collector:4318)")
+    p.add_argument("--prom", metavar="FILE", help="write Prometheus metrics (text format, for "
+                   "node_exporter's textfile collector: name it *.prom)")
     p.set_defaults(func=_run)
 
 
+def _copied(url: str, into: str) -> str:
+    """A trace under a URL (``s3://bucket/traces/job``, ``file://``, any fsspec location)
+    copied into a local directory: its ``.jsonl`` files only."""
+    import os
+
+    import fsspec
+
+    from bootseer.errors import TraceError
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+        files = [f for f in fs.find(root) if f.endswith(".jsonl")]
+        for i, f in enumerate(files):
+            rel = os.path.relpath(f, root)
+            dest = os.path.join(into, rel if not rel.startswith("..") else f"{i}.jsonl")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            fs.get_file(f, dest)
+    except ImportError as e:
+        raise TraceError(f"cannot read {url}: {e} (s3:// needs the s3 extra: "
+                         f"pip install 'bootseer[s3]')") from None
+    except (OSError, ValueError) as e:
+        raise TraceError(f"cannot read the trace at {url}: {e}") from None
+    if not files:
+        raise TraceError(f"{url} holds no trace files (*.jsonl)")
+    return into
+
+
 def build(path: str, k: float, attempt: int | None):
+    import tempfile
+
     from bootseer.errors import TraceError
     from bootseer.trace import analysis, load
-    t = load.load(path)
+    if "://" in path:
+        with tempfile.TemporaryDirectory(prefix="bootseer-trace-") as tmp:
+            t = load.load(_copied(path, tmp))
+    else:
+        t = load.load(path)
     jobs = sorted({str(e["job"]) for e in t.events})
     if len(jobs) > 1:
         raise TraceError(f"{path} mixes {len(jobs)} jobs ({', '.join(jobs[:5])}): report one "
@@ -37,12 +75,15 @@ def build(path: str, k: float, attempt: int | None):
 def _run(args) -> int:
     from bootseer import outputs
     from bootseer.trace import render
-    for path in (args.json, args.chrome, args.html):
+    otlp_url = bool(args.otlp) and args.otlp.startswith(("http://", "https://"))
+    for path in (args.json, args.chrome, args.html, args.prom,
+                 None if otlp_url else args.otlp):
         if path:
             outputs.check(path)   # before the work, not after it
     t, views, sums = build(args.trace, args.k, args.attempt)
     report = render.text(sums, t.skipped_lines, t.problems)
     print(report)
+    base = None
     if args.baseline:
         _, _, base = build(args.baseline, args.k, None)
         print()
@@ -50,8 +91,19 @@ def _run(args) -> int:
     if args.json:
         outputs.write_text(args.json, render.to_json(sums))
     if args.chrome:
-        outputs.write_text(args.chrome, render.chrome(views))
+        outputs.write_text(args.chrome, render.chrome(views, sums))
     if args.html:
         outputs.write_text(args.html, render.to_html(views, sums, f"bootseer report: {args.trace}",
-                                                     report))
+                                                     report, base))
+    job = str(t.events[0]["job"])
+    if args.otlp:
+        from bootseer.trace import export_otlp
+        body = export_otlp.to_json(job, views, sums)
+        if otlp_url:
+            export_otlp.post(args.otlp, body)
+        else:
+            outputs.write_text(args.otlp, body)
+    if args.prom:
+        from bootseer.trace import export_prom
+        outputs.write_text(args.prom, export_prom.text(job, views, sums))
     return 0

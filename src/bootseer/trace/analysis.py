@@ -312,8 +312,10 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
         vals = [n.phases[name] for n in view.nodes if name in n.phases]
         phases[name] = {"median": statistics.median(vals), "p90": pct(vals, 0.9),
                         "max": max(vals), "n": len(vals)}
+    from bootseer.trace import critical_path as cp
     done = [n for n in view.nodes if n.ready is not None]
     gating_node = gating_phase = gating_rank = None
+    path: list = []
     stragglers: list[str] = []
     what_if = None
     if done:
@@ -325,6 +327,15 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
         limit = med + k * max(mad, 1e-9)
         stragglers = [n.node for n in done if n.ready > limit and len(done) > 2]
         gating_phase = _gating_phase(slow, phases, straggler=slow.node in stragglers)
+        path = cp.node_path(slow, view)
+        real = [x for x in path if x.phase not in (UNTRACED, cp.NOT_STARTED)]
+        if real and slow.node not in stragglers:
+            # in step with the others: the phase that held the critical path longest gated
+            # (on the node that held it: the last to reach the rendezvous, if it crossed)
+            top = max(real, key=lambda x: x.seconds)
+            by_name = {n.node: n for n in view.nodes}
+            gating_node, gating_phase = top.node, top.phase
+            gating_rank = by_name[top.node].last_rank
         fixed = []
         for n in done:
             excess = sum(max(0.0, v - phases[p]["median"]) for p, v in n.phases.items()) \
@@ -335,9 +346,6 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     wait = ttr if ttr is not None else max((s["end"] for n in view.nodes for s in n.spans),
                                            default=0.0)
     gpu_lost = sum(n.gpus for n in view.nodes) * wait
-    from bootseer.trace import critical_path as cp
-    gate = cp.gating_node(view)
-    path = cp.node_path(gate, view) if gate is not None else []
     return Summary(view.attempt, len(view.nodes), ttr, [n.node for n in view.not_ready],
                    view.alignment, phases, gating_node, gating_phase, gating_rank, stragglers, k,
                    what_if, gpu_lost,

@@ -123,8 +123,3 @@ def shares(path: list[Segment]) -> dict[str, float]:
         key = s.phase if s.phase in (UNTRACED, NOT_STARTED) else pipeline_of(s.phase)
         out[key] = out.get(key, 0.0) + s.seconds
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-def gating_node(view: AttemptView) -> NodeView | None:
-    done = [n for n in view.nodes if n.ready is not None]
-    return max(done, key=lambda n: n.ready) if done else None

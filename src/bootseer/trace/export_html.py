@@ -1,0 +1,243 @@
+"""The HTML report: one self-contained page (no network) a person reads in a minute.
+
+Per attempt: the time to ready, gating node and phase, the critical path on the swim lanes'
+time axis, swim lanes (a row per pipeline track per node; the gating node first and
+highlighted, its gating phase outlined; marks as triangles, ready as a line; tooltips), the
+job's phases per rank with the rendezvous wait, technique figures, CDFs across nodes with
+axes and a legend. On top, the attempts (and the baseline) side by side: what each pipeline
+held on the critical path. Tables are plain HTML; the charts are drawn by the page's own
+script (``export_html.js``) from the embedded JSON, so the page works offline. The script
+sets ``data-rendered="1"`` on ``<body>`` when it is done (browser tests wait for it).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from bootseer.trace.analysis import AttemptView, Summary
+from bootseer.trace.critical_path import NOT_STARTED
+
+MAX_LANE_NODES = 24        # swim lanes for the slowest nodes (a 10,000-row chart helps no one)
+MAX_RANK_ROWS = 32
+CDF_POINTS = 200
+PIPELINE_COLORS = {"startup": "#7f7f7f", "image": "#1f77b4", "deps": "#ff7f0e",
+                   "ckpt": "#2ca02c", "job": "#9467bd", "container": "#8c564b",
+                   "(untraced)": "#c7c7c7", NOT_STARTED: "#f2f2f2"}
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:18px;color:#222}
+h1{font-size:20px}h2{font-size:17px;margin-top:28px;border-top:1px solid #ddd;padding-top:10px}
+h3{font-size:14px;margin:14px 0 4px}
+table{border-collapse:collapse;font-size:12px;margin:4px 0}
+td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+.cards{display:flex;gap:10px;flex-wrap:wrap}
+.card{border:1px solid #ddd;border-radius:6px;padding:6px 10px;min-width:150px}
+.card b{display:block;font-size:18px}.card.hot{border-color:#d62728;background:#fff5f5}
+.key{display:inline-block;margin:2px 8px 2px 0;font-size:12px}
+.key i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
+svg text{font-size:11px}.tick{fill:#555}.axis{stroke:#444}.grid{stroke:#eee}
+.axis-label{fill:#333;font-size:11px}.lane{fill:#444}.node{font-weight:600}
+.gating-node{fill:#d62728}.straggler{fill:#ff7f0e}.band{fill:#f7f7f7}.band-gating{fill:#fde8e8}
+.span{stroke:#fff;stroke-width:.5}.span.gating{stroke:#000;stroke-width:3}
+.span.failed{stroke:#000;stroke-dasharray:3 2;stroke-width:1.5}
+.mark{fill:#222}.ready{stroke:#000;stroke-width:2}.cdf{fill:none;stroke-width:2}
+.inbar{fill:#fff;font-size:10px}.path-seg{stroke:#fff;stroke-width:.5}
+#tip{position:absolute;display:none;background:#fff;border:1px solid #888;padding:4px 6px;
+font-size:12px;pointer-events:none;box-shadow:0 1px 4px #0003;max-width:420px}
+pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto}
+.note{color:#666;font-size:12px}
+"""
+
+
+# Kelly's colours of maximum contrast (white and black left out), in his order: neighbours
+# in the list differ most; beyond them, hues a golden angle apart
+KELLY = ["#f3c300", "#875692", "#f38400", "#a1caf1", "#be0032", "#c2b280", "#848482",
+         "#008856", "#e68fac", "#0067a5", "#f99379", "#604e97", "#f6a600", "#b3446c",
+         "#dcd300", "#882d17", "#8db600", "#654522", "#e25822", "#2b3d26"]
+FIXED = {"(untraced)": "#d9d9d9", NOT_STARTED: "#efefef"}
+
+
+def phase_colors(names) -> dict[str, str]:
+    """A distinct colour per phase, however many; the same phase gets the same colour in
+    every chart of the page."""
+    out = {n: FIXED[n] for n in names if n in FIXED}
+    for i, name in enumerate(sorted(n for n in names if n not in FIXED)):
+        out[name] = KELLY[i] if i < len(KELLY) else \
+            f"hsl({(i * 137.508) % 360:.1f},62%,{42 if i % 2 == 0 else 62}%)"
+    return out
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
+
+
+def _extra(attrs: dict) -> str:
+    items = [f"{k}={v}" for k, v in attrs.items()
+             if isinstance(v, (int, float, str)) and k != "error"][:6]
+    if "error" in attrs:
+        items.append(f"error={str(attrs['error'])[:120]}")
+    return ", ".join(items)
+
+
+def _quantiles(values: list[float]) -> list[float]:
+    s = sorted(values)
+    if len(s) <= CDF_POINTS:
+        return [round(x, 4) for x in s]
+    return [round(s[int(i * (len(s) - 1) / (CDF_POINTS - 1))], 4) for i in range(CDF_POINTS)]
+
+
+def _shown_nodes(v: AttemptView, s: Summary) -> list:
+    def key(n):
+        return (n.node != s.gating_node, n.ready is not None, -(n.ready or 0.0), n.node)
+    return sorted(v.nodes, key=key)[:MAX_LANE_NODES]
+
+
+def _attempt_data(v: AttemptView, s: Summary) -> dict:
+    shown = _shown_nodes(v, s)
+    readies = [n.ready for n in v.nodes if n.ready is not None]
+    ready_end = max(readies + [x["end"] for x in s.critical_path], default=0.0)
+    end = ready_end * 1.06 if ready_end else max(
+        [x["end"] for n in shown for x in n.spans] + [1e-3])
+    nodes = []
+    for n in shown:
+        lane_idx = {lane: i for i, lane in enumerate(n.lanes)}
+        tracks: dict[str, int] = {}
+        for x in n.spans:
+            tracks[x["lane"]] = max(tracks.get(x["lane"], 0), x["track"] + 1)
+        gate = None
+        if n.node == s.gating_node:
+            cands = [x for x in n.spans if x["phase"] == s.gating_phase and not x["parent"]]
+            gate = max(cands, key=lambda x: x["end"] - x["start"], default=None)
+        spans = [[lane_idx[x["lane"]], x["track"], x["depth"], x["phase"], round(x["start"], 4),
+                  round(min(x["end"], end), 4), x["status"], _extra(x["attrs"]), x is gate]
+                 for x in n.spans if x["start"] < end]
+        marks = [[lane_idx.get(m["lane"], 0), m["phase"], round(m["t"], 4), _extra(m["attrs"])]
+                 for m in n.marks if m["t"] <= end]
+        nodes.append({"node": n.node, "ready": n.ready, "gating": n.node == s.gating_node,
+                      "straggler": n.node in s.stragglers, "spans": spans, "marks": marks,
+                      "lanes": [{"label": lane, "tracks": max(tracks.get(lane, 0), 1)}
+                                for lane in n.lanes]})
+    cdf = {"time to ready": _quantiles(readies)} if readies else {}
+    for p in sorted(s.phases):
+        cdf[p] = _quantiles([n.phases[p] for n in v.nodes if p in n.phases])
+    return {"attempt": v.attempt, "ttr": s.time_to_ready, "end": end,
+            "gating_node": s.gating_node, "gating_phase": s.gating_phase,
+            "path": [{k: (round(x[k], 4) if isinstance(x[k], float) else x[k])
+                      for k in ("phase", "node", "lane", "start", "end")}
+                     for x in s.critical_path],
+            "shares": {k: round(x, 4) for k, x in s.path_shares.items()},
+            "nodes": nodes, "cdf": cdf}
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    return ("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+                      for r in rows) + "</table>")
+
+
+def _cards(s: Summary) -> str:
+    cards = [("time to ready", f"{_f(s.time_to_ready)} s" if s.time_to_ready is not None
+              else "NOT READY", s.time_to_ready is None),
+             ("gated by", f"{s.gating_node or '-'}", False),
+             ("gating phase", s.gating_phase or "-", True),
+             ("stragglers", str(len(s.stragglers)), bool(s.stragglers)),
+             ("what-if without stragglers", f"{_f(s.what_if)} s", False),
+             ("GPU-seconds lost", f"{s.gpu_seconds_lost:.0f}", False)]
+    return '<div class="cards">' + "".join(
+        f'<div class="card{" hot" if hot else ""}">{html.escape(k)}<b>{html.escape(v)}</b></div>'
+        for k, v, hot in cards) + "</div>"
+
+
+def _rank_table(s: Summary) -> str:
+    if not s.ranks:
+        return '<p class="note">no per-rank phases in this trace (no auto-capture)</p>'
+    cols = [c for c in ("interpreter", "imports", "dist.init", "ckpt.load", "model.init",
+                        "first step") if any(c in r for r in s.ranks)]
+    rows = sorted(s.ranks, key=lambda r: -(r.get("ready") or float("inf")))
+    note = (f'<p class="note">the {MAX_RANK_ROWS} last-ready of {len(rows)} ranks</p>'
+            if len(rows) > MAX_RANK_ROWS else "")
+    return note + _table(["node", "rank", *[f"{c} s" for c in cols], "waited at rendezvous s",
+                          "ready at s"],
+                         [[r["node"], r["rank"], *[_f(r.get(c)) for c in cols],
+                           _f(r.get("rendezvous_wait")), _f(r.get("ready"))]
+                          for r in rows[:MAX_RANK_ROWS]])
+
+
+def _figures_table(s: Summary) -> str:
+    if not s.figures:
+        return '<p class="note">no technique figures in this trace</p>'
+    rows = []
+    for tech, figs in s.figures.items():
+        for k, v in figs.items():
+            if k == "nodes":
+                continue
+            shown = f"{v * 100:.1f} %" if k in ("coverage", "precision") else (
+                f"{v / 1e6:.1f} MB" if k.endswith("bytes") else _f(v))
+            rows.append([tech, k, shown, figs.get("nodes", "-")])
+    return _table(["technique", "figure (median over nodes)", "value", "nodes"], rows)
+
+
+def _path_table(s: Summary) -> str:
+    if not s.critical_path:
+        return '<p class="note">no node got ready: no critical path</p>'
+    return _table(["phase", "node", "lane", "from s", "to s", "seconds", "share"],
+                  [[x["phase"], x["node"], x["lane"], _f(x["start"]), _f(x["end"]),
+                    _f(x["seconds"]), f"{100 * x['seconds'] / (s.time_to_ready or 1):.0f} %"]
+                   for x in s.critical_path])
+
+
+def to_html(views: list[AttemptView], summaries: list[Summary], title: str, report_text: str,
+            baseline: list[Summary] | None = None) -> str:
+    attempts = [_attempt_data(v, s) for v, s in zip(views, summaries)]
+    names = {x[3] for a in attempts for n in a["nodes"] for x in n["spans"]}
+    names |= {x["phase"] for a in attempts for x in a["path"]}
+    names |= {p for a in attempts for p in a["cdf"] if p != "time to ready"}
+    pipelines = {p for s in [*summaries, *(baseline or [])] for p in s.path_shares}
+    pipeline_colors = {**phase_colors(pipelines - set(PIPELINE_COLORS)),
+                       **{p: c for p, c in PIPELINE_COLORS.items()}}
+    data = {"colors": phase_colors(names), "pipeline_colors": pipeline_colors,
+            "attempts": attempts,
+            "baseline": [{"attempt": b.attempt, "ttr": b.time_to_ready, "shares": b.path_shares}
+                         for b in baseline] if baseline else None}
+    body = [f"<h1>{html.escape(title)}</h1>",
+            "<h2>attempts side by side: the critical path to ready, by pipeline</h2>",
+            '<div id="compare"></div><div id="legend-pipelines"></div>',
+            _table(["attempt", "time to ready s", "gated by", "gating phase", "stragglers",
+                    "GPU-s lost"],
+                   [*[[f"baseline {b.attempt}", _f(b.time_to_ready), b.gating_node or "-",
+                       b.gating_phase or "-", len(b.stragglers), f"{b.gpu_seconds_lost:.0f}"]
+                      for b in baseline or []],
+                    *[[s.attempt, _f(s.time_to_ready), s.gating_node or "-",
+                       s.gating_phase or "-", len(s.stragglers), f"{s.gpu_seconds_lost:.0f}"]
+                      for s in summaries]]),
+            "<h3>phase colours</h3><div id='legend-phases'></div>"]
+    for v, s, a in zip(views, summaries, attempts):
+        shown = len(a["nodes"])
+        body += [f"<h2 id='attempt-{v.attempt}'>attempt {v.attempt}</h2>", _cards(s),
+                 f"<p class='note'>{s.nodes} nodes; clocks aligned by {html.escape(s.alignment)}"
+                 + (f"; NOT READY: {html.escape(', '.join(s.not_ready[:10]))}" if s.not_ready
+                    else "") + "</p>",
+                 "<h3>critical path (what the time to ready waited on)</h3>",
+                 f"<div id='path-{v.attempt}'></div>",
+                 "<h3>swim lanes: one row per pipeline per node"
+                 + (f" (the gating node and the {shown - 1} slowest of {s.nodes} nodes)"
+                    if s.nodes > shown else "") + "; triangles: marks, black line: ready, "
+                 "thick black outline: the gating phase</h3>",
+                 f"<div id='lanes-{v.attempt}' class='lanes'></div>",
+                 _path_table(s),
+                 "<h3>the job's phases per rank (rendezvous wait: time a rank waited at the "
+                 "first collective for the last to arrive)</h3>", _rank_table(s),
+                 "<h3>technique figures</h3>", _figures_table(s),
+                 "<h3>CDF across nodes: time to ready and each phase</h3>",
+                 f"<div id='cdf-{v.attempt}'></div><div id='legend-cdf-{v.attempt}'></div>"]
+    body.append(f"<h2>text report</h2><pre>{html.escape(report_text)}</pre>")
+    script = (Path(__file__).with_name("export_html.js")).read_text()
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
+            f"{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+            + "\n".join(body) + "<div id='tip'></div>"
+            f"<script type='application/json' id='report-data'>{payload}</script>"
+            f"<script>{script}</script></body></html>")

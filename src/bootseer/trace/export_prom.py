@@ -1,0 +1,118 @@
+"""Prometheus text exposition format, for node_exporter's textfile collector (a ``.prom``
+file in its ``--collector.textfile.directory``) or a Pushgateway: the startup figures of
+one job, labelled by job and attempt (and phase, pipeline, technique).
+
+Metrics (all gauges but the histogram):
+
+- ``bootseer_startup_time_to_ready_seconds``: slowest node's time to ready (absent when a
+  node never got ready: ``bootseer_startup_nodes_not_ready`` says how many);
+- ``bootseer_startup_node_ready_seconds``: histogram of the nodes' times to ready;
+- ``bootseer_startup_phase_seconds{phase,stat}``: median, p90, max over nodes;
+- ``bootseer_startup_critical_path_seconds{pipeline}``: what each pipeline held on the path;
+- ``bootseer_startup_gpu_seconds_lost``, ``bootseer_startup_stragglers``,
+  ``bootseer_startup_nodes``, ``bootseer_startup_restarts`` (per job);
+- ``bootseer_startup_technique{technique,figure}``: image coverage, checkpoint MB/s...
+"""
+
+from __future__ import annotations
+
+import math
+
+from bootseer.trace.analysis import AttemptView, Summary
+
+READY_BUCKETS_S = (5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
+
+
+def _label(v) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(v: float) -> str:
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.declared: set[str] = set()
+
+    def metric(self, name: str, kind: str, help_: str) -> None:
+        if name not in self.declared:
+            self.declared.add(name)
+            self.lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+
+    def sample(self, name: str, labels: dict, value: float) -> None:
+        inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        self.lines.append(f"{name}{{{inner}}} {_num(value)}")
+
+
+def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
+    w = _Writer()
+    w.metric("bootseer_startup_restarts", "gauge", "Restarts of the job seen in its trace.")
+    w.sample("bootseer_startup_restarts", {"job": job}, max(len(summaries) - 1, 0))
+    for v, s in zip(views, summaries):
+        base = {"job": job, "attempt": s.attempt}
+        w.metric("bootseer_startup_nodes", "gauge", "Nodes of the attempt.")
+        w.sample("bootseer_startup_nodes", base, s.nodes)
+        w.metric("bootseer_startup_nodes_not_ready", "gauge", "Nodes that never got ready.")
+        w.sample("bootseer_startup_nodes_not_ready", base, len(s.not_ready))
+        if s.time_to_ready is not None:
+            w.metric("bootseer_startup_time_to_ready_seconds", "gauge",
+                     "Time to ready of the attempt (slowest node).")
+            w.sample("bootseer_startup_time_to_ready_seconds", base, s.time_to_ready)
+        readies = sorted(n.ready for n in v.nodes if n.ready is not None)
+        if readies:
+            name = "bootseer_startup_node_ready_seconds"
+            w.metric(name, "histogram", "Nodes' times to ready.")
+            for le in (*READY_BUCKETS_S, math.inf):
+                w.sample(f"{name}_bucket", {**base, "le": _num(le) if math.isinf(le) else le},
+                         sum(1 for r in readies if r <= le))
+            w.sample(f"{name}_sum", base, sum(readies))
+            w.sample(f"{name}_count", base, len(readies))
+        w.metric("bootseer_startup_gpu_seconds_lost", "gauge", "GPU-seconds spent waiting.")
+        w.sample("bootseer_startup_gpu_seconds_lost", base, s.gpu_seconds_lost)
+        w.metric("bootseer_startup_stragglers", "gauge", "Nodes ready after median + k*MAD.")
+        w.sample("bootseer_startup_stragglers", base, len(s.stragglers))
+        for phase, st in sorted(s.phases.items()):
+            w.metric("bootseer_startup_phase_seconds", "gauge",
+                     "Seconds per top-level phase over nodes (median, p90, max).")
+            for stat in ("median", "p90", "max"):
+                w.sample("bootseer_startup_phase_seconds", {**base, "phase": phase, "stat": stat},
+                         st[stat])
+        for pipeline, sec in s.path_shares.items():
+            w.metric("bootseer_startup_critical_path_seconds", "gauge",
+                     "Seconds each pipeline held on the critical path to ready.")
+            w.sample("bootseer_startup_critical_path_seconds", {**base, "pipeline": pipeline}, sec)
+        for technique, figures in sorted(s.figures.items()):
+            for figure, value in sorted(figures.items()):
+                w.metric("bootseer_startup_technique", "gauge",
+                         "Technique figures (medians over nodes): image coverage, "
+                         "checkpoint MB/s, deps restore s...")
+                w.sample("bootseer_startup_technique",
+                         {**base, "technique": technique, "figure": figure}, value)
+    return _grouped(w.lines)
+
+
+def _grouped(lines: list[str]) -> str:
+    """The format wants every sample of a metric right after its HELP/TYPE lines."""
+    order: list[str] = []
+    groups: dict[str, list[str]] = {}
+    current = None
+    for line in lines:
+        if line.startswith("# HELP "):
+            current = line.split()[2]
+            if current not in groups:
+                order.append(current)
+                groups[current] = []
+            groups[current].append(line)
+        elif line.startswith("# TYPE "):
+            groups[line.split()[2]].append(line)
+        else:
+            name = line.split("{", 1)[0]
+            for suffix in ("_bucket", "_sum", "_count"):
+                if name.endswith(suffix) and name[: -len(suffix)] in groups:
+                    name = name[: -len(suffix)]
+            groups[name].append(line)
+    return "\n".join(line for m in order for line in groups[m]) + "\n"

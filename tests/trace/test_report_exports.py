@@ -1,0 +1,166 @@
+"""Report exports: the Chrome/Perfetto trace, OpenTelemetry spans (file and OTLP/HTTP),
+Prometheus metrics, traces read from a URL."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests.trace.report_traces import demo_node
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _report(*args):
+    return subprocess.run([sys.executable, "-m", "bootseer", "report", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_attempts(tmp_path):
+    rendezvous = 6.0 + 0.05 + 0.2 + 3.0 + 0.5
+    for attempt in (0, 1):
+        for i in range(3):
+            demo_node(tmp_path / "t", f"n{i}", rank=i, attempt=attempt,
+                      image_s=6.0 if i == 2 else 4.0, rendezvous_at=rendezvous).write()
+    return tmp_path / "t" / "job"
+
+
+def test_chrome_export_has_a_named_nested_track_per_pipeline(two_attempts, tmp_path):
+    r = _report(two_attempts, "--chrome", tmp_path / "c.json")
+    assert r.returncode == 0, r.stderr
+    evs = json.loads((tmp_path / "c.json").read_text())["traceEvents"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in evs if e["name"] == "thread_name"}
+    procs = {e["pid"]: e["args"]["name"] for e in evs if e["name"] == "process_name"}
+    slices = [e for e in evs if e["ph"] == "X"]
+    assert all((e["pid"], e["tid"]) in threads for e in slices)
+    n0 = next(p for p, name in procs.items() if name == "n0 (attempt 0)")
+    names = {name for (pid, _), name in threads.items() if pid == n0}
+    assert {"image", "deps", "deps (2)", "startup", "job rank 0", "ckpt rank 0"} <= names
+    # the launcher's pipelines are threads of one process: each its own track
+    by_track = {}
+    for e in slices:
+        by_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    for track in by_track.values():    # every pair of slices on a track nests or is disjoint
+        track.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_ends = []
+        for e in track:
+            while open_ends and open_ends[-1] <= e["ts"]:
+                open_ends.pop()
+            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1], e["name"]
+            open_ends.append(e["ts"] + e["dur"])
+    instants = {e["name"] for e in evs if e["ph"] == "i"}
+    assert {"ready", "rendezvous", "image.window"} <= instants
+    counters = {e["name"] for e in evs if e["ph"] == "C"}
+    assert {"ckpt MB/s", "stalls (s, cumulative)"} <= counters
+    # absolute microseconds: the restart comes after the first start on one timeline
+    first = {a: min(e["ts"] for e in slices if e["pid"] // 100000 == a) for a in (0, 1)}
+    assert first[0] > 1.6e15 and first[1] - first[0] == pytest.approx(1000e6, abs=1e3)
+    path = [e["name"] for e in slices if e["pid"] == 0]
+    assert path[0] == "image.lazy" and "train.first_step" in path
+
+
+def test_otlp_json_file_and_a_receiver(two_attempts, tmp_path):
+    r = _report(two_attempts, "--otlp", tmp_path / "spans.json")
+    assert r.returncode == 0, r.stderr
+    body = json.loads((tmp_path / "spans.json").read_text())
+    _check_otlp(body)
+
+    received, auth = [], []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, self.headers["Content-Type"], json.loads(data)))
+            auth.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://user:s3cret@127.0.0.1:{server.server_port}"
+        r = _report(two_attempts, "--otlp", url)
+        assert r.returncode == 0, r.stderr
+        ((path, ctype, sent),) = received
+        assert path == "/v1/traces" and ctype == "application/json" and sent == body
+        assert auth == ["Basic dXNlcjpzM2NyZXQ="]      # user:s3cret, as a header
+        r = _report(two_attempts, "--otlp", url.replace(str(server.server_port), "9"))
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "OTLP" in r.stderr
+        assert "s3cret" not in r.stderr
+    finally:
+        server.shutdown()
+
+
+def _check_otlp(body: dict) -> None:
+    spans, resources = {}, []
+    for rs in body["resourceSpans"]:
+        attrs = {a["key"]: next(iter(a["value"].values())) for a in rs["resource"]["attributes"]}
+        resources.append(attrs)
+        for ss in rs["scopeSpans"]:
+            for s in ss["spans"]:
+                assert re.fullmatch(r"[0-9a-f]{32}", s["traceId"])
+                assert re.fullmatch(r"[0-9a-f]{16}", s["spanId"])
+                assert int(s["endTimeUnixNano"]) >= int(s["startTimeUnixNano"])
+                spans[s["spanId"]] = (s, attrs)
+    assert len({s["traceId"] for s, _ in spans.values()}) == 2     # one trace per attempt
+    for s, _ in spans.values():    # every parent exists, in the same trace
+        if s.get("parentSpanId"):
+            assert spans[s["parentSpanId"]][0]["traceId"] == s["traceId"]
+    ranked = [a for a in resources if "bootseer.rank" in a]
+    assert {a["bootseer.node"] for a in ranked} == {"n0", "n1", "n2"}
+    assert {a["bootseer.attempt"] for a in resources} == {"0", "1"}
+    by_name = {}
+    for s, attrs in spans.values():
+        by_name.setdefault(s["name"], []).append((s, attrs))
+    numpy = by_name["import.numpy"][0][0]
+    assert spans[numpy["parentSpanId"]][0]["name"] == "import.torch"
+    node_span = spans[by_name["image.lazy"][0][0]["parentSpanId"]][0]
+    assert node_span["name"].startswith("node ") and \
+        {"ready", "rendezvous"} <= {e["name"] for e in node_span["events"]}
+
+
+PROM_LINE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*\{([a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*",?)*\} '
+                       r'[-+]?(\d+(\.\d*)?([eE][-+]?\d+)?|Inf)$')
+
+
+def test_prometheus_textfile(two_attempts, tmp_path):
+    r = _report(two_attempts, "--prom", tmp_path / "startup.prom")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "startup.prom").read_text()
+    declared, seen = {}, []
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name not in declared       # one block per metric
+            declared[name] = kind
+        elif not line.startswith("# HELP "):
+            assert PROM_LINE.match(line), line
+            seen.append(line)
+    assert declared["bootseer_startup_node_ready_seconds"] == "histogram"
+    buckets = [float(line.rsplit(" ", 1)[1]) for line in seen
+               if line.startswith('bootseer_startup_node_ready_seconds_bucket{job="job",attempt="0"')]
+    assert buckets == sorted(buckets) and buckets[-1] == 3.0       # cumulative; +Inf = count
+    assert 'bootseer_startup_critical_path_seconds{job="job",attempt="0",pipeline="image"} 6.0' \
+        in text or re.search(r'pipeline="image"\} 5\.99', text)
+    assert re.search(r'bootseer_startup_technique\{job="job",attempt="1",technique="image",'
+                     r'figure="coverage"\} 0\.97', text)
+    assert 'bootseer_startup_restarts{job="job"} 1.0' in text
+
+
+def test_trace_from_a_url(two_attempts, tmp_path):
+    r = _report(f"file://{two_attempts}")
+    assert r.returncode == 0, r.stderr
+    assert "attempt 1: 3 nodes" in r.stdout
+    r = _report("memory://nowhere/job")
+    assert r.returncode == 1 and "holds no trace files" in r.stderr
