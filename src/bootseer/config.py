@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import re
 import tomllib
 import types
 import typing
@@ -140,6 +141,14 @@ class TraceConfig:
     """Node name; defaults to the host name."""
     gpus: int = 0
     """GPUs on this node (used for GPU-seconds lost)."""
+
+    def __post_init__(self) -> None:
+        from bootseer.trace.record import id_problem   # ids name trace files: no '/', '..'
+        for name, value in (("job_id", self.job_id),   # {rank}-style node templates allowed
+                            ("node", re.sub(r"\{\w*\}", "0", self.node or ""))):
+            problem = value and id_problem(value)
+            if problem:
+                raise ConfigError(f"trace.{name} (BOOTSEER_TRACE_{name.upper()})", problem)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

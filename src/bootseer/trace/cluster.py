@@ -8,6 +8,7 @@ job traces (``<dir>/<job>/<attempt>/*.jsonl``) which are summarized into the sam
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -24,15 +25,22 @@ def read_attempts(path: str | Path) -> tuple[list[dict], list[str]]:
     compact = p / "cluster.jsonl" if p.is_dir() else p
     notes: list[str] = []
     if compact.is_file():
-        recs, bad = [], 0
-        with open(compact, "rb") as f:
-            for raw in f:
-                try:
-                    d = json.loads(raw)
-                    if d.get("kind") == "attempt":
-                        recs.append(d)
-                except ValueError:
+        from bootseer.trace import load   # regular files only, lines capped, numbers finite
+        fd = load.open_regular(compact, follow=compact == p)
+        if fd is None:
+            raise TraceError(f"{compact} is not a regular file")
+        lines, bad = load.read_lines(fd)
+        recs = []
+        for raw in lines:
+            try:
+                d = json.loads(raw, parse_constant=load.reject_constant)
+                if d.get("kind") == "attempt" and all(
+                        math.isfinite(v) for v in d.values() if type(v) in (int, float)):
+                    recs.append(d)
+                elif d.get("kind") == "attempt":
                     bad += 1
+            except (ValueError, AttributeError, OverflowError):
+                bad += 1
         if bad:
             notes.append(f"skipped {bad} unreadable line(s) in {compact.name}")
         if not recs:

@@ -1,16 +1,28 @@
 """Reading traces: every ``*.jsonl`` under a directory; torn or garbage lines are
-skipped and counted, never fatal."""
+skipped and counted, never fatal.
+
+A trace directory is input from many writers, so the reader trusts nothing in it: only
+regular files are read (a FIFO would block forever, a link to ``/dev/zero`` would be read
+until memory runs out), a line longer than :data:`MAX_LINE` is skipped without being held,
+and an event whose numbers are NaN, infinite or out of range is rejected (it would turn
+totals into ``-inf`` or raise in the report). Each is counted and reported."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootseer.errors import TraceError
 
 REQUIRED = ("job", "attempt", "node", "phase", "start", "end")
+MAX_LINE = 1 << 20        # bytes: an event is well under 10 KiB
+MAX_SECONDS = 1e11        # |time| in seconds: year 5138 on the wall clock
+MAX_INT = 1 << 63         # counts, bytes, ranks
+_TIMES = ("start", "end", "mono_start", "mono_end")
 
 
 @dataclass
@@ -20,6 +32,77 @@ class Trace:
     duplicates: int = 0
     files: int = 0
     problems: list[str] = field(default_factory=list)
+    skipped_files: int = 0
+    """Trace files that are not regular files (FIFO, device, symlink): never opened."""
+    long_lines: int = 0
+    """Lines over MAX_LINE bytes (also in ``skipped_lines``)."""
+    rejected: int = 0
+    """Events with NaN, infinite or out-of-range numbers (also in ``skipped_lines``)."""
+
+
+def open_regular(path: str | os.PathLike, *, follow: bool = False) -> int | None:
+    """A read descriptor of ``path`` if it is a regular file, else None (also when it
+    cannot be opened). Symlinks are refused unless ``follow``; a FIFO is opened without
+    blocking and then refused."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_lines(fd: int, max_line: int = MAX_LINE) -> tuple[list[bytes], int]:
+    """The non-blank lines of an open file, and how many were longer than ``max_line``
+    (skipped, never held whole). Closes ``fd``."""
+    lines: list[bytes] = []
+    long_lines, tail, in_long = 0, b"", False
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(1 << 20):
+            parts = (tail + chunk).split(b"\n")
+            tail = parts.pop()
+            for part in parts:
+                if in_long or len(part) > max_line:
+                    long_lines, in_long = long_lines + 1, False
+                elif part.strip():
+                    lines.append(part)
+            if len(tail) > max_line:   # drop the long line's bytes as they come
+                tail, in_long = b"", True
+    if in_long or len(tail) > max_line:
+        long_lines += 1
+    elif tail.strip():
+        lines.append(tail)
+    return lines, long_lines
+
+
+class _NotFinite(ValueError):
+    pass
+
+
+def reject_constant(name: str):
+    """``json.loads(..., parse_constant=reject_constant)``: NaN and Infinity refused."""
+    raise _NotFinite(f"{name} is not a number")
+
+
+def _numbers_ok(ev: dict) -> bool:
+    """Every number of the event finite and in range (times, counts, flat attributes)."""
+    for key in _TIMES:
+        v = ev.get(key)
+        if v is not None and (type(v) not in (int, float) or not abs(v) < MAX_SECONDS):
+            return False   # `not <` is also true for NaN
+    for v in (ev["attempt"], ev.get("rank"), ev.get("gpus"), ev.get("pid")):
+        if type(v) is int and not -MAX_INT < v < MAX_INT:
+            return False
+    attrs = ev.get("attrs")
+    if isinstance(attrs, dict):
+        for v in attrs.values():
+            if (type(v) is float and not math.isfinite(v)) or \
+                    (type(v) is int and not -MAX_INT < v < MAX_INT):
+                return False
+    return True
 
 
 def load(path: str | Path) -> Trace:
@@ -27,26 +110,36 @@ def load(path: str | Path) -> Trace:
     if not p.exists():
         raise TraceError(f"no trace at {p}: check the path (a trace is a directory of "
                          f".jsonl files written by 'bootseer run --trace' or BOOTSEER_TRACE_LOCATION)")
-    files = [p] if p.is_file() else sorted(_jsonl(p))
+    named = not p.is_dir()   # a file the user names is followed if it is a link
+    files = [p] if named else sorted(_jsonl(p))
     if not files:
         raise TraceError(f"{p} holds no trace files (*.jsonl)")
     t = Trace(files=len(files))
     seen: set = set()
     for f in files:
-        with open(f, "rb") as fh:
-            lines = [ln for ln in fh.read().split(b"\n") if ln.strip()]
+        fd = open_regular(f, follow=named)
+        if fd is None:
+            t.skipped_files += 1
+            continue
+        lines, long_lines = read_lines(fd)
+        t.long_lines += long_lines
+        t.skipped_lines += long_lines
         try:  # one decode per file is ~3x faster than one per line; fall back on any bad line
-            parsed = json.loads(b"[" + b",".join(lines) + b"]")
-        except ValueError:
+            parsed = json.loads(b"[" + b",".join(lines) + b"]",
+                                parse_constant=reject_constant)
+        except (ValueError, RecursionError):
             parsed = None
         for lineno, raw in enumerate(lines, 1):
             try:
-                ev = parsed[lineno - 1] if parsed is not None else json.loads(raw)
+                ev = (parsed[lineno - 1] if parsed is not None
+                      else json.loads(raw, parse_constant=reject_constant))
                 if not isinstance(ev, dict) or any(k not in ev for k in REQUIRED):
                     raise ValueError("missing fields")
                 if not all(type(ev[k]) in (int, float) for k in ("start", "end")) \
                         or type(ev["attempt"]) is not int or not isinstance(ev["phase"], str):
                     raise ValueError("wrong field types")
+                if not _numbers_ok(ev):
+                    raise _NotFinite("numbers out of range")
                 if ev["end"] < ev["start"]:
                     t.problems.append(f"{f.name}:{lineno}: phase {ev['phase']} ends before "
                                       f"it starts; clamped")
@@ -58,8 +151,20 @@ def load(path: str | Path) -> Trace:
                     continue
                 seen.add(key)
                 t.events.append(ev)
-            except (ValueError, TypeError):
+            except _NotFinite:
+                t.rejected += 1
                 t.skipped_lines += 1
+            except (ValueError, TypeError, RecursionError):
+                t.skipped_lines += 1
+    if t.skipped_files:
+        t.problems.append(f"skipped {t.skipped_files} trace file(s) that are not regular "
+                          f"files (a FIFO, a device or a symlink)")
+    if t.long_lines:
+        t.problems.append(f"skipped {t.long_lines} line(s) longer than "
+                          f"{MAX_LINE // 1024} KiB")
+    if t.rejected:
+        t.problems.append(f"rejected {t.rejected} event(s) with NaN, infinite or "
+                          f"out-of-range numbers")
     if t.duplicates:
         t.problems.append(f"dropped {t.duplicates} duplicate event(s) (same node, process, "
                           f"phase, start and end)")

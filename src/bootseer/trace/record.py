@@ -15,7 +15,9 @@ import contextlib
 import functools
 import json
 import os
+import re
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -24,11 +26,27 @@ FORMAT_VERSION = 1
 _SECRET_KEYS = ("password", "token", "secret", "authorization", "credential")
 
 
+# The job id and node name become a directory and a file name: one path component each.
+_SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]{0,127}")
+
+
+def id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a job id or node name (None: it can)."""
+    if _SAFE_ID.fullmatch(value):
+        return None
+    return (f"{value[:80]!r} is not a trace id: letters, digits and _ . : @ + = - only "
+            f"(no '/', at most 128, not starting with '.' or '-')")
+
+
 class Recorder:
     def __init__(self, location: str | None, job: str, attempt: int, node: str,
                  rank: int | None, gpus: int):
         self.location, self.job, self.attempt, self.node = location, job, attempt, node
         self.rank, self.gpus = rank, gpus
+        bad = location and (id_problem(job) or id_problem(node))
+        if bad:   # never write outside the trace location; never fail the traced job
+            print(f"bootseer: warning: not tracing: {bad}", file=sys.stderr)
+            location = self.location = None
         self.enabled = bool(location)
         self._fd: int | None = None
         self._pid = None
