@@ -1,12 +1,14 @@
 """Recording: one JSON line per event, one file per process, append-only.
 
-File: ``<location>/<job>/<attempt>/<node>-<pid>.jsonl``. Each event is written with one
+File: ``<location>/<job>/<attempt>/<node>-<pid>.jsonl``, or ``<node>-<start>-<pid>.jsonl``
+under ``bootseer run``, which gives each start of a node an id (``BOOTSEER_TRACE_START``):
+pids repeat across starts in containers, files never do. Each event is written with one
 ``os.write`` of a whole line to an ``O_APPEND`` descriptor, so concurrent threads never
 interleave and a crash can tear at most the last line (the reader skips and counts it).
 
 Event fields (format version 1, see docs/trace.md): ``v, job, attempt, node, rank, gpus,
 pid, kind (span|mark), phase, parent, start, end (wall clock, s), mono_start, mono_end
-(monotonic, s), status (ok|failed), attrs``.
+(monotonic, s), status (ok|failed), attrs``, and ``start_id`` when the start has one.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ def id_problem(value: str) -> str | None:
 
 class Recorder:
     def __init__(self, location: str | None, job: str, attempt: int, node: str,
-                 rank: int | None, gpus: int):
+                 rank: int | None, gpus: int, start_id: str | None = None):
         self.location, self.job, self.attempt, self.node = location, job, attempt, node
         self.rank, self.gpus = rank, gpus
+        self.start_id = start_id if start_id and start_id.isalnum() else None
         bad = location and (id_problem(job) or id_problem(node))
         if bad:   # never write outside the trace location; never fail the traced job
             print(f"bootseer: warning: not tracing: {bad}", file=sys.stderr)
@@ -80,12 +83,14 @@ class Recorder:
                 # would appear as a node that never got ready: it is not traced
                 location = None
         return cls(str(location) if location else None, job or "job", int(attempt or 0), node,
-                   int(rank) if rank and rank.isdigit() else None, int(gpus or 0))
+                   int(rank) if rank and rank.isdigit() else None, int(gpus or 0),
+                   env.get("BOOTSEER_TRACE_START"))
 
     @property
     def path(self) -> str:
+        start = f"-{self.start_id}" if self.start_id else ""
         return os.path.join(self.location, self.job, str(self.attempt),
-                            f"{self.node}-{os.getpid()}.jsonl")
+                            f"{self.node}{start}-{os.getpid()}.jsonl")
 
     def _open(self) -> int:
         pid = os.getpid()
@@ -108,11 +113,14 @@ class Recorder:
 
     def event(self, kind: str, name: str, start: float, end: float, mono_start: float,
               mono_end: float, status: str, attrs: dict, parent: str | None) -> dict:
-        return {"v": FORMAT_VERSION, "job": self.job, "attempt": self.attempt,
-                "node": self.node, "rank": self.rank, "gpus": self.gpus, "pid": os.getpid(),
-                "kind": kind, "phase": name, "parent": parent, "start": start, "end": end,
-                "mono_start": mono_start, "mono_end": mono_end, "status": status,
-                "attrs": _clean(attrs)}
+        event = {"v": FORMAT_VERSION, "job": self.job, "attempt": self.attempt,
+                 "node": self.node, "rank": self.rank, "gpus": self.gpus, "pid": os.getpid(),
+                 "kind": kind, "phase": name, "parent": parent, "start": start, "end": end,
+                 "mono_start": mono_start, "mono_end": mono_end, "status": status,
+                 "attrs": _clean(attrs)}
+        if self.start_id:
+            event["start_id"] = self.start_id
+        return event
 
     def stack(self) -> list[str]:
         s = getattr(self._local, "stack", None)
@@ -136,7 +144,7 @@ def recorder() -> Recorder:
     global _recorder
     key = (os.environ.get("BOOTSEER_TRACE_LOCATION"), os.environ.get("BOOTSEER_TRACE_JOB_ID"),
            os.environ.get("BOOTSEER_TRACE_ATTEMPT"), os.environ.get("BOOTSEER_TRACE_NODE"),
-           os.environ.get("BOOTSEER_CONFIG"))
+           os.environ.get("BOOTSEER_TRACE_START"), os.environ.get("BOOTSEER_CONFIG"))
     r = _recorder
     if r is None or getattr(r, "_key", None) != key:
         with _recorder_lock:
