@@ -14,14 +14,10 @@ for p in "${APT_PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # The packaged nginx and registry are not started (tests start their own, on free
+    # ports); services already on the host are left alone, never stopped by name.
+    scripts/apt-install-no-start.sh "${missing[@]}"
 fi
-# The packaged servers must not run as daemons behind our back: tests start their own.
-for svc in nginx docker-registry; do
-    pkill -x "$svc" 2>/dev/null || true
-done
 
 if ! command -v uv >/dev/null 2>&1; then
     echo "setup: installing uv"
