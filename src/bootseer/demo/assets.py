@@ -3,7 +3,9 @@
 * a container image: a Debian bookworm rootfs (debootstrap from the apt mirror) with
   Python 3.11 as one layer and torch CPU as a second, saved as an OCI archive;
 * a requirements set served as a PEP 503 index from a local wheelhouse;
-* a DCP checkpoint of a small transformer trained for a few steps (``train.py --init``).
+* a sharded DCP checkpoint of a small transformer trained for a few steps by N ranks
+  (``torchrun --nproc-per-node N train.py --init``), one per job size: each rank of a job
+  of N nodes reads its own shard.
 
 Everything lands under ``assets_dir``; a step whose output exists is skipped, and each step
 writes to a temporary name and renames, so an interrupted build is redone, never reused.
@@ -52,9 +54,9 @@ class Assets:
     def requirements(self) -> Path:
         return self.root / "requirements.txt"
 
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / "checkpoint"
+    def checkpoint(self, ranks: int) -> Path:
+        """The checkpoint saved by ``ranks`` ranks (one shard file per rank)."""
+        return self.root / f"checkpoint-{ranks}ranks"
 
     @property
     def train_script(self) -> Path:
@@ -154,23 +156,28 @@ def write_simple_index(root: Path) -> None:
         "<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
 
 
-def build_checkpoint(a: Assets, say, train_args: list[str]) -> None:
-    if (a.checkpoint / ".metadata").exists():
+def build_checkpoint(a: Assets, say, train_args: list[str], ranks: int) -> None:
+    dest = a.checkpoint(ranks)
+    if (dest / ".metadata").exists():
         return
-    say("train a small transformer for a few steps and save a DCP checkpoint")
-    tmp = a.root / "checkpoint.tmp"
+    say(f"train a small transformer for a few steps on {ranks} ranks and save a sharded "
+        f"DCP checkpoint")
+    tmp = a.root / f"{dest.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    _run([sys.executable, str(a.train_script), "--init", str(tmp), *train_args],
-         "train.py --init")
-    tmp.rename(a.checkpoint)
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+          str(ranks), str(a.train_script), "--init", str(tmp), *train_args],
+         "train.py --init", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    tmp.rename(dest)
 
 
-def build_all(root: str | Path, say=print, train_args: list[str] = TRAIN_ARGS) -> Assets:
+def build_all(root: str | Path, say=print, train_args: list[str] = TRAIN_ARGS,
+              ranks: int = 4) -> Assets:
     """Build what is missing under ``root``. ``train_args`` size the model (and so the
-    checkpoint); keep one ``root`` per size."""
+    checkpoint); keep one ``root`` per size. ``ranks``: the job's size, the checkpoint's
+    number of shards."""
     a = Assets(Path(root))
     a.root.mkdir(parents=True, exist_ok=True)
     build_index(a, say)
-    build_checkpoint(a, say, train_args)
+    build_checkpoint(a, say, train_args, ranks)
     build_image(a, say)
     return a

@@ -1,5 +1,6 @@
-"""The demo: build a small real training setup, serve it over a shaped link, start a job of
-N node-processes three times (conventional, bootseer recording, bootseer prefetching on
+"""The demo: build a small real training setup, serve it from a storage host over a shaped
+link, start one torchrun job of N nodes (each in its own network namespace, each through
+``bootseer run``) three times (conventional, bootseer recording, bootseer prefetching on
 fresh nodes), print what each start cost and which node and phase gated it."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from bootseer.demo import assets as A
+from bootseer.demo import cluster
 from bootseer.demo import scenario as S
 from bootseer.demo import tables
 
@@ -30,10 +32,13 @@ class Progress:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=4, help="node-processes per start (default 4)")
+    p.add_argument("--nodes", type=int, default=4,
+                   help="nodes of the job, each in its own network namespace (default 4)")
     p.add_argument("--rate", default="1gbit",
-                   help="link shared by all nodes, tc rate syntax (default 1gbit; 'none': "
-                        "no namespace, no shaping)")
+                   help="the storage host's link, shared by all nodes, tc rate syntax "
+                        "(default 1gbit; 'none': not shaped)")
+    p.add_argument("--join-timeout", type=int, default=600,
+                   help="seconds a node waits at rendezvous for the others (default 600)")
     p.add_argument("--per-connection", default="250m",
                    help="nginx limit_rate per connection in bits (one storage node's "
                         "stream; default 250m = 250 Mbit/s)")
@@ -57,7 +62,7 @@ def _bytes_per_s(bits: str) -> str:
 def scratch_tmpfs(size: str):
     """A fresh tmpfs for stores, caches, environments and podman roots: the root disk
     slows down after repeated GB-scale write/delete cycles and skews the numbers."""
-    path = Path(tempfile.mkdtemp(prefix="bsdemo-", dir="/var/tmp"))
+    path = Path(tempfile.mkdtemp(prefix=cluster.scratch_prefix(), dir="/var/tmp"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                    check=True)
     try:
@@ -70,7 +75,7 @@ def scratch_tmpfs(size: str):
 @contextlib.contextmanager
 def shaped_link(rate: str):
     """A private network namespace whose loopback is shaped to ``rate`` (``none``: no
-    namespace, no shaping)."""
+    namespace, no shaping); the single-process benchmarks' link."""
     if rate == "none":
         yield None
         return
@@ -86,24 +91,32 @@ DEMO_STARTS = [S.Start("conventional", ["--baseline"], attempt=0),
 
 def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: list[str],
                say: Progress) -> list[tuple[str, list[S.NodeResult]]]:
-    """Serve the assets over the shaped link and run each start with ``args.nodes`` fresh
-    node-processes; return each start's per-node results. Used by the demo and bench/e2e."""
+    """Serve the assets from the storage host over its shaped link and run the job of
+    ``args.nodes`` nodes once per start; return each start's per-node results. Used by the
+    demo and bench/e2e."""
+    removed = cluster.remove_leftovers()
+    if removed:
+        say(f"removed what a killed earlier demo left: {', '.join(removed)}")
     say("building the training setup (cached after the first run)")
-    assets = A.build_all(assets_root, say=lambda m: say("  " + m), train_args=train_args)
+    assets = A.build_all(assets_root, say=lambda m: say("  " + m), train_args=train_args,
+                         ranks=args.nodes)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     done: list[tuple[str, list[S.NodeResult]]] = []
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(scratch_tmpfs(args.scratch_size))
-        netns = stack.enter_context(shaped_link(args.rate))
-        say(f"link: {args.rate} shared by {args.nodes} nodes, {args.per_connection}bit/s per "
-            f"connection" + (f" (network namespace {netns})" if netns else ""))
+        net = stack.enter_context(cluster.demo_cluster(args.nodes, args.rate))
+        say(f"network: {args.nodes} nodes ({net.nodes[0].addr}..{net.nodes[-1].addr}), each "
+            f"in its own network namespace on one bridge; the storage host "
+            f"{net.storage.addr} sends at {args.rate} in all, {args.per_connection}bit/s per "
+            f"connection")
         from bootseer.demo.servers import DemoServers
-        servers = stack.enter_context(DemoServers(scratch, assets, netns,
-                                                  _bytes_per_s(args.per_connection), say))
+        servers = stack.enter_context(DemoServers(scratch, assets, net.storage,
+                                                  _bytes_per_s(args.per_connection), say,
+                                                  ranks=args.nodes))
         trace_dir = out / "trace"
         shutil.rmtree(trace_dir, ignore_errors=True)
-        base_env = {"BOOTSEER_TRACE_LOCATION": str(trace_dir),
+        base_env = {**servers.client_env, "BOOTSEER_TRACE_LOCATION": str(trace_dir),
                     "BOOTSEER_TRACE_JOB_ID": "demo", "BOOTSEER_STORE_URL": servers.store_url,
                     "OMP_NUM_THREADS": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                     "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
@@ -112,28 +125,48 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
                     "--index-url", servers.index_url, "--ckpt", servers.ckpt_url,
                     "--bind", f"{assets.train_script.parent}:/demo",
                     "-e", f"PYTHONPATH={S.NODE_ROOT}/env/lib/python3.11/site-packages",
-                    "-e", f"DEMO_IMPORTS={A.IMPORTS}", "-e", "OMP_NUM_THREADS=1"]
+                    "-e", f"DEMO_IMPORTS={A.IMPORTS}", "-e", "OMP_NUM_THREADS=1",
+                    # gloo's own address: the node's interface on the bridge
+                    "-e", "GLOO_SOCKET_IFNAME=eth0"]
         say("resolve the requirements once for the job (bootseer deps key)")
         key = subprocess.run(
-            [*(["nsenter", f"--net=/run/netns/{netns}"] if netns else []), sys.executable,
-             "-m", "bootseer", "deps", "key", str(assets.requirements), "--prefix",
-             f"{S.NODE_ROOT}/env", "--python", A.IMAGE_PYTHON, "--index-url", servers.index_url],
-            check=True, capture_output=True, text=True).stdout.strip()
+            [*net.storage.enter(), sys.executable, "-m", "bootseer", "deps", "key",
+             str(assets.requirements), "--prefix", f"{S.NODE_ROOT}/env", "--python",
+             A.IMAGE_PYTHON, "--index-url", servers.index_url],
+            check=True, capture_output=True, text=True,
+            env={**os.environ, **servers.client_env}).stdout.strip()
         run_args += ["--deps-key", key]
-        cmd = ["python3", "/demo/train.py", *train_args]
+        job = S.Job(nodes=net.nodes, python="python3", script="/demo/train.py",
+                    script_args=train_args, join_timeout_s=args.join_timeout)
         for start in starts:
-            say(f"start '{start.name}': {args.nodes} nodes resume the job ...")
-            results = S.start_nodes(start, nodes=args.nodes, work=scratch, netns=netns,
-                                    run_args=run_args, cmd=cmd, base_env=base_env)
+            say(f"start '{start.name}': {args.nodes} nodes start one torchrun job ...")
+            launched = S.launch_nodes(start, job, work=scratch, run_args=run_args,
+                                      base_env=base_env)
+            try:
+                results = S.wait_nodes(launched, timeout_s=args.join_timeout + 600)
+            finally:   # Ctrl-C: each node's bootseer run unmounts and stops its job
+                for n in launched:
+                    if n.proc is not None and n.proc.poll() is None:
+                        S.stop(n.proc)
+            left = S.sweep_nodes(job)
+            if left:
+                say("  processes left after the start, killed: "
+                    + ", ".join(f"{k}: {v}" for k, v in left.items()))
             S.cleanup_nodes(scratch, start)
             S.keep_logs(results, out / "logs" / start.name)
             ready = [r.ready_s for r in results if r.ready_s is not None]
             say(f"  {len(ready)}/{len(results)} nodes ready"
                 + (f", slowest at {max(ready):.1f} s" if ready else ""))
-            for r in results:
-                if r.rc != 0:
-                    tail = r.log.read_text(errors="replace").strip().splitlines()[-8:]
-                    say(f"  {r.node} exited {r.rc}: " + "\n      ".join(tail))
+            waits = S.rendezvous_wait(results)
+            if waits:
+                say("  waited at rendezvous for the last node: "
+                    + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(waits.items())))
+            problem = S.explain_failure(results)
+            if problem:
+                say(f"  {problem}")
+                for r in results:
+                    if r.rc not in (0, None):
+                        say(f"  {r.node} exited {r.rc}: " + "\n      ".join(S.log_tail(r)))
             done.append((start.name, results))
     return done
 

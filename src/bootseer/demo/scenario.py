@@ -1,25 +1,34 @@
-"""The demo's job: N node-processes resuming the demo training job, started three times.
+"""The demo's job: one ``torchrun`` job of N nodes, each node a ``bootseer run`` on its own
+host (network namespace), started several times.
 
-Each node is a ``bootseer run`` in its own mount namespace (``unshare``), so every node has
-private copies of the same paths (``/opt/bsdemo`` for the environment, its own node cache):
-fresh nodes on one machine. Nodes reach the servers (registry, package index, checkpoint
-and store over HTTP) inside a private network namespace whose loopback is shaped to the
-link rate, so they share one link as nodes share a storage network.
+Every node runs what a user would run on a cluster node::
+
+    bootseer run ... -- python3 -m torch.distributed.run --nnodes N --nproc-per-node 1 \\
+        --rdzv-backend c10d --rdzv-endpoint <node0>:29400 ... train.py
+
+in its own network namespace (its own address on the bridge) and its own mount namespace
+(``unshare``), so every node has private copies of the same paths (``/opt/bsdemo`` for the
+environment, its own node cache): fresh nodes on one machine. Node 0 hosts the rendezvous.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootseer.testing.netns import Host, kill_processes_in, processes_in
+
 NODE_ROOT = "/opt/bsdemo"  # same path on every node, private per node (bind in a mount ns)
+RDZV_PORT = 29400
 
 
 @dataclass
@@ -31,9 +40,35 @@ class Start:
 
 
 @dataclass
+class Job:
+    """The torchrun job every node runs; ``python`` and ``script`` as the job sees them (in
+    the image, or on the host)."""
+    nodes: list[Host]
+    python: str
+    script: str
+    script_args: list[str]
+    job_id: str = "demo"
+    join_timeout_s: int = 600   # how long a node waits at rendezvous for the others
+
+    def command(self, index: int, attempt: int) -> list[str]:
+        node = self.nodes[index]
+        conf = (f"join_timeout={self.join_timeout_s},read_timeout={self.join_timeout_s},"
+                # node 0 hosts the rendezvous store: say so (its address is not the
+                # machine's host name, which torch would compare against).
+                f"is_host={1 if index == 0 else 0}")
+        return [self.python, "-m", "torch.distributed.run", "--nnodes", str(len(self.nodes)),
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{self.nodes[0].addr}:{RDZV_PORT}",
+                "--rdzv-id", f"{self.job_id}-{attempt}", "--rdzv-conf", conf,
+                "--local-addr", node.addr, "--max-restarts", "0", "--monitor-interval", "0.5",
+                self.script, *self.script_args]
+
+
+@dataclass
 class NodeResult:
     node: str
-    rc: int
+    rc: int | None
+    """Exit status of the node's ``bootseer run``; None: the node was never started."""
     summary: dict
     log: Path
 
@@ -45,54 +80,149 @@ class NodeResult:
         p = self.summary.get("phases", {}).get(name)
         return None if p is None else p["end"] - p["start"]
 
+    @property
+    def joined(self) -> bool:
+        """Whether the node's command (torchrun, which joins the rendezvous) ever ran."""
+        return "job.run" in self.summary.get("phases", {})
 
-def node_command(*, node_dir: Path, netns: str | None, run_args: list[str], env: dict[str, str],
-                 cmd: list[str]) -> list[str]:
-    """The argv that starts one node: (nsenter into the shaped network), a private mount
-    namespace with this node's directory bound at NODE_ROOT, then ``bootseer run``."""
-    bootseer = [sys.executable, "-m", "bootseer", "run", *run_args, "--", *cmd]
+    @property
+    def timed_out_at_rendezvous(self) -> bool:
+        return self.log.exists() and "RendezvousTimeoutError" in self.log.read_text(
+            errors="replace")
+
+
+@dataclass
+class Launched:
+    host: Host
+    proc: subprocess.Popen | None
+    summary: Path
+    log: Path
+    out: object = field(default=None, repr=False)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the node's whole process group (what a dying machine does to its job)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+
+def node_command(*, node: Host, node_dir: Path, run_args: list[str], env: dict[str, str],
+                 cmd: list[str], bootseer: list[str] | None = None) -> list[str]:
+    """The argv that starts one node: enter its network namespace, a private mount namespace
+    with this node's directory bound at NODE_ROOT, then ``bootseer run``."""
+    bootseer = bootseer or [sys.executable, "-m", "bootseer"]
+    run = [*bootseer, "run", *run_args, "--", *cmd]
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    script = (f"mount --bind {shlex.quote(str(node_dir / 'opt'))} {NODE_ROOT} && "
-              f"exec env {exports} {shlex.join(bootseer)}")
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-    if netns:
-        argv = ["nsenter", f"--net=/run/netns/{netns}", *argv]
-    return argv
+    script = (f"mkdir -p {NODE_ROOT} && "
+              f"mount --bind {shlex.quote(str(node_dir / 'opt'))} {NODE_ROOT} && "
+              f"exec env {exports} {shlex.join(run)}")
+    return [*node.enter(), "unshare", "--mount", "--propagation", "private", "sh", "-c", script]
 
 
-def start_nodes(start: Start, *, nodes: int, work: Path, netns: str | None,
-                run_args: list[str], cmd: list[str], base_env: dict[str, str],
-                timeout_s: float = 900) -> list[NodeResult]:
-    """Launch ``nodes`` node-processes at once; wait for all; collect their summaries."""
-    Path(NODE_ROOT).mkdir(parents=True, exist_ok=True)
-    procs = []
-    for i in range(nodes):
-        name = f"node{i}"
-        node_dir = work / "nodes" / (start.name if start.fresh_nodes else "shared") / name
+def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
+                 base_env: dict[str, str], hold: set[str] = frozenset()) -> list[Launched]:
+    """Start every node's ``bootseer run`` at once (each in its own process group); the nodes
+    named in ``hold`` are not started (a machine that never comes up)."""
+    launched = []
+    for i, host in enumerate(job.nodes):
+        node_dir = work / "nodes" / (start.name if start.fresh_nodes else "shared") / host.name
         (node_dir / "opt").mkdir(parents=True, exist_ok=True)
-        summary = work / "summaries" / start.name / f"{name}.json"
+        summary = work / "summaries" / start.name / f"{host.name}.json"
         summary.parent.mkdir(parents=True, exist_ok=True)
+        summary.unlink(missing_ok=True)
         log = summary.with_suffix(".log")
+        if host.name in hold:
+            log.write_text("")
+            launched.append(Launched(host, None, summary, log))
+            continue
         env = {**base_env, "BOOTSEER_CACHE_DIR": str(node_dir / "cache"),
-               "BOOTSEER_TRACE_NODE": name, "BOOTSEER_TRACE_ATTEMPT": str(start.attempt),
-               "RANK": str(i)}
-        argv = node_command(node_dir=node_dir, netns=netns, env=env, cmd=cmd,
+               "BOOTSEER_TRACE_NODE": host.name, "BOOTSEER_TRACE_ATTEMPT": str(start.attempt)}
+        argv = node_command(node=host, node_dir=node_dir, env=env,
+                            cmd=job.command(i, start.attempt),
                             run_args=[*run_args, *start.flags, "--summary", str(summary)])
         out = open(log, "wb")
-        procs.append((name, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True), summary, log, out))
-    results = []
+        launched.append(Launched(host, subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True),
+            summary, log, out))
+    return launched
+
+
+def wait_nodes(launched: list[Launched], timeout_s: float = 900) -> list[NodeResult]:
+    """Wait for every node; a node still running at the deadline is stopped (SIGTERM to its
+    process group, then SIGKILL). Collect the summaries."""
     deadline = time.time() + timeout_s
-    for name, proc, summary, log, out in procs:
-        try:
-            rc = proc.wait(max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 15)
-            rc = proc.wait()
-        out.close()
-        data = json.loads(summary.read_text()) if summary.exists() else {}
-        results.append(NodeResult(name, rc, data, log))
+    results = []
+    for n in launched:
+        rc = None
+        if n.proc is not None:
+            try:
+                rc = n.proc.wait(max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                rc = stop(n.proc)
+            n.out.close()
+        data = json.loads(n.summary.read_text()) if n.summary.exists() else {}
+        results.append(NodeResult(n.host.name, rc, data, n.log))
     return results
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 15) -> int:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
+
+
+def sweep_nodes(job: Job) -> dict[str, int]:
+    """Kill (by PID) whatever is still running on a node after its start; return how many
+    processes each node had left (none, when everything shut down as it should)."""
+    left = {}
+    for host in job.nodes:
+        pids = processes_in(host.netns)
+        if pids:
+            left[host.name] = len(pids)
+            kill_processes_in(host.netns)
+    return left
+
+
+def explain_failure(results: list[NodeResult]) -> str | None:
+    """One line on why a start did not get every node ready (None: all ready), naming the
+    nodes that never joined the rendezvous when the others timed out waiting."""
+    if all(r.ready_s is not None for r in results):
+        return None
+    waiting = [r.node for r in results if r.timed_out_at_rendezvous]
+    missing = [r.node if r.rc is None else f"{r.node} ({_status(r.rc)})"
+               for r in results if not r.joined and not r.timed_out_at_rendezvous]
+    if waiting and missing:
+        return (f"rendezvous timed out on {', '.join(waiting)}: "
+                f"{', '.join(missing)} never joined")
+    failed = [f"{r.node} ({_status(r.rc)})" for r in results if r.ready_s is None]
+    return "not ready: " + ", ".join(failed)
+
+
+def _status(rc: int | None) -> str:
+    if rc is None:
+        return "never started"
+    if rc < 0 or rc > 128:
+        sig = -rc if rc < 0 else rc - 128
+        return f"killed by {signal.Signals(sig).name}" if sig in signal.valid_signals() \
+            else f"exit {rc}"
+    return f"exit {rc}"
+
+
+def rendezvous_wait(results: list[NodeResult]) -> dict[str, float]:
+    """Per node: how long its job waited at rendezvous for the last node to arrive (the
+    nodes share one clock here), from when each node's command started."""
+    arrivals = {r.node: r.summary["t0"] + r.summary["phases"]["job.run"]["start"]
+                for r in results if r.joined and "t0" in r.summary}
+    if not arrivals:
+        return {}
+    last = max(arrivals.values())
+    return {node: last - t for node, t in arrivals.items()}
 
 
 def cleanup_nodes(work: Path, start: Start) -> None:
@@ -107,3 +237,10 @@ def keep_logs(results: list[NodeResult], dest: Path) -> None:
         for src in (r.log, r.log.with_suffix(".json")):
             if src.exists():
                 shutil.copy2(src, dest / src.name)
+
+
+def log_tail(r: NodeResult, lines: int = 8) -> list[str]:
+    if not r.log.exists():
+        return []
+    text = r.log.read_text(errors="replace")
+    return [ln for ln in text.strip().splitlines() if not re.match(r"\s*$", ln)][-lines:]

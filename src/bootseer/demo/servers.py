@@ -1,25 +1,30 @@
-"""The demo's servers, inside the shaped network namespace: the Debian docker-registry
-(the image, and the bootseer store the nodes share) and nginx (the package index and
-the checkpoint, capped per connection like one storage node's stream)."""
+"""The demo's servers, on the storage host (its own network namespace, whose link to the
+nodes is shaped): the Debian docker-registry (the image, and the bootseer store the nodes
+share) and nginx (the package index and the checkpoint, capped per connection like one
+storage node's stream). They listen on the storage host's address on the bridge."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from bootseer.demo.assets import Assets
 from bootseer.testing import servers
+from bootseer.testing.netns import Host
 
 
 class DemoServers:
-    def __init__(self, scratch: Path, assets: Assets, netns: str | None, limit_rate: str, say):
-        self.scratch, self.assets, self.netns, self.limit_rate = scratch, assets, netns, limit_rate
-        self.say = say
+    def __init__(self, scratch: Path, assets: Assets, storage: Host, limit_rate: str, say,
+                 ranks: int):
+        self.scratch, self.assets, self.storage = scratch, assets, storage
+        self.limit_rate, self.say, self.ranks = limit_rate, say, ranks
+        self.netns = storage.netns
         self.started: list[servers.Server] = []
 
     def _ns(self) -> list[str]:
-        return ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
+        return self.storage.enter()
 
     def __enter__(self) -> "DemoServers":
         try:
@@ -31,9 +36,16 @@ class DemoServers:
 
     def _start(self) -> None:
         reg = servers.start_registry(self.scratch / "registry", self.scratch / "registry-run",
-                                     netns=self.netns)
+                                     netns=self.netns, host=self.storage.addr)
         self.started.append(reg)
-        self.image_ref = f"127.0.0.1:{reg.port}/demo/train:latest"
+        registry = f"{self.storage.addr}:{reg.port}"
+        self.image_ref = f"{registry}/demo/train:latest"
+        # Plain http to a registry off loopback: what a user configures for such a registry
+        # (podman and skopeo read registries.conf; bootseer's store has its own switch).
+        conf = self.scratch / "registries.conf"
+        conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
+        self.client_env = {"CONTAINERS_REGISTRIES_CONF": str(conf),
+                           "BOOTSEER_STORE_INSECURE": "1"}
         self.say("push the image to the registry")
         subprocess.run([*self._ns(), "skopeo", "copy", "-q", "--dest-tls-verify=false",
                         f"oci-archive:{self.assets.image_archive}:demo/train:latest",
@@ -41,20 +53,19 @@ class DemoServers:
         www = self.scratch / "www"
         www.mkdir()
         os.symlink(self.assets.index, www / "pypi")
-        os.symlink(self.assets.checkpoint, www / "ckpt")
+        os.symlink(self.assets.checkpoint(self.ranks), www / "ckpt")
         web = servers.start_nginx(www, self.scratch / "nginx-run", netns=self.netns,
-                                  limit_rate=self.limit_rate)
+                                  limit_rate=self.limit_rate, host=self.storage.addr)
         self.started.append(web)
         self.index_url = f"{web.url}/pypi/simple"
         self.ckpt_url = f"{web.url}/ckpt/"
         # The nodes' store: the registry, over the same shaped link (reads by range,
         # writes of profiles and environment snapshots, refs as tags).
-        self.store_url = f"oci://127.0.0.1:{reg.port}/bootseer"
+        self.store_url = f"oci://{self.storage.addr}:{reg.port}/bootseer"
         self.say("convert the image into the store (bootseer image convert)")
-        import sys
         subprocess.run([*self._ns(), sys.executable, "-m", "bootseer", "image", "convert",
                         self.image_ref, "--to", self.store_url], check=True,
-                       stdout=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL, env={**os.environ, **self.client_env})
 
     def __exit__(self, *exc) -> None:
         for s in reversed(self.started):

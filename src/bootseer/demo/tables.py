@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from bootseer.demo.scenario import NodeResult
+from bootseer.demo.scenario import NodeResult, explain_failure
 
 PIPELINES = ("image", "deps", "ckpt")
 
@@ -38,10 +38,10 @@ def columns(results: list[NodeResult]) -> dict[str, float | None]:
 
 def gating(results: list[NodeResult]) -> str:
     """Which node gated the start and which of its phases took longest."""
+    problem = explain_failure(results)
+    if problem:
+        return problem
     done = [r for r in results if r.ready_s is not None]
-    if len(done) < len(results):
-        failed = ", ".join(f"{r.node} (exit {r.rc})" for r in results if r.ready_s is None)
-        return f"not ready: {failed}"
     slowest = max(done, key=lambda r: r.ready_s)
     parts = {p: pipeline_s(slowest, p) for p in PIPELINES}
     parts["job"] = to_ready_in_job(slowest)

@@ -1,10 +1,13 @@
-"""The demo's training job: a small transformer language model on random tokens.
+"""The demo's training job: a small transformer language model on random tokens, trained
+with FSDP2 (``fully_shard``) over gloo on CPU by every rank of a ``torchrun`` job.
 
-``--init DIR`` trains a few steps and saves a torch.distributed.checkpoint (DCP) to DIR.
-Otherwise it resumes from ``$BOOTSEER_CKPT_DIR``, runs one optimizer step, and signals
-that the job is ready by touching ``$BOOTSEER_READY_FILE`` (what ``bootseer run`` waits
-for to close the hot-block recording window). Imports of the requirements set prove the
-environment restored correctly. Runs on torch CPU; no bootseer import needed in the image.
+``--init DIR`` (under ``torchrun --nproc-per-node N``) trains a few steps and saves a
+sharded torch.distributed.checkpoint (DCP) to DIR: one file per rank, written by that rank.
+Otherwise each rank joins the job, resumes from ``$BOOTSEER_CKPT_DIR`` reading only its own
+shard, takes one optimizer step (whose gradients are reduced across ranks, then the loss
+all-reduced), and signals that the job is ready: ``bootseer.ready()`` where bootseer is
+importable, else by creating ``$BOOTSEER_READY_FILE``. Imports of the requirements set prove
+the environment restored correctly. Needs nothing from bootseer in the image.
 """
 
 import argparse
@@ -13,12 +16,15 @@ import time
 import warnings
 
 T0 = time.time()
-# Single-process DCP save/load warns that no process group exists: expected here.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 
 class TinyLM(nn.Module):
@@ -26,7 +32,7 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         block = nn.TransformerEncoderLayer(dim, heads, 4 * dim, batch_first=True)
-        self.body = nn.TransformerEncoder(block, layers)
+        self.body = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, tokens):
@@ -36,23 +42,40 @@ class TinyLM(nn.Module):
 def build(args):
     torch.manual_seed(0)
     model = TinyLM(args.vocab, args.dim, args.layers)
+    for layer in model.body.layers:
+        fully_shard(layer)
+    fully_shard(model)   # every parameter is now a DTensor sharded across the ranks
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return model, optim
 
 
-def step(model, optim, args):
-    tokens = torch.randint(0, args.vocab, (2, 32))
+def step(model, optim, args) -> float:
+    """One optimizer step; the loss is all-reduced (the job's first all-reduce on resume)."""
+    g = torch.Generator().manual_seed(dist.get_rank())
+    tokens = torch.randint(0, args.vocab, (2, 32), generator=g)
     logits = model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
     optim.zero_grad()
     loss.backward()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
     optim.step()
-    return float(loss.detach())
+    return float(mean) / dist.get_world_size()
 
 
-def state_of(model, optim):
-    # Materialise the optimizer state so the checkpoint holds it (as a real resume does).
-    return {"model": model.state_dict(), "optim": optim.state_dict()}
+def signal_ready() -> None:
+    try:
+        import bootseer
+        ready = getattr(bootseer, "ready", None)
+    except ImportError:
+        ready = None
+    if ready is not None:
+        ready()
+        return
+    path = os.environ.get("BOOTSEER_READY_FILE")
+    if path:
+        with open(path, "w") as f:
+            f.write(f"{time.time()}\n")
 
 
 def main():
@@ -66,27 +89,33 @@ def main():
     args = p.parse_args()
     for name in filter(None, args.imports.split(",")):
         __import__(name)
+    t = time.time()
+    dist.init_process_group("gloo")   # joins every rank: waits for the slowest node
+    joined_s = time.time() - t
+    rank = dist.get_rank()
     model, optim = build(args)
     if args.init:
         for _ in range(args.steps):
             step(model, optim, args)
-        dcp.save(state_of(model, optim), checkpoint_id=args.init)
-        print(f"saved checkpoint to {args.init}")
+        model_state, optim_state = get_state_dict(model, optim)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=args.init)
+        if rank == 0:
+            print(f"saved a checkpoint of {dist.get_world_size()} shards to {args.init}")
+        dist.destroy_process_group()
         return
-    step(model, optim, args)  # creates optimizer state tensors to load into
-    state = state_of(model, optim)
+    model_state, optim_state = get_state_dict(model, optim)   # allocates optimizer state
+    state = {"model": model_state, "optim": optim_state}
     t = time.time()
-    dcp.load(state, checkpoint_id=os.environ["BOOTSEER_CKPT_DIR"])
-    model.load_state_dict(state["model"])
-    optim.load_state_dict(state["optim"])
+    dcp.load(state, checkpoint_id=os.environ["BOOTSEER_CKPT_DIR"])   # this rank's shard
+    set_state_dict(model, optim, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
     load_s = time.time() - t
     loss = step(model, optim, args)
-    ready = os.environ.get("BOOTSEER_READY_FILE")
-    if ready:
-        with open(ready, "w") as f:
-            f.write(f"{time.time()}\n")
-    print(f"ready: resumed, loss={loss:.3f}, ckpt load {load_s:.1f}s, "
+    signal_ready()
+    print(f"ready: rank {rank}/{dist.get_world_size()} resumed, loss={loss:.3f}, "
+          f"joined in {joined_s:.1f}s, shard load {load_s:.1f}s, "
           f"process {time.time() - T0:.1f}s", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
