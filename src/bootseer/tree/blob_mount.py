@@ -175,7 +175,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
 
     local = _local_blob(config, layout)
     if local is not None:
-        kernel.mount(str(meta), mountpoint, local)
+        kernel.mount_with_read_ahead(str(meta), mountpoint, local)
         # no Python sees the reads: nothing to record, nothing to prefetch
         _write_atomic(state / "figures.json", json.dumps({
             "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
@@ -191,9 +191,12 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     blob_mp.mkdir(exist_ok=True)
     factory = functools.partial(blob_server_view, config, tree, str(state), record, profile,
                                 window_timeout_s, hot, layout.key)
-    server = mount(factory, str(blob_mp), name=f"{name}-blob-{tree[7:19]}")
+    # No read-ahead on the blob itself: it would run past a file's end into chunks of
+    # other files, fetching and recording what the job never reads. EROFS reads ahead
+    # within files instead (its own read-ahead raised to 1 MiB).
+    server = mount(factory, str(blob_mp), name=f"{name}-blob-{tree[7:19]}", read_ahead_kb=0)
     try:
-        kernel.mount(str(meta), mountpoint, str(blob_mp / BLOB_NAME))
+        kernel.mount_with_read_ahead(str(meta), mountpoint, str(blob_mp / BLOB_NAME))
     except BaseException:
         server.unmount()
         raise
