@@ -3,7 +3,7 @@ with its own config in a directory of ours, and stop them by PID.
 
 Used by the pytest fixtures and by every benchmark. ``netns`` runs the server inside a
 network namespace (see :mod:`bootseer.testing.netns`), where it listens on that
-namespace's loopback.
+namespace's loopback, or on ``host`` (that namespace's address on a bridge).
 """
 
 from __future__ import annotations
@@ -33,24 +33,25 @@ def _ns_prefix(netns: str | None) -> list[str]:
 
 
 def wait_port(port: int, *, netns: str | None = None, timeout: float = 15.0,
-              proc: subprocess.Popen | None = None, what: str = "server") -> None:
+              proc: subprocess.Popen | None = None, what: str = "server",
+              host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise ServerError(f"{what} exited with status {proc.returncode} before listening")
         if netns:
-            r = subprocess.run(_ns_prefix(netns) + ["bash", "-c", f"echo > /dev/tcp/127.0.0.1/{port}"],
+            r = subprocess.run(_ns_prefix(netns) + ["bash", "-c", f"echo > /dev/tcp/{host}/{port}"],
                                capture_output=True)
             if r.returncode == 0:
                 return
         else:
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                with socket.create_connection((host, port), timeout=0.5):
                     return
             except OSError:
                 pass
         time.sleep(0.05)
-    raise ServerError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
+    raise ServerError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
 
 
 @dataclass
@@ -62,10 +63,11 @@ class Server:
     log: Path
     netns: str | None = None
     extra: dict = field(default_factory=dict)
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -104,7 +106,8 @@ def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: in
                 limit_rate: str | None = None, autoindex: bool = True,
                 netns: str | None = None, workers: int = 2,
                 extra_locations: str = "", tls: tuple[str, str] | None = None,
-                access_log: bool = False, worker_user: str | None = None) -> Server:
+                access_log: bool = False, worker_user: str | None = None,
+                host: str = "127.0.0.1") -> Server:
     """Serve ``root`` read-only over HTTP/1.1 with range support and a JSON listing.
 
     ``worker_user``: run the workers as this user (as root, default: root), as a packaged
@@ -146,7 +149,7 @@ http {{
     types {{ application/octet-stream bin; application/json json; text/html html; }}
     default_type application/octet-stream;
     server {{
-        listen 127.0.0.1:{port}{" ssl" if tls else ""};
+        listen {host}:{port}{" ssl" if tls else ""};
         {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""}
         root {Path(root).resolve()};
         {rate}
@@ -159,9 +162,9 @@ http {{
     with open(log, "ab") as out:
         proc = subprocess.Popen(_ns_prefix(netns) + [nginx, "-c", str(conf), "-p", str(workdir)],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Server("nginx", port, proc, workdir, log, netns)
+    server = Server("nginx", port, proc, workdir, log, netns, host=host)
     try:
-        wait_port(port, netns=netns, proc=proc, what="nginx")
+        wait_port(port, netns=netns, proc=proc, what="nginx", host=host)
     except ServerError as e:
         server.stop()
         raise ServerError(f"{e}; log: {log.read_text()[-2000:]}") from None
@@ -170,7 +173,7 @@ http {{
 
 def start_registry(storage: str | os.PathLike, workdir: str | os.PathLike, *,
                    port: int | None = None, netns: str | None = None,
-                   htpasswd: str | None = None) -> Server:
+                   htpasswd: str | None = None, host: str = "127.0.0.1") -> Server:
     """Run the Debian ``docker-registry`` (distribution 2.8) with filesystem storage.
 
     ``htpasswd`` is the path of a bcrypt htpasswd file to require basic auth.
@@ -195,16 +198,16 @@ storage:
     uploadpurging:
       enabled: false
 http:
-  addr: 127.0.0.1:{port}
+  addr: {host}:{port}
 {auth}""")
     log = workdir / "registry.out"
     with open(log, "ab") as out:
         proc = subprocess.Popen(_ns_prefix(netns) + ["docker-registry", "serve", str(conf)],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
-    server = Server("registry", port, proc, workdir, log, netns)
+    server = Server("registry", port, proc, workdir, log, netns, host=host)
     try:
-        wait_port(port, netns=netns, proc=proc, what="docker-registry")
+        wait_port(port, netns=netns, proc=proc, what="docker-registry", host=host)
     except ServerError as e:
         server.stop()
         raise ServerError(f"{e}; log: {log.read_text()[-2000:]}") from None
