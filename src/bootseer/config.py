@@ -168,6 +168,15 @@ class CkptConfig:
     hedge_min_s: float = 0.2
     """Never hedge a stripe younger than this (seconds): below it, the median of a fast
     link is noise and hedging would only double the traffic."""
+    username: str | None = None
+    """User for http(s) checkpoints (basic auth), so no password is put in a URL; else
+    ``user:password@`` in the URL, else ``~/.netrc`` (never logged)."""
+    password: str | None = field(default=None, repr=False)
+    """Password for ``ckpt.username`` (never logged, traced or stored)."""
+    staging_mode: str = "auto"
+    """Who may read staged checkpoint files and their access profiles: ``auto`` (only the
+    owner, 0600 files / 0700 folders, when the checkpoint was read with credentials; else
+    everyone, 0644), ``private`` (only the owner, always) or ``shared`` (everyone)."""
 
     def __post_init__(self) -> None:
         for name in ("stripe_bytes", "memory_budget_bytes", "max_stripes_in_flight", "per_host"):
@@ -177,6 +186,9 @@ class CkptConfig:
             raise ConfigError("ckpt.hedge_multiple", "must be > 1 (a multiple of the median)")
         if self.hedge_min_s < 0:
             raise ConfigError("ckpt.hedge_min_s", "must be >= 0")
+        if self.staging_mode not in ("auto", "private", "shared"):
+            raise ConfigError("ckpt.staging_mode", f"{self.staging_mode!r} is not auto, "
+                                                   "private or shared")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

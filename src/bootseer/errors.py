@@ -37,10 +37,11 @@ class ConfigError(BootseerError, ValueError):
 class StoreError(BootseerError, OSError):
     def __init__(self, message: str, *, digest: str | None = None, url: str | None = None,
                  offset: int | None = None):
+        from bootseer import redact   # errors are shown and logged: no URL credentials
         self.digest = digest
-        self.url = url
+        self.url = redact.url(url) if url else url
         self.offset = offset
-        super().__init__(message)
+        super().__init__(redact.text(message))
 
     def __str__(self) -> str:  # OSError's default __str__ hides the message when args differ
         return self.args[0] if self.args else ""

@@ -11,10 +11,11 @@ import io
 import os
 import threading
 
+from bootseer import redact
 from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.replicas import Replicas, check_same
 from bootseer.ckpt.source import HttpFileSource, open_source
-from bootseer.errors import UsageError
+from bootseer.errors import BlobNotFound, BootseerError, FetchError, UsageError
 
 _engine: Engine | None = None
 _engine_pid = 0
@@ -109,20 +110,32 @@ def open(url: str, mode: str = "rb", *, engine: Engine | None = None,  # noqa: A
     Raises:
         BlobNotFound: no file at ``url``.
         ReplicaMismatch: a mirror's file differs in size or mtime.
+    Credentials in ``url`` (``user:password@``, a presigned query) never appear in the
+    file's ``name``, in errors or in logs (bootseer/redact.py).
     """
     if mode != "rb":
         raise ValueError(f"bootseer.ckpt.open is read-only (mode {mode!r}); use 'rb'")
     engine = engine or default_engine()
-    src = source or open_source(url)
-    if mirrors:
-        src = replicas_of(src, mirrors)
-    return CkptFile(engine.reader(src, stripes), url)
+    try:
+        src = source or open_source(url)
+        if mirrors:
+            src = replicas_of(src, mirrors)
+    except BootseerError:
+        raise   # its message and url are redacted already
+    except Exception as e:   # a library's (fsspec, aiohttp) error may quote the whole URL
+        shown = redact.text(str(e))
+        if shown == str(e):
+            raise
+        kind = BlobNotFound if isinstance(e, FileNotFoundError) else FetchError
+        raise kind(f"cannot open {redact.url(url)}: {shown}", url=url) from None
+    return CkptFile(engine.reader(src, stripes), redact.url(url))
 
 
 def replicas_of(source, mirrors) -> Replicas:
     """``source`` and the same file at each mirror URL (checked: size and mtime)."""
     if not isinstance(source, HttpFileSource):
-        raise UsageError(f"mirrors are supported for http(s) files, not {source.url}")
+        raise UsageError(f"mirrors are supported for http(s) files, not "
+                         f"{redact.url(source.url)}")
     copies = [source]
     for url in mirrors:
         m = HttpFileSource.stat(url)

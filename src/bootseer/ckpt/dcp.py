@@ -107,9 +107,10 @@ def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch 
                 prefetch = Prefetch(engine, spans)
                 done = super().read_data(plan, planner)
                 if "://" in self.path:  # the next resume prefetches what this load read
-                    from bootseer.ckpt import profile
+                    from bootseer.ckpt import credentials, profile
+                    private = engine.staging.private_for(credentials.carried(self.path))
                     profile.save(engine.staging.dir, self.path, engine.recorder,
-                                 store_url=engine.store_url)
+                                 store_url=engine.store_url, private=private)
                 from bootseer.ckpt.stats import trace_load
                 trace_load(engine.statistics(), engine.counters.started_wall,
                            url=self.path, via="dcp")

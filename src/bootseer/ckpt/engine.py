@@ -57,7 +57,9 @@ class Engine:
         except BudgetError:
             self.fetcher.close()
             raise
-        self.staging = StagingArea(staging) if staging else StagingArea.temporary()
+        mode = self.config.staging_mode
+        self.staging = (StagingArea(staging, mode=mode) if staging
+                        else StagingArea.temporary(mode=mode))
         self.staging.register()   # `ckpt gc` spares what this engine takes up
         self.counters = LoadCounters()
         self.recorder = AccessRecorder()
@@ -140,7 +142,8 @@ class StripedFile:
     def __init__(self, engine: Engine, source):
         self.engine, self.source, self.size = engine, source, source.size
         self.S = engine.config.stripe_bytes
-        self.staged: StagedFile = engine.staging.file(source.key, source.size, self.S)
+        self.staged: StagedFile = engine.staging.file(
+            source.key, source.size, self.S, private=getattr(source, "credentialed", False))
         self._inflight: dict[int, _InFlight] = {}
         self._failed: dict[int, BaseException] = {}
         self._cursors: list[_Cursor] = []

@@ -18,6 +18,8 @@ import threading
 import time
 import urllib.parse
 
+from bootseer import redact
+from bootseer.ckpt import credentials
 from bootseer.ckpt.replicas import Replicas, ReplicaMismatch, check_same
 from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
 from bootseer.errors import BlobNotFound, FetchError, StoreError, UsageError
@@ -57,10 +59,11 @@ class RemoteDir:
         self.url = normalize_url(url)
         self.http = self.url.startswith(("http://", "https://"))
         if mirrors and not self.http:
-            raise UsageError(f"mirrors are supported for http(s) checkpoints, not {self.url}")
+            raise UsageError("mirrors are supported for http(s) checkpoints, not "
+                             f"{redact.url(self.url)}")
         for m in mirrors:
             if not m.startswith(("http://", "https://")):
-                raise UsageError(f"mirror {m!r} is not an http(s) URL")
+                raise UsageError(f"mirror {redact.url(m)!r} is not an http(s) URL")
         self.mirrors = [RemoteDir(m) for m in mirrors]
         if not self.http:
             import fsspec
@@ -85,7 +88,8 @@ class RemoteDir:
             try:
                 theirs = m._list("")
             except (FetchError, OSError) as e:
-                log.warning("mirror %s is not reachable, reading without it: %s", m.url, e)
+                log.warning("mirror %s is not reachable, reading without it: %s",
+                            redact.url(m.url), redact.text(str(e)))
                 self.mirrors.remove(m)
                 continue
             for name, a in entries.items():
@@ -143,7 +147,8 @@ class RemoteDir:
                     raise ReplicaMismatch(f"mirror {m.url} has no {rel}, which {self.url} "
                                           "has: refusing the mirror", url=m.url) from None
                 except FetchError as e:  # a dead mirror: the others serve
-                    log.warning("mirror %s is not reachable for %s: %s", m.url, rel, e)
+                    log.warning("mirror %s is not reachable for %s: %s", redact.url(m.url), rel,
+                                redact.text(str(e)))
                     continue
                 check_same(primary.url, a.size, a.mtime, m.url_of(rel), b.size, b.mtime)
                 replicas.append(HttpFileSource(m.url_of(rel), b.size, b.mtime or None))
@@ -180,7 +185,7 @@ class RemoteDir:
     def _list_http(self, rel: str) -> dict[str, Attr | None]:
         from bootseer.store.http import request
         url = self.url_of(rel) + "/"
-        status, _h, body = request("GET", url)
+        status, _h, body = request("GET", url, headers=credentials.auth_headers(url))
         if status == 404:
             raise BlobNotFound(f"no checkpoint directory at {url} (404)", url=url)
         if status != 200:
@@ -221,7 +226,8 @@ class RemoteDir:
 
     def _probe(self, rel: str) -> Attr | None:
         from bootseer.store.http import request
-        status, h, _ = request("HEAD", self.url_of(rel))
+        status, h, _ = request("HEAD", self.url_of(rel),
+                               headers=credentials.auth_headers(self.url_of(rel)))
         if status != 200:
             return None
         return Attr(mode=FILE_MODE, size=int(h.get("content-length", 0)),

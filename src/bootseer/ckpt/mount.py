@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+from bootseer.ckpt import credentials
 from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.listing import RemoteDir
 from bootseer.ckpt.staging import StagingArea, node_staging_dir
@@ -23,7 +24,7 @@ def staged_mirror(url: str, config: BootseerConfig, name: str) -> Path | None:
     """If every file of ``url`` is fully staged on this node, a directory laid out as the
     checkpoint made of hard links to the staged copies (``None`` otherwise). A job started
     after the prefetch finished then reads local files, not the FUSE view."""
-    area = StagingArea(node_staging_dir(config))
+    area = StagingArea(node_staging_dir(config), mode=config.ckpt.staging_mode)
     links = []
     for rel, source in RemoteDir(url).walk().items():
         if not area.is_complete(source.key):
@@ -32,6 +33,8 @@ def staged_mirror(url: str, config: BootseerConfig, name: str) -> Path | None:
     mirror = area.dir / name
     shutil.rmtree(mirror, ignore_errors=True)
     mirror.mkdir(parents=True)
+    if area.private_for(credentials.carried(url)):   # its names are the checkpoint's
+        os.chmod(mirror, 0o700)
     try:
         for src, rel in links:
             (mirror / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from bootseer import redact
+
 log = logging.getLogger(__name__)
 
 SMALL_FILE_BYTES = 1 << 20  # metadata and headers: never held back by start_after
@@ -114,7 +116,7 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     if recorded:
         ranges, kind = [plans.Range(p, a, b) for p, a, b in recorded], "profile"
     else:
-        log.info("checkpoint %s: %s, planning from its metadata", remote.url, why)
+        log.info("checkpoint %s: %s, planning from its metadata", redact.url(remote.url), why)
         with engine.internal_reads():   # the plan's reads are not the load's
             ranges, kind = plans.metadata_plan(remote.url, sizes,
                                                opener=lambda url: ckpt_open(url, engine=engine))
@@ -134,7 +136,8 @@ def start_plan_soon(engine, remote, **kw) -> threading.Thread:
             start_plan(engine, remote, **kw)
         except Exception as e:  # noqa: BLE001 - prefetch is an optimisation
             if not engine.closed:
-                log.warning("checkpoint prefetch of %s did not start: %s", remote.url, e)
+                log.warning("checkpoint prefetch of %s did not start: %s",
+                            redact.url(remote.url), redact.text(str(e)))
     t = threading.Thread(target=run, daemon=True, name="bootseer-ckpt-plan")
     t.start()
     return t

@@ -9,12 +9,17 @@ data, as ``<staging>/profiles-v1/<sha256(checkpoint URL)[:32]>.json``, and pushe
 store (when one is configured and writable) under ref ``ckpt/profile/<same name>``, so
 that a resume on fresh nodes finds it too::
 
-    {"v": 1, "kind": "bootseer.ckpt.profile", "url": "<checkpoint URL>",
+    {"v": 1, "kind": "bootseer.ckpt.profile", "url": "<checkpoint URL, no credentials>",
      "files": {"<relative path>": "<file identity: url|size|mtime>"},
      "ranges": [["<relative path>", start, end], ...]}
 
 A profile is used only while every file it names still has the recorded identity (path,
 size, mtime/ETag): a new checkpoint written under the same URL falls back to its metadata.
+
+The checkpoint URL names a profile without its credentials (``user:password@``, presigned
+query signatures: bootseer/redact.py), so none reach the file or the store, and a load with
+rotated credentials finds the same profile. A profile of a checkpoint read with credentials
+is private (0600) unless ``ckpt.staging_mode`` says ``shared``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import os
 import threading
 import urllib.parse
 from pathlib import Path
+
+from bootseer import redact
 
 log = logging.getLogger(__name__)
 MAX_RANGES = 100_000  # a pathological random-read load must not grow without bound
@@ -67,7 +74,7 @@ class AccessRecorder:
 
 
 def _name(root_url: str) -> str:
-    return hashlib.sha256(root_url.rstrip("/").encode()).hexdigest()[:32]
+    return hashlib.sha256(redact.strip(root_url).rstrip("/").encode()).hexdigest()[:32]
 
 
 def profile_path(staging_dir: str | os.PathLike, root_url: str) -> Path:
@@ -101,25 +108,30 @@ def _pull(store_url: str, root_url: str) -> bytes | None:
 
 
 def save(staging_dir: str | os.PathLike, root_url: str, recorder: AccessRecorder, *,
-         store_url: str | None = None) -> Path | None:
-    """Write the profile of ``root_url`` (atomically) and push it to ``store_url``; None
-    when nothing under it was read. A store that cannot take it costs a log line."""
+         store_url: str | None = None, private: bool = False) -> Path | None:
+    """Write the profile of ``root_url`` (atomically; ``private``: mode 0600) and push it to
+    ``store_url``; None when nothing under it was read. A store that cannot take it costs a
+    log line."""
     files, ranges = recorder.under(root_url)
     if not ranges:
         return None
     path = profile_path(staging_dir, root_url)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"v": 1, "kind": "bootseer.ckpt.profile", "url": root_url.rstrip("/"),
+    doc = {"v": 1, "kind": "bootseer.ckpt.profile", "url": redact.strip(root_url).rstrip("/"),
            "files": files, "ranges": ranges}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     blob = json.dumps(doc, separators=(",", ":")).encode()
-    tmp.write_bytes(blob)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, 0o600 if private else 0o644)   # not the umask's say
+        f.write(blob)
     os.replace(tmp, path)
     if store_url:
         try:
             _push(store_url, root_url, blob)
         except Exception as e:  # noqa: BLE001 - the local copy is saved; sharing is a bonus
-            log.warning("checkpoint access profile not pushed to %s: %s", store_url, e)
+            log.warning("checkpoint access profile not pushed to %s: %s", redact.url(store_url),
+                        redact.text(str(e)))
     return path
 
 
@@ -138,11 +150,11 @@ def load(staging_dir: str | os.PathLike, root_url: str, sources: dict, *,
         ranges, why = None, f"access profile {path} is unreadable: {e}"
     if ranges is not None or not store_url:
         return ranges or [], why
-    where = f"{store_url} ref {store_ref(root_url)}"
+    where = f"{redact.url(store_url)} ref {store_ref(root_url)}"
     try:
         blob = _pull(store_url, root_url)
     except Exception as e:  # noqa: BLE001 - no profile is a plan too (the metadata's)
-        return [], f"{why}; the store's is unreadable: {e}"
+        return [], f"{why}; the store's is unreadable: {redact.text(str(e))}"
     if blob is None:
         return [], why
     try:

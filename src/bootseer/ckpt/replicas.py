@@ -22,6 +22,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from bootseer import redact
 from bootseer.errors import FetchError, StoreError
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class Replicas:
         self.sources, self.hedger = sources, hedger
         self.url, self.size, self.key, self.host = (primary.url, primary.size, primary.key,
                                                     primary.host)
+        self.credentialed = any(getattr(s, "credentialed", False) for s in sources)
         self._turn = itertools.count()
 
     def bind(self, hedger: "Hedger") -> "Replicas":
@@ -73,7 +75,7 @@ class Replicas:
         return self.hedger.read(order, start, end)
 
     def __repr__(self) -> str:
-        return f"Replicas({', '.join(s.url for s in self.sources)})"
+        return f"Replicas({', '.join(redact.url(s.url) for s in self.sources)})"
 
 
 class Hedger:

@@ -16,6 +16,8 @@ import email.utils
 import threading
 import urllib.parse
 
+from bootseer import redact
+from bootseer.ckpt import credentials
 from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
 
 CANCEL_CHECK_BYTES = 1 << 20  # the most one piece of a cancellable read waits for
@@ -45,15 +47,18 @@ class HttpFileSource:
                  etag: str | None = None, timeout: float = 30.0):
         self.url, self.size, self.mtime, self.etag = url, size, mtime, etag
         self.timeout = timeout
-        self.host = urllib.parse.urlsplit(url).netloc
-        self.key = f"{url}|{size}|{mtime}"
+        self.host = urllib.parse.urlsplit(url).netloc.rpartition("@")[2]
+        # the identity never holds credentials: it names staging files and profiles
+        self.key = f"{redact.strip(url)}|{size}|{mtime}"
+        self.headers = credentials.auth_headers(url)
+        self.credentialed = redact.has_credentials(url) or bool(self.headers)
         self._lock = threading.Lock()
 
     @classmethod
     def stat(cls, url: str, timeout: float = 30.0) -> "HttpFileSource":
         """Identity from a HEAD request (for files opened without a listing)."""
         from bootseer.store.http import request
-        status, h, _ = request("HEAD", url, timeout=timeout)
+        status, h, _ = request("HEAD", url, timeout=timeout, headers=credentials.auth_headers(url))
         if status == 404:
             raise BlobNotFound(f"{url} not found (404)", url=url)
         if status != 200:
@@ -70,7 +75,7 @@ class HttpFileSource:
         if end <= start:
             return b""
         with send("GET", self.url, timeout=self.timeout,
-                  headers={"Range": f"bytes={start}-{end - 1}"}) as r:
+                  headers={**self.headers, "Range": f"bytes={start}-{end - 1}"}) as r:
             status, h = r.status, r.headers
             if status == 404:
                 raise FileChanged(f"{self.url} disappeared (404) after it was listed; "
@@ -127,7 +132,7 @@ class HttpFileSource:
                                       f"-> {etag})", url=self.url, offset=start)
 
     def __repr__(self) -> str:
-        return f"HttpFileSource({self.url})"
+        return f"HttpFileSource({redact.url(self.url)})"
 
 
 class FsspecFileSource:
@@ -138,7 +143,8 @@ class FsspecFileSource:
         self.url = url or path
         proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.host = f"{proto}:{getattr(fs, 'host', '') or ''}"
-        self.key = f"{self.url}|{size}|{mtime}"
+        self.key = f"{redact.strip(self.url)}|{size}|{mtime}"
+        self.credentialed = redact.has_credentials(self.url)
 
     @staticmethod
     def stamp(info: dict):
@@ -182,7 +188,7 @@ class FsspecFileSource:
         return data
 
     def __repr__(self) -> str:
-        return f"FsspecFileSource({self.url})"
+        return f"FsspecFileSource({redact.url(self.url)})"
 
 
 def open_source(url: str):

@@ -9,8 +9,13 @@ Layout of a staging directory (one per node: ``<cache.dir>/../ckpt``)::
       .engines/<pid>-*   each live engine's mark (bootseer.alive; mtime: since when)
       .gc.lock           held shared while an engine takes up a file, exclusive by ``gc``
 
-``<name>`` is derived from the remote file's identity (URL + size + mtime/ETag), so a new
-version of a file never reads an old version's bytes. Which stripes of an incomplete file
+``<name>`` is derived from the remote file's identity (URL without credentials + size +
+mtime/ETag), so a new version of a file never reads an old version's bytes.
+
+Who may read a staged file (``ckpt.staging_mode``): ``auto`` makes the copy of a file read
+with credentials (in its URL, BOOTSEER_CKPT_USERNAME/PASSWORD, netrc) private (0600, its
+staged mirror folders 0700) and others readable by all (0644); ``private`` makes every
+file private and the staging directory 0700; ``shared`` makes every file 0644. Which stripes of an incomplete file
 are present is known only to the process that wrote them; another process trusts only the
 ``.complete`` marker (a killed writer may have left holes).
 
@@ -43,9 +48,13 @@ def staged_name(key: str) -> str:
 class StagingArea:
     """A staging directory; ``temporary()`` makes a private one removed by ``close``."""
 
-    def __init__(self, directory: str | os.PathLike, *, owned: bool = False):
+    def __init__(self, directory: str | os.PathLike, *, owned: bool = False,
+                 mode: str = "auto"):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.mode = mode
+        if mode == "private":
+            os.chmod(self.dir, 0o700)
         self._owned = owned
         self._mark: alive.Mark | None = None
         self._gc_fd: int | None = None
@@ -60,16 +69,23 @@ class StagingArea:
         self._gc_fd = os.open(self.dir / ".gc.lock", os.O_RDWR | os.O_CREAT, 0o644)
 
     @classmethod
-    def temporary(cls) -> "StagingArea":
-        return cls(tempfile.mkdtemp(prefix="bootseer-ckpt-"), owned=True)
+    def temporary(cls, mode: str = "auto") -> "StagingArea":
+        return cls(tempfile.mkdtemp(prefix="bootseer-ckpt-"), owned=True, mode=mode)
 
-    def file(self, key: str, size: int, stripe_bytes: int) -> "StagedFile":
+    def private_for(self, credentialed: bool) -> bool:
+        """Whether what is staged from a source (read with credentials or not) is private."""
+        return self.mode == "private" or (self.mode == "auto" and credentialed)
+
+    def file(self, key: str, size: int, stripe_bytes: int, *, private: bool = False
+             ) -> "StagedFile":
+        """``private``: the source carried credentials (see :meth:`private_for`)."""
+        private = self.private_for(private)
         if self._gc_fd is None:
-            return StagedFile(self, key, size, stripe_bytes)
+            return StagedFile(self, key, size, stripe_bytes, private=private)
         with self._gc_lock:   # gc never removes a file between our look and our touch
             fcntl.lockf(self._gc_fd, fcntl.LOCK_SH)
             try:
-                f = StagedFile(self, key, size, stripe_bytes)
+                f = StagedFile(self, key, size, stripe_bytes, private=private)
                 try:
                     os.utime(f.path)   # recently used, and in use by a live engine
                 except FileNotFoundError:
@@ -101,8 +117,10 @@ class StagedFile:
     Opens the file per call instead of holding a descriptor: a mount may touch thousands
     of files, and an open+close is noise next to a stripe's network time."""
 
-    def __init__(self, area: StagingArea, key: str, size: int, stripe_bytes: int):
+    def __init__(self, area: StagingArea, key: str, size: int, stripe_bytes: int, *,
+                 private: bool = False):
         self.area, self.key, self.size, self.stripe_bytes = area, key, size, stripe_bytes
+        self.file_mode = 0o600 if private else 0o644
         self.path = area.path(key)
         self.marker = self.path.with_name(self.path.name + ".complete")
         self.nstripes = (size + stripe_bytes - 1) // stripe_bytes
@@ -136,8 +154,9 @@ class StagedFile:
         try:
             with self._lock:
                 if not self._created:  # sparse: holes cost no disk until written
-                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, self.file_mode)
                     try:
+                        os.fchmod(fd, self.file_mode)   # not the umask's, nor a past run's
                         os.ftruncate(fd, self.size)
                     finally:
                         os.close(fd)

@@ -8,6 +8,8 @@ import logging
 import os
 import threading
 
+from bootseer import redact
+from bootseer.ckpt import credentials
 from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.listing import PathOutsideRoot, RemoteDir, clean
 from bootseer.mount.view import Attr
@@ -59,15 +61,18 @@ class RemoteDirView:
         return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_namemax": 255}
 
     def stats(self) -> dict:
-        return {"url": self.url, "mode": self.mode, **self.engine.statistics().as_dict()}
+        return {"url": redact.url(self.url), "mode": self.mode,
+                **self.engine.statistics().as_dict()}
 
     def close(self) -> None:
         from bootseer.ckpt import profile
         try:  # the next resume prefetches what this one read
             profile.save(self.engine.staging.dir, self.url, self.engine.recorder,
-                         store_url=self.engine.store_url)
+                         store_url=self.engine.store_url,
+                         private=self.engine.staging.private_for(credentials.carried(self.url)))
         except OSError as e:
-            log.warning("access profile of %s not saved: %s", self.url, e)
+            log.warning("access profile of %s not saved: %s", redact.url(self.url),
+                        redact.text(str(e)))
         try:
             from bootseer.ckpt.stats import trace_load
             trace_load(self.engine.statistics(), self.engine.counters.started_wall,

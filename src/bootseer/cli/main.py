@@ -54,13 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
         format="bootseer: %(levelname)s %(name)s: %(message)s")
+    from bootseer import redact
+    redact.install_log_filter()   # no URL credentials in -v logs, whoever logs them
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         rc = args.func(args)
     except BootseerError as e:
-        print(f"bootseer: error: {e}", file=sys.stderr)
+        print(f"bootseer: error: {redact.text(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

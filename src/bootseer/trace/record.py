@@ -130,7 +130,10 @@ class Recorder:
 
 
 def _clean(attrs: dict) -> dict:
-    return {k: ("<redacted>" if any(s in k.lower() for s in _SECRET_KEYS) else v)
+    """Secrets out: a secret-named attribute whole, and URLs' credentials in any value (a
+    checkpoint URL with ``user:password@``, a presigned query; bootseer/redact.py)."""
+    from bootseer import redact
+    return {k: ("<redacted>" if any(s in k.lower() for s in _SECRET_KEYS) else redact.value(v))
             for k, v in attrs.items()}
 
 
