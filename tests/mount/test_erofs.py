@@ -43,6 +43,8 @@ def src(tmp_path, need_root):
     (root / "exactly-one-chunk").write_bytes(os.urandom(MiB))
     (root / "small").write_bytes(b"hello\n")
     (root / "empty").write_bytes(b"")
+    for name in ("#hash", "+plus", "-dash"):   # sort before "." and "..": lookups still find them
+        (root / "pkg/many" / name).write_bytes(name.encode())
     os.chmod(root / "small", 0o4751)
     os.chown(root / "small", 1234, 5678)
     os.setxattr(root / "small", "user.bootseer", b"v1")
