@@ -36,8 +36,12 @@ def test_torchrun_four_ranks_report_names_phases_and_gating_node(tmp_path):
     (v,) = analysis.attempts(t.events)
     s = analysis.summarize(v)
     assert [n.node for n in v.nodes] == ["n0", "n1", "n2", "n3"]
-    for name in ("python.start", "import.torch", "dist.init", "ckpt.load", "train.first_step"):
+    for name in ("python.start", "import.torch", "dist.init", "dist.first_collective",
+                 "ckpt.load", "train.first_step"):
         assert s.phases[name]["n"] == 4, name
+    firsts = [e for e in t.events if e["phase"] == "dist.first_collective"]
+    assert {e["attrs"]["op"] for e in firsts} == {"gather_object"}   # dcp.save gathers plans
+    assert len([e for e in t.events if e["phase"] == "rendezvous"]) == 4
     assert s.alignment == "rendezvous marks" and s.time_to_ready > 0 and not s.not_ready
     loads = [e for e in t.events if e["phase"] == "ckpt.load"]
     assert len(loads) == 8 and any(e["attrs"].get("bytes", 0) > 0 for e in loads)

@@ -64,7 +64,10 @@ def register(sub) -> None:
                    help="the conventional start: --pull --no-snapshot --no-stripe")
     g.add_argument("--trace", metavar="LOCATION", help="trace location (dir or store URL)")
     g.add_argument("--job-id", help="job id shared by every node (trace)")
-    g.add_argument("--attempt", type=int, help="restart number (trace)")
+    g.add_argument("--attempt", default="auto", metavar="N|auto",
+                   help="restart number (trace); auto (default): SLURM_RESTART_COUNT, "
+                        "TORCHELASTIC_RESTART_COUNT or BOOTSEER_RESTART_COUNT, else this "
+                        "node's start counter for the job in the store")
     g.add_argument("--node", help="node name (trace; default: host name)")
     g.add_argument("--store", metavar="URL", help="bootseer store (default: settings)")
     g.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:rw]",
@@ -74,6 +77,14 @@ def register(sub) -> None:
     g.add_argument("-w", "--workdir", help="working directory of CMD (default: the image's, else /)")
     g.add_argument("--runtime", choices=["auto", "podman", "chroot"], default="auto",
                    help="container runtime (default: podman, else unshare+chroot)")
+    g.add_argument("--network", default="host", metavar="MODE",
+                   help="container network: host (default: the node's, as torchrun and "
+                        "NCCL expect), none, ns:PATH, or a podman mode or network name")
+    g.add_argument("--gpus", default="auto", metavar="all|none|auto|0,1",
+                   help="GPUs passed into the container (default auto: those present; "
+                        "a CDI spec is preferred, else the NVIDIA device nodes)")
+    g.add_argument("--shm-size", metavar="SIZE",
+                   help="a private /dev/shm of SIZE (e.g. 16GiB) instead of the host's IPC")
     g.add_argument("--summary", metavar="FILE", help="write per-phase timings (JSON) here")
     g.add_argument("--ready-regex", metavar="REGEX",
                    help="the job is ready at the first line of CMD's output matching REGEX "
@@ -112,7 +123,8 @@ def spec_from_args(args):
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
                    ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror, stripe=not (args.no_stripe or args.baseline),
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
-                   runtime=args.runtime, summary=summary_arg(args.summary),
+                   runtime=args.runtime, network=args.network, gpus=_gpus_arg(args.gpus),
+                   shm_size=_shm_arg(args.shm_size), summary=summary_arg(args.summary),
                    ready_regex=ready_regex_arg(args.ready_regex))
 
 
@@ -125,6 +137,24 @@ def summary_arg(path: str | None) -> str | None:
         return None
     outputs.check(path, "summary")
     return os.path.abspath(path)
+
+
+def _gpus_arg(text: str) -> str:
+    from bootseer.run.devices import parse_gpus
+    parse_gpus(text)
+    return text
+
+
+def _shm_arg(text: str | None) -> int | None:
+    from bootseer.config import parse_size
+    return None if text is None else parse_size(text, "--shm-size")
+
+
+def _attempt_arg(text: str) -> str:
+    from bootseer.errors import ConfigError
+    if text != "auto" and not text.isdigit():
+        raise ConfigError("--attempt", f"{text!r} is not a number or auto")
+    return text
 
 
 def ready_regex_arg(text: str | None):
@@ -143,12 +173,36 @@ def _run(args) -> int:
     from bootseer.config import BootseerConfig
     from bootseer.run.node import NodeRun
     spec = spec_from_args(args)
+    asked = _attempt_arg(args.attempt)
     overrides = {"store": {"url": args.store},
                  "trace": {"location": args.trace, "job_id": args.job_id,
-                           "attempt": args.attempt, "node": args.node}}
+                           "attempt": None if asked == "auto" else int(asked),
+                           "node": args.node}}
     config = BootseerConfig.from_env(overrides=overrides)
+    if config.trace.location:
+        config = _with_attempt(config, asked)
     _export_trace_settings(config)
     return NodeRun(spec, config).run()
+
+
+def _with_attempt(config, asked: str):
+    """This start's attempt number and id: starts are never merged into one attempt."""
+    import logging
+    import os
+    import socket
+    from bootseer.run import tracing
+    trace, log = config.trace, logging.getLogger("bootseer.run")
+    try:
+        attempt, source = tracing.resolve_attempt(
+            asked, os.environ, job=trace.job_id or "job", node=trace.node or socket.gethostname(),
+            store_url=config.store.url, config=config)
+    except OSError as e:   # the store is down: the job still starts, its attempt unknown
+        log.warning("cannot count this start in the store (%s): attempt %s; pass --attempt",
+                    e, trace.attempt)
+        attempt, source = trace.attempt, "default"
+    log.info("attempt %d (from %s)", attempt, source)
+    os.environ["BOOTSEER_TRACE_START"] = tracing.new_start_id()
+    return config.replace(trace={"attempt": attempt})
 
 
 def _export_trace_settings(config) -> None:

@@ -423,3 +423,16 @@ def rootfs_has(rootfs: str | Path, argv0: str,
     if "/" in argv0:
         return _exists_in_root(root, argv0)
     return any(_exists_in_root(root, f"{d}/{argv0}") for d in path.split(":"))
+
+
+def training_options(runtime: str = "auto", *, network: str = "host", gpus: str = "auto",
+                     shm_size: int | None = None, root: str = "/") -> tuple[str, Options]:
+    """Pick the runtime and check everything the container needs (network mode, GPUs),
+    before anything is mounted: (runtime, options). Raises ContainerError/DeviceError."""
+    from bootseer.run import devices
+    runtime = pick_runtime(runtime)
+    check_network(network, runtime)
+    plan = devices.plan(gpus, runtime=runtime, root=root)
+    if plan.nodes or plan.cdi:
+        log.info("devices for the container: %s", plan.describe())
+    return runtime, Options(network=network, shm_size=shm_size, devices=plan)

@@ -66,6 +66,12 @@ class RunSpec:
     workdir: str | None = None
     """CMD's working directory; None: the image's WorkingDir, else ``/``."""
     runtime: str = "auto"
+    network: str = "host"
+    """The container's network: the node's (``host``), ``none``, ``ns:PATH``, a podman mode."""
+    gpus: str = "auto"
+    """``all``, ``none``, ``auto`` (those present) or indices ``0,1`` (run/devices.py)."""
+    shm_size: int | None = None
+    """A private /dev/shm of this many bytes; None: the host's IPC namespace."""
     ready_timeout_s: float | None = None
     ready_regex: str | None = None
     """Ready at the first line of CMD's output (stdout or stderr) matching this."""
@@ -139,6 +145,7 @@ class NodeRun:
         self.ready_at: float | None = None
         self._running: C.Running | None = None
         self._proc = None
+        self._runtime, self._options = spec.runtime, C.Options()
 
     # -- pipelines ---------------------------------------------------------------------------
     def _make_pipelines(self) -> dict[str, P.Pipeline]:
@@ -300,19 +307,23 @@ class NodeRun:
                 return C.EXIT_NOT_FOUND
             binds = [C.Bind(str(signal_dir), READY_DIR, readonly=False)]
             binds += [C.Bind(p.path, p.target) for p in prepared.values() if p.target]
-            binds += s.binds
-            env = {**img_env,
+            trace_env, trace_binds = tracing.job_setup(
+                self.config.trace, self.state, in_container=True, image_env=img_env,
+                gpus=self._options.devices.gpus)
+            binds += trace_binds + s.binds
+            env = {**img_env, **trace_env,
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
             container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
-                                    env=env, binds=binds)
-            self._running = C.start(container, runtime=s.runtime, **self._output_pipes())
+                                    env=env, binds=binds, options=self._options)
+            self._running = C.start(container, runtime=self._runtime, **self._output_pipes())
             self._note_container(self._running)
             waiter, forward = self._running.wait, self._running.send_signal
             pumps = self._pump_output(self._running.proc, signal_dir / "ready")
         else:
             import subprocess
-            env = {**os.environ, **self._command_env(prepared, str(signal_dir / "ready"),
-                                                     in_container=False)}
+            trace_env, _ = tracing.job_setup(self.config.trace, self.state, in_container=False)
+            env = {**os.environ, **trace_env,
+                   **self._command_env(prepared, str(signal_dir / "ready"), in_container=False)}
             try:
                 self._proc = procs.spawn(subprocess.Popen, s.argv, env=env, cwd=s.workdir,
                                          **procs.popen_kwargs(), **self._output_pipes())
@@ -350,6 +361,10 @@ class NodeRun:
         """Prepare, run CMD, clean up (unmount, stop helpers) whatever happens."""
         stop_on_term = _TermToInterrupt()
         try:
+            if self.spec.image:   # a container that cannot be set up fails before any mount
+                self._runtime, self._options = C.training_options(
+                    self.spec.runtime, network=self.spec.network, gpus=self.spec.gpus,
+                    shm_size=self.spec.shm_size)
             with stop_on_term, self.timeline.phase("startup.prepare"):
                 prepared = self._prepare()
             return self._launch(prepared)

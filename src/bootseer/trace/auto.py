@@ -9,12 +9,19 @@ Two ways in, same hooks:
 
 Recorded (phase names, see docs/trace.md): ``python.start`` (process creation to capture
 install, i.e. interpreter start-up), ``import.<pkg>`` (each top-level package import that
-takes >= 5 ms, nested imports inside it), ``dist.init`` (``init_process_group``) followed by a
-``rendezvous`` mark (used to align node clocks), ``ckpt.load`` (``torch.load``,
+takes >= 5 ms, nested imports inside it), ``dist.init`` (``init_process_group``),
+``dist.first_collective`` (the first collective: barrier, all_reduce, DDP's broadcast...,
+where a rank waits for the slowest) ended by a ``rendezvous`` mark (every rank leaves it at
+the same instant: it aligns the nodes' clocks), ``ckpt.load`` (``torch.load``,
 ``torch.distributed.checkpoint.load``/``load_state_dict``), ``train.first_step`` and the
-``ready`` mark after the first optimizer step. Torch is never imported by the capture:
-hooks are attached when the program itself imports it. Every hook failure is swallowed;
-without torch only ``python.start`` and imports are recorded.
+``ready`` mark after the first optimizer step (which also creates ``$BOOTSEER_READY_FILE``).
+Torch is never imported by the capture: hooks are attached when the program itself imports
+it. Every hook failure is swallowed; without torch only ``python.start`` and imports are
+recorded.
+
+Standard library only (and ``record``): ``bootseer run`` ships this module, ``record`` and
+what they import from bootseer as a read-only shim into containers whose image has no
+bootseer (:func:`bootseer.run.tracing.write_shim`), so it must import nothing else.
 """
 
 from __future__ import annotations
@@ -153,6 +160,26 @@ def _wrap(obj, attr: str, phase: str, after=None, size_arg: bool = False) -> Non
     setattr(obj, attr, inner)
 
 
+_ready_done = False
+
+
+def ready() -> None:
+    """The job is ready (it can train): a ``ready`` mark in the trace, and the file named
+    by ``$BOOTSEER_READY_FILE`` created (``bootseer run`` then closes the hot-block
+    recording window). Only the first call in a process counts."""
+    global _ready_done
+    if _ready_done:
+        return
+    _ready_done = True
+    record.mark("ready")
+    ready_file = os.environ.get("BOOTSEER_READY_FILE")
+    if ready_file:
+        try:
+            open(ready_file, "a").close()
+        except OSError:
+            pass
+
+
 def _torch(torch) -> None:
     _wrap(torch, "load", "ckpt.load", size_arg=True)
     try:
@@ -170,19 +197,49 @@ def _torch(torch) -> None:
             h.remove()
         start, _ = state["start"] or (time.time(), 0)
         record.emit("train.first_step", start, time.time())
-        record.mark("ready")
-        ready_file = os.environ.get("BOOTSEER_READY_FILE")
-        if ready_file:   # under `bootseer run`: ready without a line of the job's own code
-            try:
-                open(ready_file, "a").close()
-            except OSError:
-                pass
+        ready()   # under `bootseer run`: ready without a line of the job's own code
     state["handles"] = [opt.register_optimizer_step_pre_hook(pre),
                         opt.register_optimizer_step_post_hook(post)]
 
 
+# Collectives a job may call first (DDP's constructor: _verify_params_across_processes
+# and _broadcast_coalesced; FSDP: all_gather_into_tensor; DCP: the *_object gathers).
+_COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+                "reduce", "gather", "scatter", "all_gather_object", "broadcast_object_list",
+                "gather_object", "scatter_object_list", "monitored_barrier",
+                "_broadcast_coalesced", "_verify_params_across_processes")
+
+
+def _first_collective(mod) -> None:
+    """Time the first collective of the process: a rank waits in it until the slowest
+    rank arrives (its rendezvous wait; with NCCL it also builds the communicator). All
+    ranks leave it together: the ``rendezvous`` mark at its return aligns the clocks."""
+    state = {"done": False}
+
+    def wrap(name: str) -> None:
+        fn = getattr(mod, name, None)
+        if fn is None or getattr(fn, "_bootseer", False):
+            return
+
+        @functools.wraps(fn)
+        def inner(*a, **kw):
+            if state["done"] or "dist.first_collective" in record.recorder().stack():
+                return fn(*a, **kw)
+            with record.phase("dist.first_collective", op=name):
+                out = fn(*a, **kw)
+            state["done"] = True
+            record.mark("rendezvous")
+            return out
+        inner._bootseer = True
+        setattr(mod, name, inner)
+    for name in _COLLECTIVES:
+        wrap(name)
+
+
 def _dist(mod) -> None:
-    _wrap(mod, "init_process_group", "dist.init", after=lambda: record.mark("rendezvous"))
+    _wrap(mod, "init_process_group", "dist.init")
+    _first_collective(mod)
 
 
 def _dcp(mod) -> None:
