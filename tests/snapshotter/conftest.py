@@ -27,17 +27,19 @@ def wait_socket(path: str, proc: subprocess.Popen, log: Path, timeout: float = 2
 class Snapshotter:
     """``bootseer snapshotter serve`` as a subprocess (restartable, killable)."""
 
-    def __init__(self, base: Path, root: Path):
+    def __init__(self, base: Path, root: Path, *, args=(), env=None):
         self.sock = str(base / "s.sock")
         self.root = root
         self.log = base / "snapshotter.log"
+        self.args, self.env = list(args), env
         self.proc = None
 
     def start(self) -> "Snapshotter":
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bootseer", "-v", "snapshotter", "serve",
-             "--address", self.sock, "--root", str(self.root)],
-            stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+             "--address", self.sock, "--root", str(self.root), *self.args],
+            stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
+            env={**os.environ, **(self.env or {})})
         wait_socket(self.sock, self.proc, self.log)
         return self
 
@@ -47,29 +49,51 @@ class Snapshotter:
             self.proc.wait(timeout=20)
 
 
+def cri_config(base: Path, sandbox_image: str, registry: str) -> str:
+    """The CRI plugin as a Kubernetes node configures it for a proxy snapshotter: the
+    snapshotter by default and its annotations on (``disable_snapshot_annotations``)."""
+    return f"""[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  # a sandbox (this machine, a node in a container) may not lower oom_score_adj to -998
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "bootseer"
+    disable_snapshot_annotations = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{base}/cni/bin"
+    conf_dir = "{base}/cni/conf"
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{registry}"]
+    endpoint = ["http://{registry}"]
+"""
+
+
 class Containerd:
-    def __init__(self, base: Path, snapshotter: Snapshotter):
+    def __init__(self, base: Path, snapshotter: Snapshotter, cri: str | None = None):
         self.base = base
         self.sock = str(base / "c.sock")
         self.snapshotter = snapshotter
+        top = "" if cri else 'disabled_plugins = ["io.containerd.grpc.v1.cri"]'
         (base / "config.toml").write_text(f"""version = 2
 root = "{base}/root"
 state = "{base}/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+{top}
 [grpc]
   address = "{self.sock}"
 [proxy_plugins]
   [proxy_plugins.bootseer]
     type = "snapshot"
     address = "{snapshotter.sock}"
-""")
+{cri or ""}""")
         self.log = base / "containerd.log"
         self.proc = subprocess.Popen(["containerd", "--config", str(base / "config.toml")],
                                      stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         wait_socket(self.sock, self.proc, self.log)
 
-    def ctr(self, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
-        r = subprocess.run(["ctr", "--address", self.sock, *args], capture_output=True,
+    def ctr(self, *args, check=True, timeout=120, namespace="default") -> subprocess.CompletedProcess:
+        r = subprocess.run(["ctr", "--address", self.sock, "-n", namespace, *args],
+                           capture_output=True,
                            text=True, timeout=timeout)
         if check and r.returncode != 0:
             raise AssertionError(f"ctr {' '.join(args)} failed ({r.returncode}): "
@@ -79,13 +103,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 
     def stop(self) -> None:
         # Tasks first (their shims are containerd's children in another process group).
-        r = subprocess.run(["ctr", "--address", self.sock, "tasks", "ls", "-q"],
-                           capture_output=True, text=True)
-        for task in r.stdout.split():
-            subprocess.run(["ctr", "--address", self.sock, "tasks", "kill", "-s", "KILL", task],
-                           capture_output=True)
-            subprocess.run(["ctr", "--address", self.sock, "tasks", "rm", "-f", task],
-                           capture_output=True)
+        for ns in ("default", "k8s.io"):
+            c = ["ctr", "--address", self.sock, "-n", ns]
+            r = subprocess.run([*c, "tasks", "ls", "-q"], capture_output=True, text=True)
+            for task in r.stdout.split():
+                subprocess.run([*c, "tasks", "kill", "-s", "KILL", task], capture_output=True)
+                subprocess.run([*c, "tasks", "rm", "-f", task], capture_output=True)
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
@@ -100,22 +123,52 @@ def unmount_below(path: Path) -> None:
         subprocess.run(["umount", "-l", t], capture_output=True)
 
 
+class Node:
+    """One node: a snapshotter (with its own root and node cache) under a containerd."""
+
+    def __init__(self, base: Path, *, snapshotter_args=(), env=None,
+                 cri: tuple[str, str] | None = None):
+        """``cri``: (sandbox image, plain-http registry host) to run the CRI plugin."""
+        base.mkdir(parents=True)
+        self.base = base
+        self.snapshotter = Snapshotter(base, base / "snap", args=snapshotter_args, env=env)
+        self.snapshotter.start()
+        self.containerd = None
+        try:
+            self.containerd = Containerd(base, self.snapshotter,
+                                         cri_config(base, *cri) if cri else None)
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.containerd:
+            self.containerd.stop()
+        self.snapshotter.stop()
+        unmount_below(self.base)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
 @pytest.fixture
-def containerd(tmp_path):
+def nodes(tmp_path):
+    """``start(name, **kw)`` -> Node; every node stopped and removed at teardown."""
     need(is_root(), "containerd needs root")
     need(shutil.which("containerd") is not None and shutil.which("ctr") is not None,
          "containerd is not installed (apt-get install containerd)")
-    base = Path(f"/tmp/bsc-{tmp_path.name[-8:]}")   # unix socket paths must stay short
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(parents=True)
-    snap = Snapshotter(base, base / "snap").start()
-    ctd = None
-    try:
-        ctd = Containerd(base, snap)
-        yield ctd
-    finally:
-        if ctd:
-            ctd.stop()
-        snap.stop()
-        unmount_below(base)
-        shutil.rmtree(base, ignore_errors=True)
+    top = Path(f"/tmp/bsc-{tmp_path.name[-8:]}")   # unix socket paths must stay short
+    shutil.rmtree(top, ignore_errors=True)
+    started: list[Node] = []
+
+    def start(name: str, **kw) -> Node:
+        node = Node(top / name, **kw)
+        started.append(node)
+        return node
+    yield start
+    for node in started:
+        node.close()
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def containerd(nodes):
+    return nodes("n").containerd

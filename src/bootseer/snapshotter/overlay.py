@@ -74,9 +74,10 @@ class OverlayLayout:
                 size += st.st_blocks * 512
         return size, inodes
 
-    def in_use(self, s: Snapshot) -> str | None:
+    def in_use(self, s: Snapshot, *, own_mount: bool = False) -> str | None:
         """The mount that still uses this snapshot's directory (an overlay naming it as
-        upper or lower directory, or a mount below it), else None."""
+        upper or lower directory, or a mount below it), else None. ``own_mount``: the
+        snapshot's ``fs`` is itself a mount the snapshotter made (a lazy tree): not a user."""
         path = self.fs(s)
         with open("/proc/self/mounts") as f:
             for line in f:
@@ -85,7 +86,7 @@ class OverlayLayout:
                     continue
                 target = fields[1].replace("\\040", " ")
                 options = fields[3].split(",")
-                if target == path or target.startswith(path + "/") or any(
+                if (target == path and not own_mount) or target.startswith(path + "/") or any(
                         path in o.partition("=")[2].split(":") for o in options
                         if o.startswith(("upperdir=", "lowerdir="))):
                     return target

@@ -17,6 +17,7 @@ from concurrent import futures
 import grpc
 
 from bootseer.errors import UsageError
+from bootseer.snapshotter.lazy import LazyImages
 from bootseer.snapshotter.proto import snapshots_pb2_grpc
 from bootseer.snapshotter.service import SnapshotService
 
@@ -50,10 +51,10 @@ def _claim_socket(address: str) -> None:
 
 class SnapshotterServer:
     def __init__(self, address: str = DEFAULT_ADDRESS, root: str = DEFAULT_ROOT,
-                 workers: int = 16):
+                 workers: int = 16, lazy: LazyImages | None = None):
         self.address = os.path.abspath(address)
         _claim_socket(self.address)
-        self.service = SnapshotService(root)
+        self.service = SnapshotService(root, lazy)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
                                                              thread_name_prefix="snapshots"))
         snapshots_pb2_grpc.add_SnapshotsServicer_to_server(self.service, self.server)
@@ -75,12 +76,12 @@ class SnapshotterServer:
             pass
 
 
-def serve(address: str, root: str, ready=None) -> int:
+def serve(address: str, root: str, lazy: LazyImages | None = None, ready=None) -> int:
     """Serve until SIGINT or SIGTERM; ``ready`` (a callable) runs once the socket listens."""
     done = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda n, f: done.set())
-    server = SnapshotterServer(address, root).start()
+    server = SnapshotterServer(address, root, lazy=lazy).start()
     try:
         if ready:
             ready()

@@ -6,11 +6,15 @@ which ``Cleanup`` (and every start) removes."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 
 import grpc
 from google.protobuf import empty_pb2, timestamp_pb2
 
 from bootseer.snapshotter.filters import parse
+from bootseer.snapshotter.lazy import (REF, TREE, LazyImages, is_top,
+                                       placeholder_below_top)
 from bootseer.snapshotter.metadata import (ACTIVE, COMMITTED, VIEW, MetaStore, Snapshot,
                                            SnapshotError)
 from bootseer.snapshotter.overlay import OverlayLayout
@@ -47,15 +51,23 @@ def _check_key(key: str, what: str = "key") -> str:
 
 
 class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
-    def __init__(self, root: str):
+    """``lazy``: converted images become remote snapshots (None: every image is pulled)."""
+
+    def __init__(self, root: str, lazy: LazyImages | None = None):
         self.layout = OverlayLayout(root)
         self.meta = MetaStore(f"{self.layout.root}/metadata.db")
+        self.lazy = lazy
         with self.meta.transaction() as tx:
             removed = self.layout.cleanup(tx.ids())
+            tops = [x for x in tx.all() if is_top(x)]
         if removed:
             log.info("removed %d directories no snapshot names: %s", len(removed), removed[:5])
+        for top in tops:   # a restart: the trees come back for new containers
+            self._remount(top)
 
     def close(self) -> None:
+        if self.lazy:
+            self.lazy.close()
         self.meta.close()
 
     # -- gRPC methods: each maps a SnapshotError to its status code ---------------------
@@ -110,11 +122,67 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
     # -- semantics --------------------------------------------------------------------
     def _create(self, kind: int, key: str, parent: str, labels) -> list:
         _check_key(key)
+        labels = _check_labels(labels)
+        match = self.lazy.match(labels) if self.lazy and kind == ACTIVE else None
+        if match and self._commit_remote(match, labels[REF], parent, labels):
+            raise SnapshotError("ALREADY_EXISTS", f"snapshot {labels[REF]!r} already exists "
+                                                  f"(tree {match.tree}, served lazily)")
         with self.meta.transaction() as tx:
-            s = tx.create(key, kind, parent, _check_labels(labels))
+            chain = [tx.get(parent)] + tx.parents(tx.get(parent)) if parent else []
+            if chain and placeholder_below_top(chain[0]):
+                raise SnapshotError(
+                    "FAILED_PRECONDITION",
+                    f"{parent} is a placeholder layer of the converted image tree "
+                    f"{chain[0].labels[TREE]} (its files are in that image's top layer): "
+                    f"another image cannot stack on it; hint: remove the converted image "
+                    f"from this node, or pull this one with another snapshotter")
+            s = tx.create(key, kind, parent, labels)
             self.layout.create(s)
-            parents = tx.parents(s)
-        return self._pb_mounts(s, parents)
+        top = next((p for p in chain if is_top(p)), None)
+        if top is not None and self.lazy is not None:
+            self._remount(top)   # gone with a restarted snapshotter: back for this one
+            if kind == ACTIVE:
+                self.lazy.watch(top, self.layout.fs(s))
+        return self._pb_mounts(s, chain)
+
+    def _commit_remote(self, match, name: str, parent: str, labels: dict) -> bool:
+        """Commit layer ``name`` of a converted image without its content (the top one
+        mounts the tree); False when the tree cannot be mounted (the layer is then
+        pulled as usual)."""
+        with self.meta.transaction() as tx:
+            if tx.find(name) is not None:
+                return True
+            s = tx.create(name, COMMITTED, parent, {**labels, **match.labels()})
+            self.layout.create(s)
+        if not match.top:
+            return True
+        try:
+            self.lazy.mount(s, self.layout.fs(s), self._lazy_state(s))
+            return True
+        except Exception as e:   # noqa: BLE001 - store, FUSE: the layers are pulled instead
+            log.warning("tree %s cannot be mounted (%s): pulling the image's layers",
+                        match.tree, e)
+            with self.meta.transaction() as tx:
+                tx.remove(name)
+            self.layout.remove(s)
+            return False
+
+    def _lazy_state(self, s: Snapshot) -> str:
+        state = os.path.join(self.layout.dir(s), "lazy")
+        os.makedirs(state, exist_ok=True)
+        return state
+
+    def _remount(self, top: Snapshot) -> None:
+        if self.lazy is None or self.lazy.mounted(top):
+            return
+        fs = self.layout.fs(top)
+        if os.path.ismount(fs):   # its server died with the last snapshotter
+            subprocess.run(["umount", "-l", fs], capture_output=True)
+        try:
+            self.lazy.mount(top, fs, self._lazy_state(top))
+        except Exception as e:   # noqa: BLE001 - said loudly: containers on it will fail
+            log.error("tree %s of snapshot %s cannot be mounted again: %s",
+                      top.labels.get(TREE), top.key, e)
 
     def _mounts(self, key: str) -> list:
         with self.meta.transaction() as tx:
@@ -134,11 +202,15 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
     def _remove(self, key: str) -> None:
         with self.meta.transaction() as tx:
             s = tx.get(_check_key(key))
-            user = self.layout.in_use(s)
+            user = self.layout.in_use(s, own_mount=is_top(s))
             if user:
                 raise SnapshotError("FAILED_PRECONDITION",
                                     f"snapshot {key!r} is in use by the mount at {user}")
             tx.remove(key)
+        if is_top(s) and self.lazy:
+            self.lazy.unmount(s)
+        elif is_top(s) and os.path.ismount(self.layout.fs(s)):
+            subprocess.run(["umount", "-l", self.layout.fs(s)], capture_output=True)
         self.layout.remove(s)
 
     def _stat(self, key: str) -> pb.Info:

@@ -1,0 +1,208 @@
+"""Converted images as remote snapshots: containerd never downloads their layers.
+
+containerd's unpacker prepares an image's layers bottom-up, each as ``Prepare(key,
+parent, labels)`` with ``containerd.io/snapshot.ref`` = the layer's chain ID, and skips a
+layer when Prepare answers ALREADY_EXISTS and a snapshot of that chain ID then exists.
+With ``disable_snapshot_annotations = false`` the CRI adds the image's manifest digest and
+reference. When they name an image ``bootseer image convert`` converted (found by the
+store ref ``images/by-manifest/<digest>``, else through the referrer announced next to the
+image) whose recorded chain IDs hold the target, the layer is committed at once:
+
+- below the top: an empty placeholder (the tree is flat: every file is in the top one);
+- the top: the lazily mounted tree (hot-block prefetch from the published profile, access
+  recording), so a container's overlay has the whole image as its lowest directory.
+
+A placeholder below the top is only right beneath the next layer of the same image: a
+snapshot of another image stacked on it (a shared base layer) is refused loudly, never
+built on an empty base. Prefetch and recording windows close at a timeout or when a
+container on the image creates the ready file (``$BOOTSEER_READY_FILE`` in the pod, seen in
+the container's upper directory); the profile is then merged and published.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+from bootseer.config import BootseerConfig
+from bootseer.snapshotter.metadata import Snapshot
+
+log = logging.getLogger(__name__)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")   # labels come from images: never trusted
+
+REF = "containerd.io/snapshot.ref"
+CRI_MANIFEST = "containerd.io/snapshot/cri.manifest-digest"
+CRI_IMAGE = "containerd.io/snapshot/cri.image-ref"
+TREE = "bootseer.dev/tree"
+LAYER = "bootseer.dev/layer"     # "<index>/<count>" of the image's layers
+TOP = "bootseer.dev/top"         # "true" on the snapshot that mounts the tree
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    tree: str
+    index: int
+    count: int
+
+    @property
+    def top(self) -> bool:
+        return self.index == self.count - 1
+
+    def labels(self) -> dict[str, str]:
+        out = {TREE: self.tree, LAYER: f"{self.index}/{self.count}"}
+        if self.top:
+            out[TOP] = "true"
+        return out
+
+
+def placeholder_below_top(s: Snapshot) -> bool:
+    return TREE in s.labels and s.labels.get(TOP) != "true"
+
+
+def is_top(s: Snapshot) -> bool:
+    return s.labels.get(TOP) == "true"
+
+
+class LazyImages:
+    def __init__(self, config: BootseerConfig, *, window_s: float = 120.0,
+                 ready_file: str = "/run/bootseer/ready"):
+        self.config = config
+        self.window_s = window_s
+        self.ready_file = ready_file.lstrip("/")
+        self._chains: dict[str, list[str]] = {}   # tree -> chain IDs (TOCs never change)
+        self._mounts: dict[int, tuple] = {}        # snapshot id -> (handle, state dir)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watchers: dict[int, list[str]] = {}  # top snapshot id -> upper dirs on it
+        threading.Thread(target=self._watch, daemon=True, name="bootseer-ready").start()
+
+    # -- which image is this? -----------------------------------------------------------
+    def match(self, labels) -> Match | None:
+        """The converted image layer these Prepare labels describe, or None (an ordinary
+        snapshot). A store that cannot answer is logged and means None: the layer is then
+        pulled as usual."""
+        target, manifest = labels.get(REF), labels.get(CRI_MANIFEST)
+        if not target or not manifest:
+            return None
+        if not (_DIGEST.fullmatch(target) and _DIGEST.fullmatch(manifest)):
+            log.warning("ignoring malformed snapshot labels (ref %.80r, manifest %.80r)",
+                        target, manifest)
+            return None
+        try:
+            tree = self._tree_for(manifest, labels.get(CRI_IMAGE))
+            if tree is None:
+                return None
+            chains = self._chain_ids(tree)
+        except Exception as e:   # noqa: BLE001 - any store failure: a normal pull instead
+            log.warning("image %s: converted tree not usable (%s); pulling its layers",
+                        labels.get(CRI_IMAGE) or manifest, e)
+            return None
+        if target not in chains:
+            log.warning("tree %s was converted from other layers than %s; pulling them",
+                        tree, labels.get(CRI_IMAGE) or manifest)
+            return None
+        return Match(tree, chains.index(target), len(chains))
+
+    def _tree_for(self, manifest: str, image: str | None) -> str | None:
+        from bootseer.errors import BlobNotFound
+        from bootseer.image import convert
+        from bootseer.store import open_store
+        store = open_store(self.config.store.url, self.config)
+        tree = store.get_ref(f"images/by-manifest/{manifest.replace(':', '-')}")
+        if tree or not image:
+            return tree
+        try:   # converted under another name: the ref, or the referrer next to the image
+            return convert.resolve(image, store)
+        except BlobNotFound:
+            return None
+
+    def _chain_ids(self, tree: str) -> list[str]:
+        if tree not in self._chains:
+            from bootseer.store import open_store
+            from bootseer.store.cache import NodeCache
+            from bootseer.store.fetch import Fetcher
+            from bootseer.tree.reader import load_toc
+            store = open_store(self.config.store.url, self.config)
+            with Fetcher(self.config.fetch) as f:
+                toc = load_toc(store, tree, f, NodeCache(self.config.cache))
+            self._chains[tree] = list((toc.get("meta") or {}).get("chain_ids") or [])
+        return self._chains[tree]
+
+    # -- the top layer's mount ----------------------------------------------------------
+    def mount(self, s: Snapshot, fs: str, state: str) -> None:
+        """Serve the tree at ``fs`` (prefetching its published profile, recording)."""
+        from bootseer.image.session import mount_image
+        handle, tree, profile, _ = mount_image(self.config, s.labels[TREE], fs, state,
+                                               record=True, prefetch=True,
+                                               window_timeout_s=self.window_s)
+        log.info("snapshot %s: tree %s mounted lazily%s", s.key, tree,
+                 f", prefetching {len(profile['chunks'])} hot chunks" if profile else "")
+        with self._lock:
+            self._mounts[s.id] = (handle, state)
+
+    def mounted(self, s: Snapshot) -> bool:
+        with self._lock:
+            entry = self._mounts.get(s.id)
+        return entry is not None and entry[0].proc.is_alive()
+
+    def unmount(self, s: Snapshot) -> None:
+        with self._lock:
+            entry = self._mounts.pop(s.id, None)
+            self._watchers.pop(s.id, None)
+        if entry:
+            handle, state = entry
+            handle.unmount()
+            self._publish(state)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            ids = list(self._mounts)
+        for i in ids:
+            self.unmount(Snapshot(key="", id=i, kind=0))
+
+    # -- the recording window -----------------------------------------------------------
+    def watch(self, top: Snapshot, upper: str) -> None:
+        """A container's upper directory on ``top``: its ready file closes the window."""
+        with self._lock:
+            self._watchers.setdefault(top.id, []).append(upper)
+
+    def _watch(self) -> None:
+        from bootseer.tree.session import TRIGGER
+        published: set[str] = set()
+        while not self._stop.wait(0.2):
+            with self._lock:
+                items = [(i, list(u), self._mounts.get(i)) for i, u in self._watchers.items()]
+            for _, uppers, entry in items:
+                if entry is None:
+                    continue
+                state = entry[1]
+                if any(os.path.exists(os.path.join(u, self.ready_file)) for u in uppers):
+                    open(os.path.join(state, TRIGGER), "a").close()
+            with self._lock:
+                states = [e[1] for e in self._mounts.values()]
+            for state in states:   # a closed window's profile goes out at once
+                if state not in published and os.path.exists(os.path.join(state, "figures.json")):
+                    published.add(state)
+                    self._publish(state)
+
+    def _publish(self, state: str) -> None:
+        from bootseer.tree import profile as prof
+        figures = os.path.join(state, "figures.json")
+        done = os.path.join(state, "published")
+        if not os.path.exists(figures) or os.path.exists(done):
+            return
+        try:
+            with open(figures) as f:
+                fig = json.load(f)
+            digest = prof.publish_recorded(self.config, os.path.join(state, "profile.json"))
+            log.info("start of tree %s: coverage %s, %s chunks read, stall %s s; profile %s",
+                     fig.get("tree"), fig.get("coverage"), fig.get("read_chunks"),
+                     fig.get("stall_s"), digest or "not published")
+            open(done, "w").close()
+        except (OSError, ValueError) as e:
+            log.warning("cannot publish the recorded profile in %s: %s", state, e)

@@ -1,0 +1,121 @@
+"""Converted images through containerd's CRI, as the kubelet starts pods: no layer is
+downloaded, the container runs from the lazily mounted tree, the start's hot blocks are
+recorded and published, and a second node prefetches them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import need
+from tests.snapshotter.test_containerd import push_two_layers
+
+READY = "/tmp/bootseer-ready"
+JOB = ["sh", "-c", "cat /data/b.txt /data/keep.txt; test -e /data/a.txt && echo WRONG; "
+                   f"wc -c < /data/payload.bin; touch {READY}"]
+
+
+def push_pause(registry, busybox_rootfs, tmp_path) -> str:
+    """The pod sandbox's image: busybox sleeping (the CRI stops it with a signal)."""
+    ref = f"127.0.0.1:{registry.port}/test/pause:1"
+    state = f"/tmp/bsp-{tmp_path.name[-6:]}"
+    b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
+    try:
+        c = subprocess.run([*b, "from", "scratch"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+        subprocess.run([*b, "copy", c, f"{busybox_rootfs}/", "/"], check=True, capture_output=True)
+        subprocess.run([*b, "config", "--cmd", '["/bin/sleep", "3600"]', c], check=True,
+                       capture_output=True)
+        subprocess.run([*b, "commit", "-q", c, "pause"], check=True, capture_output=True)
+        subprocess.run([*b, "push", "-q", "--tls-verify=false", "pause", f"docker://{ref}"],
+                       check=True, capture_output=True)
+    finally:
+        subprocess.run(["umount", "-R", "-l", f"{state}/r"], capture_output=True)
+        shutil.rmtree(state, ignore_errors=True)
+    return ref
+
+
+@pytest.fixture
+def converted(registry, busybox_rootfs, tmp_path):
+    """(image, pause image, store, tree): the layered image converted into a local store."""
+    need(shutil.which("buildah") is not None, "buildah is not installed")
+    pause = push_pause(registry, busybox_rootfs, tmp_path)
+    (busybox_rootfs / "data").mkdir(exist_ok=True)
+    (busybox_rootfs / "data/payload.bin").write_bytes(os.urandom(3 << 20))
+    image = push_two_layers(registry, busybox_rootfs, tmp_path)
+    store = str(tmp_path / "store")
+    from bootseer.image.convert import convert
+    from bootseer.store import open_store
+    tree = convert(image, open_store(store))
+    return image, pause, store, tree
+
+
+def test_a_pod_on_a_converted_image_starts_lazily_and_the_next_node_prefetches(
+        nodes, converted, registry, tmp_path):
+    from bootseer.store import open_store
+    from bootseer.testing.cri.pods import CriClient
+    from bootseer.tree import profile as prof
+    image, pause, store, tree = converted
+    host = f"127.0.0.1:{registry.port}"
+
+    def node(name: str):
+        """A fresh node: its own containerd, snapshotter root and node cache."""
+        n = nodes(name, snapshotter_args=["--store", store, "--window", "60",
+                                          "--ready-file", READY],
+                  env={"BOOTSEER_CACHE_DIR": str(tmp_path / f"cache-{name}")},
+                  cri=(pause, host))
+        return n, CriClient(n.containerd.sock)
+
+    n1, c1 = node("a")
+    try:
+        c1.pull(image)
+        # No layer of the converted image was downloaded into containerd's content store;
+        # its layer snapshots are the chain IDs recorded at convert time.
+        content = n1.containerd.ctr("content", "ls", namespace="k8s.io").stdout
+        blobs = {line.split()[0] for line in content.splitlines()[1:]}
+        assert blobs and not blobs & set(_layers(image)), content
+        snaps = n1.containerd.ctr("snapshots", "--snapshotter", "bootseer", "ls",
+                                  namespace="k8s.io").stdout
+        chains = _tree_meta(store, tree)["chain_ids"]
+        assert len(chains) == 2 and all(c in snaps for c in chains)
+        code, out = c1.run(image, JOB, str(tmp_path / "logs-a"))
+        assert code == 0, out
+        assert out == ["from layer two", "kept", str(3 << 20)], out
+        # The ready file closed the window: the profile is published.
+        deadline = time.monotonic() + 30
+        while prof.latest(open_store(store), tree) is None:
+            assert time.monotonic() < deadline, n1.snapshotter.log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        c1.close()
+
+    n2, c2 = node("b")
+    try:
+        c2.pull(image)
+        code, out = c2.run(image, JOB, str(tmp_path / "logs-b"))
+        assert code == 0 and out[0] == "from layer two", out
+        assert "prefetching" in n2.snapshotter.log.read_text()
+    finally:
+        c2.close()
+
+
+def _layers(image: str) -> list[str]:
+    import json
+    r = subprocess.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{image}"],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)["Layers"]
+
+
+def _tree_meta(store: str, tree: str) -> dict:
+    from bootseer.store import open_store
+    from bootseer.store.cache import NodeCache
+    from bootseer.store.fetch import Fetcher
+    from bootseer.config import BootseerConfig
+    from bootseer.tree.reader import load_toc
+    config = BootseerConfig.from_env(overrides={"store": {"url": store}})
+    with Fetcher(config.fetch) as f:
+        return load_toc(open_store(store), tree, f, NodeCache(config.cache))["meta"]
