@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
+from bootseer.image import chain
 from bootseer.store.digest import VerifyingReader, parse, parse_oci
 from bootseer.tree.build import TreeBuilder, TreeBuildError
 
@@ -254,7 +255,9 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
         digest = builder.finish(meta={"source": src, "manifest": manifest_digest,
                                       "env": cfg.get("Env"), "cmd": cfg.get("Cmd"),
                                       "workdir": cfg.get("WorkingDir"),
-                                      "entrypoint": cfg.get("Entrypoint")})
+                                      "entrypoint": cfg.get("Entrypoint"),
+                                      # containerd's layer snapshot names (snapshotter)
+                                      "chain_ids": chain.of_config(config)})
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
