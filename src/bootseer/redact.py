@@ -120,7 +120,10 @@ class LogFilter:
     """A logging filter (put on handlers) that masks credentials in every record's text."""
 
     def filter(self, record) -> bool:
-        msg = record.getMessage()
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is logging's to report
+            return True
         clean = text(msg)
         if clean != msg:
             record.msg, record.args = clean, None

@@ -206,3 +206,16 @@ def test_oci_credentials_in_the_url_are_used_and_never_shown(registry_factory, t
     with pytest.raises(StoreError) as e:
         bad.read(d)
     _assert_clean(str(e.value))
+
+
+def test_a_long_error_is_masked_before_it_is_cut(tmp_path, monkeypatch):
+    import json
+    from bootseer import trace
+    monkeypatch.setenv("BOOTSEER_TRACE_LOCATION", str(tmp_path / "trace"))
+    monkeypatch.setenv("BOOTSEER_TRACE_JOB_ID", "job")
+    head = "x" * (500 - len("ValueError: https://alice:Pw"))   # the cut falls in the password
+    with pytest.raises(ValueError), trace.phase("load"):
+        raise ValueError(f"{head}https://alice:{PW}@host/ckpt")
+    events = [json.loads(line) for p in (tmp_path / "trace").rglob("*.jsonl")
+              for line in p.read_text().splitlines()]
+    assert events and all("Pw" not in e["attrs"].get("error", "") for e in events)

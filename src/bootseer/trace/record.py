@@ -40,13 +40,23 @@ def id_problem(value: str) -> str | None:
             f"(no '/', at most 128, not starting with '.' or '-')")
 
 
+def location_problem(location: str) -> str | None:
+    """Why events cannot be recorded at ``location`` (None: they can). Events are appended
+    line by line to files: a URL (s3://...) would become a local ``./s3:`` directory."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", location):
+        from bootseer import redact
+        return (f"trace location {redact.url(location)} is a URL: events are recorded to a "
+                f"directory (local or a shared filesystem); 'bootseer report' reads URLs")
+    return None
+
+
 class Recorder:
     def __init__(self, location: str | None, job: str, attempt: int, node: str,
                  rank: int | None, gpus: int, start_id: str | None = None):
         self.location, self.job, self.attempt, self.node = location, job, attempt, node
         self.rank, self.gpus = rank, gpus
         self.start_id = start_id if start_id and start_id.isalnum() else None
-        bad = location and (id_problem(job) or id_problem(node))
+        bad = location and (location_problem(location) or id_problem(job) or id_problem(node))
         if bad:   # never write outside the trace location; never fail the traced job
             print(f"bootseer: warning: not tracing: {bad}", file=sys.stderr)
             location = self.location = None
@@ -129,6 +139,11 @@ class Recorder:
         return s
 
 
+def _redacted(text: str) -> str:
+    from bootseer import redact
+    return redact.text(text)
+
+
 def _clean(attrs: dict) -> dict:
     """Secrets out: a secret-named attribute whole, and URLs' credentials in any value (a
     checkpoint URL with ``user:password@``, a presigned query; bootseer/redact.py)."""
@@ -168,7 +183,7 @@ class Span:
     def fail(self, error: str) -> None:
         """Record the phase as failed without raising (e.g. a command's non-zero exit)."""
         self.failed = True
-        self.attrs["error"] = error[:500]
+        self.attrs["error"] = _redacted(error)[:500]   # masked whole: a cut URL is not a URL
 
     def set(self, **attrs: Any) -> None:
         self.attrs.update(attrs)
@@ -191,7 +206,7 @@ def phase(name: str, **attrs: Any):
         yield span
     except BaseException as e:
         status = "failed"
-        span.attrs["error"] = f"{type(e).__name__}: {e}"[:500]
+        span.attrs["error"] = _redacted(f"{type(e).__name__}: {e}")[:500]
         raise
     finally:
         stack.pop()
