@@ -28,6 +28,8 @@ from pathlib import Path
 
 from bootseer import proc as procs
 from bootseer.errors import BootseerError
+from bootseer.mount.points import unmount_under  # noqa: F401 - used here and re-exported
+from bootseer.run import inroot
 from bootseer.run.devices import DevicePlan
 
 log = logging.getLogger(__name__)
@@ -317,21 +319,6 @@ class Running:
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
-def unmount_under(path: str) -> None:
-    """Lazily unmount every mount at or below ``path``, deepest first. (``umount -R`` on a
-    directory that is not itself a mount point unmounts nothing: podman's storage leaves
-    ``<root>/overlay`` bind-mounted on itself, and the directory could not be removed.)"""
-    root = os.path.realpath(path)
-    try:
-        with open("/proc/self/mounts") as f:
-            points = [line.split()[1].encode().decode("unicode_escape") for line in f]
-    except OSError:
-        return
-    for mp in sorted((p for p in points if p == root or p.startswith(root + "/")),
-                     key=len, reverse=True):
-        subprocess.run(["umount", "-l", mp], capture_output=True)
-
-
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -394,35 +381,11 @@ def run(c: Container, *, runtime: str = "auto") -> int:
         running.kill()
 
 
-def _exists_in_root(root: Path, path: str, depth: int = 0) -> bool:
-    """Resolve ``path`` as if ``root`` were ``/``: absolute symlinks stay inside ``root``."""
-    if depth > 40:
-        return False
-    current = root
-    parts = [p for p in path.split("/") if p and p != "."]
-    for i, part in enumerate(parts):
-        nxt = current / part
-        if nxt.is_symlink():
-            target = os.readlink(nxt)
-            rest = "/".join(parts[i + 1:])
-            if target.startswith("/"):
-                return _exists_in_root(root, f"{target}/{rest}", depth + 1)
-            rel = os.path.relpath(current, root)
-            return _exists_in_root(root, f"/{rel}/{target}/{rest}", depth + 1)
-        if not nxt.exists():
-            return False
-        current = nxt
-    return True
-
-
-def rootfs_has(rootfs: str | Path, argv0: str,
-               path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin") -> bool:
-    """Whether ``argv0`` resolves inside ``rootfs``: checked before starting, so a command
+def rootfs_has(rootfs: str | Path, argv0: str, path: str = inroot.DEFAULT_PATH) -> bool:
+    """Whether ``argv0`` resolves inside ``rootfs`` as in the container (bootseer.run.inroot:
+    never through ``..`` or a link onto the host): checked before starting, so a command
     missing from the image is a clear error with exit status 127."""
-    root = Path(rootfs)
-    if "/" in argv0:
-        return _exists_in_root(root, argv0)
-    return any(_exists_in_root(root, f"{d}/{argv0}") for d in path.split(":"))
+    return inroot.has_command(rootfs, argv0, path)
 
 
 def training_options(runtime: str = "auto", *, network: str = "host", gpus: str = "auto",
