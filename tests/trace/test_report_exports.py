@@ -164,3 +164,18 @@ def test_trace_from_a_url(two_attempts, tmp_path):
     assert "attempt 1: 3 nodes" in r.stdout
     r = _report("memory://nowhere/job")
     assert r.returncode == 1 and "holds no trace files" in r.stderr
+
+
+def test_a_url_as_trace_location_is_an_error_not_a_local_directory(tmp_path):
+    """Recording appends to local files: ``--trace s3://bucket/t`` used to create ./s3:"""
+    r = subprocess.run([sys.executable, "-m", "bootseer", "run", "--trace",
+                        "s3://user:pw@bucket/t", "--", "true"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1
+    assert "is a URL" in r.stderr and "pw" not in r.stderr
+    code = "from bootseer import trace\nwith trace.phase('x'):\n    trace.mark('ready')\n"
+    env = {**__import__("os").environ, "BOOTSEER_TRACE_LOCATION": "s3://bucket/t"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=tmp_path, env=env)
+    assert r.returncode == 0 and "not tracing" in r.stderr    # the job runs, untraced
+    assert list(tmp_path.iterdir()) == []

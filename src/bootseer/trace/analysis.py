@@ -37,6 +37,8 @@ def pipeline_of(phase: str) -> str:
 
 
 def _covered(intervals: list[tuple[float, float]]) -> float:
+    if len(intervals) == 1:
+        return max(intervals[0][1] - intervals[0][0], 0.0)
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
         if b > end:
@@ -106,15 +108,14 @@ def wall_times(evs: list[dict]) -> tuple[dict[int, tuple[float, float]], int]:
     median) places an event whose own difference or duration disagrees with it, and its
     duration is the monotonic one. Events without monotonic times keep their wall times.
     Returns the times and how many events were placed from the monotonic clock."""
-    offsets = sorted(e["start"] - e["mono_start"] for e in evs if _has_mono(e))
+    with_mono = [e for e in evs if _has_mono(e)]
     times = {id(e): (e["start"], e["end"]) for e in evs}
-    if not offsets:
+    if not with_mono:
         return times, 0
+    offsets = sorted(e["start"] - e["mono_start"] for e in with_mono)
     ref = offsets[len(offsets) // 2]
     fixed = 0
-    for e in evs:
-        if not _has_mono(e):
-            continue
+    for e in with_mono:
         mono_dur = max(e["mono_end"] - e["mono_start"], 0.0)
         if abs(e["start"] - e["mono_start"] - ref) > CLOCK_STEP_S \
                 or abs((e["end"] - e["start"]) - mono_dur) > CLOCK_STEP_S \
@@ -126,7 +127,10 @@ def wall_times(evs: list[dict]) -> tuple[dict[int, tuple[float, float]], int]:
 
 
 def _has_mono(e: dict) -> bool:
-    return all(type(e.get(k)) in (int, float) for k in ("mono_start", "mono_end"))
+    return type(e.get("mono_start")) in _NUMBER and type(e.get("mono_end")) in _NUMBER
+
+
+_NUMBER = (int, float)
 
 
 def _lane_of(e: dict, parents: dict) -> tuple:
@@ -357,9 +361,10 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
 
 
 # the job's own phases per rank, from the auto-capture (trace/auto.py) or the simulator
-RANK_COLUMNS = [("python.start", "interpreter"), ("import.", "imports"),
+RANK_COLUMNS = [("python.start", "interpreter"), ("import.*", "imports"),
                 ("dist.init", "dist.init"), ("ckpt.load", "ckpt.load"),
                 ("model.init", "model.init"), ("train.first_step", "first step")]
+_RANK_COLUMN = {phase: col for phase, col in RANK_COLUMNS if not phase.endswith("*")}
 
 
 def rank_rows(view: AttemptView) -> list[dict]:
@@ -371,12 +376,12 @@ def rank_rows(view: AttemptView) -> list[dict]:
     for n in view.nodes:
         per: dict = {}
         for x in n.spans:
-            if x["parent"]:
+            phase = x["phase"]
+            col = _RANK_COLUMN.get(phase) or ("imports" if phase.startswith("import.") else None)
+            if col is None or x["parent"]:
                 continue
-            for prefix, col in RANK_COLUMNS:
-                if x["phase"] == prefix or (prefix.endswith(".") and x["phase"].startswith(prefix)):
-                    who = x["rank"] if x["rank"] is not None else f"pid {x['pid']}"
-                    per.setdefault(who, {}).setdefault(col, []).append((x["start"], x["end"]))
+            who = x["rank"] if x["rank"] is not None else f"pid {x['pid']}"
+            per.setdefault(who, {}).setdefault(col, []).append((x["start"], x["end"]))
         readies = {(m["rank"] if m["rank"] is not None else f"pid {m['pid']}"): m["t"]
                    for m in n.marks if m["phase"] == "ready"}
         for who, cols in per.items():
