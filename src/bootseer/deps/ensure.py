@@ -5,13 +5,16 @@
     miss        lease the key (one builder across all nodes), build, snapshot, publish;
                 the others wait for the publish up to a deadline, then build themselves
 
-A restore extracts into a temp dir next to PREFIX and renames it into place with the
-completion marker written last: a killed restore leaves nothing half-visible. A PREFIX
-that exists without a bootseer marker is someone else's: refused, never overwritten.
+A restore or a build happens in a temp dir next to PREFIX, renamed into place with the
+completion marker written last: a killed restore or build leaves nothing half-visible, and
+the next ensure removes what it left (``place``). A PREFIX that exists without a bootseer
+marker is someone else's, and one that a running process uses is busy: refused, never
+overwritten. A read-only store restores; on a miss the node installs without publishing.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -26,10 +29,11 @@ from bootseer.config import BootseerConfig
 from bootseer.deps import compat, relocate
 from bootseer.deps.lease import LEASE_TTL_S, Lease
 from bootseer.deps.resolve import DepsError, python_of, resolve_key
-from bootseer.deps.snapshot import (MARKER, check_driver, env_ref, load_manifest, pins_ref,
+from bootseer.deps import place
+from bootseer.deps.snapshot import (check_driver, env_ref, load_manifest, pins_ref,
                                     portable_ref, publish, publish_manifest, read_marker,
-                                    restore, rmtree, write_marker)
-from bootseer.errors import StoreError
+                                    restore, write_marker)
+from bootseer.errors import ReadOnlyStore, StoreError
 from bootseer.store import open_store
 
 log = logging.getLogger(__name__)
@@ -43,28 +47,9 @@ class Result:
     prefix: str
 
 
-def _check_prefix(prefix: str) -> None:
-    from bootseer.deps.mounted import sidecar
-    p = Path(prefix)
-    if os.path.exists(sidecar(prefix)):
-        return          # our lazy mount (live or left by a dead server)
-    if p.exists() and any(p.iterdir()) and read_marker(prefix) is None:
-        raise DepsError(f"{prefix} exists and was not made by bootseer (no {MARKER}): "
-                        f"refusing to overwrite it; choose another --prefix or remove it")
-
-
-def _clear(prefix: str) -> None:
-    """Make room at ``prefix`` for another environment: stop our lazy mount there, or
-    remove our restored environment (renamed away first, so it never shows half)."""
-    from bootseer.deps.mounted import sidecar, unmount
-    if os.path.exists(sidecar(prefix)):
-        unmount(prefix)
-        if os.path.exists(sidecar(prefix)):
-            os.unlink(sidecar(prefix))
-    elif os.path.exists(prefix) and os.listdir(prefix):
-        gone = f"{prefix}.old-{os.getpid()}"
-        os.rename(prefix, gone)
-        rmtree(gone)
+def _read_only(e: BaseException) -> bool:
+    return isinstance(e, ReadOnlyStore) or (isinstance(e, OSError) and
+                                            e.errno in (errno.EROFS, errno.EACCES, errno.EPERM))
 
 
 def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None,
@@ -78,7 +63,10 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
 
     With ``key`` (resolved once per job by the launcher), nothing is resolved unless this
     node ends up building: a cold node restores, or waits for the one builder, without
-    touching the package index, so N nodes cost the index one build's requests."""
+    touching the package index, so N nodes cost the index one build's requests.
+
+    Whatever is at ``prefix`` stays until the new environment is complete beside it, and
+    is replaced only when bootseer made it and no process uses it."""
     import sys
     config = config or BootseerConfig.from_env()
     prefix = os.path.abspath(prefix)
@@ -102,7 +90,8 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
     m = read_marker(prefix)
     if m and m.get("key") == key:
         return done("warm", key)
-    _check_prefix(prefix)
+    place.sweep_stale_sidecar(prefix)
+    place.check_replaceable(prefix, key)     # before any work: foreign, or in use
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     store = open_store(config.store.url, config)
     # one ensure per prefix on this node; lockf (not flock): never inherited by a process
@@ -112,9 +101,10 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
         m = read_marker(prefix)
         if m and m.get("key") == key:
             return done("warm", key)
-        _clear(prefix)
+        place.sweep_leftovers(prefix)
         deadline = time.time() + wait_s
         lease = Lease(store, key, lease_ttl_s)
+        why = "no snapshot"
         while True:
             published = store.get_ref(env_ref(key))
             if published is not None:
@@ -123,6 +113,7 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                     check_driver(manifest)
                     if mount and manifest["prefix"] == prefix:
                         from bootseer.deps.mounted import mount_env
+                        place.clear(prefix)
                         mount_env(config, manifest["tree"], prefix, key, window_s=mount_window_s)
                         return done("mounted", key)
                     if mount:
@@ -132,11 +123,19 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                     return done("restored", key)
                 except (StoreError, ValueError, KeyError) as e:
                     # corrupt or unreachable snapshot: never a half env
-                    log.warning("restoring %s failed (%s): installing on this node", key[:19], e)
+                    why = f"restoring {key[:19]} failed ({e})"
                     break
             if not store.writable:
+                why = f"the store {config.store.url} is read-only"
                 break
-            if lease.acquire():
+            try:
+                leased = lease.acquire()
+            except (StoreError, OSError) as e:
+                if not _read_only(e):
+                    raise
+                why = f"the store {config.store.url} is read-only ({e})"
+                break
+            if leased:
                 try:
                     r = resolve_once()
                     if r.key != key:
@@ -149,29 +148,32 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                     if how is not None:
                         return done(how, r.key)
                     _say_why_new_key(store, r)
-                    with tracing.phase("deps.build"):
-                        from bootseer.deps.build import build
-                        build(r.locked, prefix, python, index_urls)
-                    tree = publish(store, prefix, r.key, r.portable, pins_key=r.pins,
-                                   python=python_of(r.interp))
-                    write_marker(prefix, r.key, tree)
+                    with place.Sibling(prefix, "building") as b:
+                        with tracing.phase("deps.build"):
+                            from bootseer.deps.build import build
+                            build(r.locked, prefix, python, index_urls, root=b.path)
+                        # published only once built whole: a pin the artifacts fail
+                        # stopped the install above
+                        tree = publish(store, prefix, r.key, r.portable, pins_key=r.pins,
+                                       python=python_of(r.interp), root=b.path)
+                        write_marker(b.path, r.key, tree)
+                        place.put(b.path, prefix, r.key)
                     return done("built", r.key)
-                except BaseException:
-                    rmtree(prefix)
-                    raise
                 finally:
                     lease.release()
             if time.time() > deadline:
-                log.warning("no snapshot for %s after %.0f s", key[:19], wait_s)
+                why = f"no snapshot for {key[:19]} after {wait_s:.0f} s"
                 break
             time.sleep(0.5)
         r = resolve_once()
         compat.check(compat.cuda_runtime(r.locked), compat.driver_version(), f"{spec}")
-        log.warning("installing %s on this node", r.key[:19])
-        with tracing.phase("deps.build", fallback=True):
-            from bootseer.deps.build import build
-            build(r.locked, prefix, python, index_urls)
-        write_marker(prefix, r.key, None)
+        log.warning("%s: installing %s on this node without publishing it", why, r.key[:19])
+        with place.Sibling(prefix, "building") as b:
+            with tracing.phase("deps.build", fallback=True):
+                from bootseer.deps.build import build
+                build(r.locked, prefix, python, index_urls, root=b.path)
+            write_marker(b.path, r.key, None)
+            place.put(b.path, prefix, r.key)
         return done("installed", r.key)
 
 
@@ -207,7 +209,6 @@ def _restore_portable(store, r, prefix: str, config: BootseerConfig, progress) -
         return None
     except (StoreError, ValueError, KeyError) as e:
         log.warning("restoring the snapshot of the same pins failed (%s): building", e)
-        rmtree(prefix)
         return None
     publish_manifest(store, manifest, r.key)
     return "restored" if manifest["prefix"] == prefix else "relocated"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import select
 import signal
 import subprocess
@@ -48,13 +49,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def is_mount_point(path: str) -> bool:
+    """Whether ``path`` is a mount point, read from the mount table: a FUSE mount whose
+    server died fails every stat (ENOTCONN), which ``os.path.ismount`` takes for "no"."""
+    path = os.path.abspath(path)   # the table has real paths; the last part is never resolved
+    path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                point = line.split()[4]
+                if "\\" in point:   # spaces and the like are octal escapes
+                    point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point)
+                if point == path:
+                    return True
+    except OSError:
+        return os.path.ismount(path)
+    return False
+
+
 def mounted_info(prefix: str) -> dict | None:
     """The live lazy mount at ``prefix`` (``{"key", "tree", "pid"}``), or None."""
     try:
         info = json.loads(open(sidecar(prefix)).read())
     except (OSError, ValueError):
         return None
-    if os.path.ismount(prefix) and _alive(int(info.get("pid", 0))):
+    if not isinstance(info, dict):
+        return None
+    if is_mount_point(prefix) and _alive(int(info.get("pid", 0))):
         return info
     return None
 
@@ -62,7 +83,7 @@ def mounted_info(prefix: str) -> dict | None:
 def mount_env(config: BootseerConfig, tree: str, prefix: str, key: str, *,
               window_s: float = 120.0, timeout_s: float = 120.0) -> dict:
     """Start the server and return once the environment is visible at ``prefix``."""
-    if os.path.ismount(prefix):
+    if is_mount_point(prefix):
         raise DepsError(f"{prefix} is already a mount point")
     os.makedirs(prefix, exist_ok=True)
     state = state_dir(prefix)
@@ -99,17 +120,17 @@ def unmount(prefix: str, timeout_s: float = 20.0) -> bool:
     """Stop the lazy mount at ``prefix`` (its server unmounts on SIGTERM). False if none."""
     info = mounted_info(prefix)
     if info is None:
-        if os.path.ismount(prefix) and os.path.exists(sidecar(prefix)):   # server died
+        if is_mount_point(prefix) and os.path.exists(sidecar(prefix)):   # server died
             subprocess.run(["fusermount3", "-u", "-z", prefix], capture_output=True)
         return False
     pid = int(info["pid"])
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while (_alive(pid) or os.path.ismount(prefix)) and time.monotonic() < deadline:
+    while (_alive(pid) or is_mount_point(prefix)) and time.monotonic() < deadline:
         time.sleep(0.05)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
-    if os.path.ismount(prefix):
+    if is_mount_point(prefix):
         subprocess.run(["fusermount3", "-u", "-z", prefix], capture_output=True)
     try:
         os.unlink(sidecar(prefix))

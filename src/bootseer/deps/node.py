@@ -5,7 +5,9 @@ node cache, rewritten atomically, so concurrent ensures never contend). ``gc`` r
 the least recently used environments until the rest fit under a size cap, and never one
 that a running process uses: its ``<prefix>.lock`` is held (an ensure, a ``bootseer run``)
 or ``/proc`` shows a process whose executable, command line, working directory, open
-files or mapped libraries lie under the prefix.
+files or mapped libraries lie under the prefix. It removes only what it can prove is the
+environment it recorded (``not_ours``): a directory a user put at the prefix since, with
+or without a copied marker, is forgotten and left alone.
 """
 
 from __future__ import annotations
@@ -29,13 +31,22 @@ def records_dir(config: BootseerConfig) -> Path:
 
 
 def record_use(config: BootseerConfig, prefix: str, key: str, how: str) -> None:
+    """Record that ``prefix`` served ``key`` now, with what proves the directory is the one
+    bootseer put there: its marker's id and the directory's device and inode."""
+    from bootseer.deps.place import marker_of
     d = records_dir(config)
     try:
         d.mkdir(parents=True, exist_ok=True)
         path = d / (hashlib.sha256(prefix.encode()).hexdigest()[:32] + ".json")
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"prefix": prefix, "key": key, "how": how,
-                                   "last_used": time.time()}))
+        rec = {"prefix": prefix, "key": key, "how": how, "last_used": time.time()}
+        marker = marker_of(prefix) if how != "mounted" else None
+        if marker is not None and marker.get("id"):
+            st = os.lstat(prefix)
+            # an inode number is reused once freed: the change time tells a directory
+            # made later at the same inode (a copy of the environment, marker and all)
+            rec.update(id=marker["id"], dev=st.st_dev, ino=st.st_ino, ctime_ns=st.st_ctime_ns)
+        tmp.write_text(json.dumps(rec))
         tmp.rename(path)
     except OSError as e:   # bookkeeping only: never fail an ensure for it
         log.warning("cannot record the use of %s: %s", prefix, e)
@@ -49,6 +60,31 @@ class NodeEnv:
     bytes: int
     record: Path
     mounted: bool = False
+    proof: dict | None = None
+    """The record's ``id``, ``dev``, ``ino``, ``ctime_ns``: what the prefix must still show
+    to be ours."""
+
+
+def not_ours(env: NodeEnv) -> str | None:
+    """Why the directory at ``env.prefix`` is not (or no longer) the environment bootseer
+    recorded, or None when its marker proves it is: the same key and marker id inside,
+    the same directory (device, inode, change time) as when it was recorded."""
+    from bootseer.deps.place import marker_of
+    if not env.proof or not env.proof.get("id"):
+        return "its record predates ownership proofs"
+    try:
+        st = os.lstat(env.prefix)
+    except OSError as e:
+        return f"cannot stat it ({e.strerror})"
+    if (st.st_dev, st.st_ino, st.st_ctime_ns) != \
+            (env.proof.get("dev"), env.proof.get("ino"), env.proof.get("ctime_ns")):
+        return "another directory is there now, or it was changed"
+    marker = marker_of(env.prefix)
+    if marker is None:
+        return "it has no bootseer marker"
+    if marker.get("key") != env.key or marker.get("id") != env.proof["id"]:
+        return "its marker is not the one recorded"
+    return None
 
 
 def _size(path: str) -> int:
@@ -80,8 +116,9 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
             rec.unlink(missing_ok=True)    # removed by hand: forget it
             continue
         # a lazy mount holds no disk of its own (its chunks are in the node cache)
+        proof = {k: info[k] for k in ("id", "dev", "ino", "ctime_ns") if k in info}
         out.append(NodeEnv(prefix, info["key"], info["last_used"],
-                           0 if mounted else _size(prefix), rec, mounted))
+                           0 if mounted else _size(prefix), rec, mounted, proof))
     return sorted(out, key=lambda e: e.last_used)
 
 
@@ -123,7 +160,7 @@ def users(prefix: str) -> list[int]:
 def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
     """Remove least-recently-used environments until the others fit in ``max_bytes``.
     Returns ``(env, action)`` for each one considered: removed, in use, or kept."""
-    from bootseer.deps.snapshot import rmtree
+    from bootseer.deps.place import Sibling
     envs = environments(config)
     total = sum(e.bytes for e in envs)
     report = []
@@ -138,14 +175,20 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
             except OSError:
                 report.append((env, "in use (ensure or run holds its lock)"))
                 continue
+            why = not_ours(env)
+            if why is not None:    # never remove what the marker does not prove is ours
+                if not dry_run:
+                    env.record.unlink(missing_ok=True)
+                report.append((env, f"forgotten, not removed ({why})"))
+                total -= env.bytes
+                continue
             pids = users(env.prefix)
             if pids:
                 report.append((env, f"in use (pid {', '.join(map(str, pids[:5]))})"))
                 continue
             if not dry_run:
-                gone = f"{env.prefix}.old-{os.getpid()}"   # vanishes whole, never half
-                os.rename(env.prefix, gone)
-                rmtree(gone)
+                with Sibling(env.prefix, "old") as gone:    # vanishes whole, never half
+                    os.rename(env.prefix, gone.path)
                 env.record.unlink(missing_ok=True)
             total -= env.bytes
             report.append((env, "removed" if not dry_run else "would remove"))

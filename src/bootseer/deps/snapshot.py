@@ -7,18 +7,17 @@ snapshot made at another prefix is relocated on the way (see ``relocate``).
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
-import shutil
+import secrets
 import time
 from pathlib import Path
 from typing import Callable
 
 from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
-from bootseer.deps import compat, relocate
+from bootseer.deps import compat, place, relocate
 from bootseer.deps.resolve import FORMAT
 from bootseer.store.digest import sha256_digest
 
@@ -48,9 +47,12 @@ def read_marker(prefix: str) -> dict | None:
 
 
 def write_marker(prefix: str, key: str, tree: str | None, **extra) -> None:
+    """The completion marker, written last. Its ``id`` is copied into the node's record
+    of the environment, so ``deps gc`` can prove the directory it removes is this one."""
     tmp = Path(prefix) / f"{MARKER}.tmp"
     tmp.write_text(json.dumps({"format": FORMAT, "key": key, "tree": tree,
-                               "created": time.time(), **extra}))
+                               "id": secrets.token_hex(16), "created": time.time(),
+                               **extra}))
     tmp.rename(Path(prefix) / MARKER)
 
 
@@ -75,9 +77,7 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
     made_at = manifest["prefix"]
     relocate.check(manifest.get("relocations"), made_at, prefix)   # before fetching
     sweep_leftovers(prefix)
-    tmp = f"{prefix}.restoring-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with place.Sibling(prefix, "restoring") as tmp:
         # Fetching and extracting overlap (files are written as their chunks arrive): two
         # phases, deps.fetch up to the last chunk's arrival, deps.extract until written.
         t0 = time.time()
@@ -85,7 +85,7 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
             reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
             total = sum(c[4] for c in reader.all_chunks())
-            n = extract(reader, tmp, readonly=True, timing=timing,
+            n = extract(reader, tmp.path, readonly=True, timing=timing,
                         progress=(lambda b: progress(b, total)) if progress else None)
             span.set(bytes=n)
             counters = f.counters()
@@ -95,52 +95,39 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         extra = {}
         if made_at != prefix:
             with tracing.phase("deps.relocate") as span:
-                span.set(paths=relocate.rewrite(tmp, manifest["relocations"], made_at, prefix))
+                span.set(paths=relocate.rewrite(tmp.path, manifest["relocations"], made_at,
+                                                prefix))
             extra["relocated"] = {"from": made_at, **manifest["relocations"]}
-        os.chmod(tmp, 0o755)
-        write_marker(tmp, key, manifest["tree"], **extra)
-        old = f"{prefix}.old-{os.getpid()}"
-        if os.path.exists(prefix):
-            os.rename(prefix, old)
-        os.rename(tmp, prefix)
-        rmtree(old)
-    except BaseException:
-        rmtree(tmp)
-        raise
+        os.chmod(tmp.path, 0o755)
+        write_marker(tmp.path, key, manifest["tree"], **extra)
+        place.put(tmp.path, prefix, key)
 
 
 def sweep_leftovers(prefix: str) -> None:
-    """Remove ``<prefix>.restoring-<pid>`` / ``.old-<pid>`` left by a killed process (the
+    """Remove what a killed build, restore or removal at ``prefix`` left beside it (the
     prefix itself is only ever renamed into place whole, so it is never partial)."""
-    for path in glob.glob(f"{glob.escape(prefix)}.restoring-*") + \
-            glob.glob(f"{glob.escape(prefix)}.old-*"):
-        pid = path.rsplit("-", 1)[1]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            rmtree(path)
+    place.sweep_leftovers(prefix)
 
 
-def rmtree(path: str) -> None:
-    if os.path.exists(path):
-        for root, dirs, _ in os.walk(path):
-            for d in dirs:
-                os.chmod(os.path.join(root, d), 0o755)
-        os.chmod(path, 0o755)
-        shutil.rmtree(path, ignore_errors=True)
+rmtree = place.rmtree
 
 
 def publish(store, prefix: str, key: str, portable_key: str | None = None, *,
-            pins_key: str | None = None, python: str | None = None) -> str:
-    """Snapshot the built ``prefix`` and publish it under ``key`` (and ``portable_key``,
-    so that the same pins wanted at another prefix are relocated, not rebuilt; and
-    ``pins_key``, so that a node with another interpreter can say why it builds)."""
+            pins_key: str | None = None, python: str | None = None,
+            root: str | None = None) -> str:
+    """Snapshot the environment built for ``prefix`` (its files at ``root``, by default
+    the prefix itself) and publish it under ``key`` (and ``portable_key``, so that the same
+    pins wanted at another prefix are relocated, not rebuilt; and ``pins_key``, so that a
+    node with another interpreter can say why it builds)."""
     from bootseer.tree.build import TreeBuilder, add_directory
+    root = root or prefix
     with tracing.phase("deps.publish"):
         b = TreeBuilder(store)
-        add_directory(b, prefix)
+        add_directory(b, root)
         tree = b.finish(meta={"kind": "bootseer.env", "key": key, "prefix": prefix})
         manifest = {"format": FORMAT, "key": key, "tree": tree, "prefix": prefix,
-                    "created": time.time(), "relocations": relocate.scan(prefix, prefix),
-                    "cuda": compat.installed_cuda_runtime(prefix), "python": python}
+                    "created": time.time(), "relocations": relocate.scan(root, prefix),
+                    "cuda": compat.installed_cuda_runtime(root), "python": python}
         d = publish_manifest(store, manifest, key, portable_key)
         if pins_key is not None:
             store.set_ref(pins_ref(pins_key), d)
