@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -177,6 +178,8 @@ def run_demo(args) -> int:
         print("bootseer demo: needs root (FUSE mounts, network namespaces, containers)",
               file=sys.stderr)
         return 1
+    # SIGTERM unwinds like Ctrl-C: every node is stopped, every namespace and mount removed.
+    signal.signal(signal.SIGTERM, _interrupt)
     starts = DEMO_STARTS
     if args.only == "baseline":
         starts = starts[:1]
@@ -188,6 +191,10 @@ def run_demo(args) -> int:
     print()
     _report(Path(args.out).resolve() / "trace", Path(args.out).resolve(), say)
     return 0 if all(r.rc == 0 for _, rs in done for r in rs) else 1
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _report(trace_dir: Path, out: Path, say) -> None:

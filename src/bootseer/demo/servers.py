@@ -45,7 +45,10 @@ class DemoServers:
         conf = self.scratch / "registries.conf"
         conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
         self.client_env = {"CONTAINERS_REGISTRIES_CONF": str(conf),
-                           "BOOTSEER_STORE_INSECURE": "1"}
+                           "BOOTSEER_STORE_INSECURE": "1",
+                           # and the package index over plain http, for pip and uv
+                           "PIP_TRUSTED_HOST": self.storage.addr,
+                           "UV_INSECURE_HOST": self.storage.addr}
         self.say("push the image to the registry")
         subprocess.run([*self._ns(), "skopeo", "copy", "-q", "--dest-tls-verify=false",
                         f"oci-archive:{self.assets.image_archive}:demo/train:latest",
@@ -63,11 +66,26 @@ class DemoServers:
         # writes of profiles and environment snapshots, refs as tags).
         self.store_url = f"oci://{self.storage.addr}:{reg.port}/bootseer"
         self.say("convert the image into the store (bootseer image convert)")
-        subprocess.run([*self._ns(), sys.executable, "-m", "bootseer", "image", "convert",
-                        self.image_ref, "--to", self.store_url], check=True,
-                       stdout=subprocess.DEVNULL, env={**os.environ, **self.client_env})
+        subprocess.run([*self._ns(), sys.executable, "-m", "bootseer.demo.servers",
+                        str(self.assets.image_archive), self.image_ref, self.store_url],
+                       check=True, env={**os.environ, **self.client_env})
 
     def __exit__(self, *exc) -> None:
         for s in reversed(self.started):
             s.stop()
         self.started.clear()
+
+
+def convert_as(archive: str, image_ref: str, store_url: str) -> None:
+    """``bootseer image convert`` of the image's archive, published under the reference the
+    nodes run (skopeo 1.9 ignores CONTAINERS_REGISTRIES_CONF, so it cannot read a plain-http
+    registry off loopback; podman, which the conventional start uses, does)."""
+    from bootseer.config import BootseerConfig
+    from bootseer.image.convert import convert, ref_name
+    from bootseer.store import open_store
+    store = open_store(store_url, BootseerConfig.from_env(overrides={"store": {"url": store_url}}))
+    store.set_ref(ref_name(image_ref), convert(archive, store))
+
+
+if __name__ == "__main__":
+    convert_as(*sys.argv[1:4])
