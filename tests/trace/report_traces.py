@@ -41,9 +41,10 @@ class NodeTrace:
 def demo_node(root: Path, node: str, *, image_s: float = 4.0, deps_s: float = 2.5,
               ckpt_s: float = 2.0, imports_s: float = 3.0, arrive_late_s: float = 0.0,
               rendezvous_at: float | None = None, attempt: int = 0, rank: int = 0,
-              skew: float = 0.0) -> NodeTrace:
+              skew: float = 0.0, first_collective: bool = False) -> NodeTrace:
     """One node of a lazy start: image, deps and checkpoint pipelines side by side, then the
-    job (interpreter, imports, init + rendezvous, checkpoint load, first step, ready).
+    job (interpreter, imports, init + rendezvous (or init, then the first collective where
+    ranks wait), checkpoint load, first step, ready).
     ``rendezvous_at`` (s) is when the slowest rank arrived: this rank waits until then."""
     t = NodeTrace(root, node, attempt=attempt, skew=skew)
     prep = max(image_s, deps_s, ckpt_s)
@@ -62,7 +63,11 @@ def demo_node(root: Path, node: str, *, image_s: float = 4.0, deps_s: float = 2.
     t.span("import.numpy", p + 0.3, p + 0.9, pid=200, rank=rank, parent="import.torch")
     p += 0.2 + imports_s + arrive_late_s
     done = max(p + 0.5, rendezvous_at or 0.0)
-    t.span("dist.init", p, done, pid=200, rank=rank)
+    if first_collective:   # the auto-capture's: init is quick, the first collective waits
+        t.span("dist.init", p, p + 0.3, pid=200, rank=rank)
+        t.span("dist.first_collective", p + 0.3, done, pid=200, rank=rank, op="barrier")
+    else:
+        t.span("dist.init", p, done, pid=200, rank=rank)
     t.mark("rendezvous", done, pid=200, rank=rank)
     t.span("ckpt.load", done, done + 1.0, pid=200, rank=rank, bytes_consumed=400_000_000,
            first_byte_s=0.05, stall_s=0.1)

@@ -120,3 +120,20 @@ def test_rendezvous_wait_per_rank_and_technique_figures(tmp_path):
     assert s.figures["image"]["coverage"] == pytest.approx(0.97)
     assert s.figures["ckpt"]["mb_per_s"] == pytest.approx(400.0)
     assert s.figures["deps"]["restore_s"] == pytest.approx(2.499, abs=0.01)
+
+
+def test_the_first_collective_is_where_ranks_wait(tmp_path):
+    """With the auto-capture's dist.first_collective, the wait is measured there (init is
+    quick for everyone), and the critical path crosses there to the last rank to arrive."""
+    late = 4.0 + 0.05 + 0.2 + 8.0 + 0.5
+    for i in range(3):
+        demo_node(tmp_path, f"n{i}", rank=i, imports_s=8.0 if i == 1 else 3.0,
+                  rendezvous_at=late, first_collective=True).write()
+    _, s = _summary(tmp_path)
+    waits = {r["node"]: r["rendezvous_wait"] for r in s.ranks}
+    assert waits["n1"] == pytest.approx(0.0, abs=1e-6)
+    assert waits["n0"] == pytest.approx(5.0, abs=0.01)
+    assert all(r["dist.init"] == pytest.approx(0.3) for r in s.ranks)
+    long = [x for x in s.critical_path if x["seconds"] > 0.1]
+    assert [x["node"] for x in long if x["phase"] == "import.torch"] == ["n1"]
+    assert s.gating_node == "n1" and s.gating_phase == "import.torch"

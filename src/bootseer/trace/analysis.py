@@ -362,16 +362,20 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
 
 # the job's own phases per rank, from the auto-capture (trace/auto.py) or the simulator
 RANK_COLUMNS = [("python.start", "interpreter"), ("import.*", "imports"),
-                ("dist.init", "dist.init"), ("ckpt.load", "ckpt.load"),
-                ("model.init", "model.init"), ("train.first_step", "first step")]
+                ("dist.init", "dist.init"), ("dist.first_collective", "first collective"),
+                ("ckpt.load", "ckpt.load"), ("model.init", "model.init"),
+                ("train.first_step", "first step")]
+# where every rank waits for the slowest: the first collective (auto-capture) if traced,
+# else init_process_group (its store rendezvous)
+COLLECTIVES = ("dist.first_collective", "dist.init")
 _RANK_COLUMN = {phase: col for phase, col in RANK_COLUMNS if not phase.endswith("*")}
 
 
 def rank_rows(view: AttemptView) -> list[dict]:
     """Per node and rank: seconds in each of the job's phases, how long the rank waited at
-    the first collective for the slowest one (its ``dist.init`` less the shortest
-    ``dist.init`` of the attempt: the last rank to arrive waited for no one; durations, so
-    clock skew does not matter), and when it was ready."""
+    the first collective for the slowest one (its ``dist.first_collective``, else its
+    ``dist.init``, less the shortest of the attempt: the last rank to arrive waited for no
+    one; durations, so clock skew does not matter), and when it was ready."""
     rows = []
     for n in view.nodes:
         per: dict = {}
@@ -388,10 +392,11 @@ def rank_rows(view: AttemptView) -> list[dict]:
             row = {"node": n.node, "rank": who, "ready": readies.get(who)}
             row.update({col: _covered(iv) for col, iv in cols.items()})
             rows.append(row)
-    inits = [r["dist.init"] for r in rows if "dist.init" in r]
-    floor = min(inits, default=0.0)
+    col = next((_RANK_COLUMN[p] for p in COLLECTIVES
+                if any(_RANK_COLUMN[p] in r for r in rows)), None)
+    floor = min((r[col] for r in rows if col in r), default=0.0)
     for r in rows:
-        r["rendezvous_wait"] = r["dist.init"] - floor if "dist.init" in r else None
+        r["rendezvous_wait"] = r[col] - floor if col in r else None
     return rows
 
 

@@ -9,9 +9,10 @@ phase holds the path from its start (or from the end of the last phase finished 
 to ``t``, and the walk goes on from there. Time no phase covers is ``(untraced)``; the time
 before the node's first event, while other nodes had started, is ``(not started)``.
 
-Nodes wait on each other at the first collective: when the walk reaches a ``dist.init``
-that waited (another rank arrived later), it goes on from that rank's arrival on the node
-of the last rank to arrive, since that node's start is what the wait waited on.
+Nodes wait on each other at the first collective: when the walk reaches the first
+collective (``dist.first_collective``, else ``dist.init``) and another rank arrived there
+later, it goes on from that rank's arrival on the node of the last rank to arrive, since
+that node's start is what the wait waited on.
 
 Phases running in parallel that did not gate (the deps pipeline ending before the image
 pipeline) are not on the path: the path's segments never overlap and add up to the time to
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootseer.trace.analysis import UNTRACED, AttemptView, NodeView, pipeline_of
+from bootseer.trace.analysis import (COLLECTIVES, UNTRACED, AttemptView, NodeView,
+                                      pipeline_of)
 
 EPS_S = 1e-3
 NOT_STARTED = "(not started)"
@@ -65,7 +67,7 @@ def node_path(node: NodeView, view: AttemptView | None = None) -> list[Segment]:
             s = min((s for s in finished if s["end"] >= last_end - EPS_S),
                     key=lambda s: (s["end"] - s["start"], s["lane"]))
             lo = s["start"]
-            if s["phase"] == "dist.init" and last_in is not None and not hopped \
+            if last_in is not None and s["phase"] == last_in[1]["phase"] and not hopped \
                     and last_in[1]["start"] > lo + EPS_S and last_in[0] is not node:
                 # waited at the rendezvous for a later rank: go on on that rank's node
                 lo = min(last_in[1]["start"], t)
@@ -94,14 +96,18 @@ def _tops(node: NodeView) -> list[dict]:
 
 
 def _last_arrival(view: AttemptView) -> tuple[NodeView, dict] | None:
-    """The node and ``dist.init`` span of the rank that entered the rendezvous last."""
-    best = None
-    for n in view.nodes:
-        for s in n.spans:
-            if s["phase"] == "dist.init" and not s["parent"] \
-                    and (best is None or s["start"] > best[1]["start"]):
-                best = (n, s)
-    return best
+    """The node and span of the rank that entered the first collective (else the
+    ``dist.init`` rendezvous) last."""
+    for phase in COLLECTIVES:
+        best = None
+        for n in view.nodes:
+            for s in n.spans:
+                if s["phase"] == phase and not s["parent"] \
+                        and (best is None or s["start"] > best[1]["start"]):
+                    best = (n, s)
+        if best is not None:
+            return best
+    return None
 
 
 def _merged(segments: list[Segment]) -> list[Segment]:

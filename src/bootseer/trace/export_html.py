@@ -154,8 +154,8 @@ def _cards(s: Summary) -> str:
 def _rank_table(s: Summary) -> str:
     if not s.ranks:
         return '<p class="note">no per-rank phases in this trace (no auto-capture)</p>'
-    cols = [c for c in ("interpreter", "imports", "dist.init", "ckpt.load", "model.init",
-                        "first step") if any(c in r for r in s.ranks)]
+    cols = [c for c in ("interpreter", "imports", "dist.init", "first collective",
+                        "ckpt.load", "model.init", "first step") if any(c in r for r in s.ranks)]
     rows = sorted(s.ranks, key=lambda r: -(r.get("ready") or float("inf")))
     note = (f'<p class="note">the {MAX_RANK_ROWS} last-ready of {len(rows)} ranks</p>'
             if len(rows) > MAX_RANK_ROWS else "")

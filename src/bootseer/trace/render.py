@@ -43,8 +43,8 @@ RANK_ROWS_SHOWN = 8
 def _ranks(s: Summary) -> list[str]:
     if not s.ranks:
         return []
-    cols = [c for c in ("interpreter", "imports", "dist.init", "ckpt.load", "model.init",
-                        "first step") if any(c in r for r in s.ranks)]
+    cols = [c for c in ("interpreter", "imports", "dist.init", "first collective",
+                        "ckpt.load", "model.init", "first step") if any(c in r for r in s.ranks)]
     rows = sorted(s.ranks, key=lambda r: -(r.get("ready") if r.get("ready") is not None
                                            else float("inf")))
     out = []
