@@ -280,3 +280,37 @@ def test_backend_fuse_or_no_kernel_support_uses_the_fuse_tree_view(tmp_path, src
     assert len(said) == 1 and "test" in said[0].getMessage()
     with pytest.raises(ErofsMountError, match="BOOTSEER_MOUNT_BACKEND=erofs"):
         m.tree_backend(_config(tmp_path, backend="erofs"))
+
+
+def test_store_killed_while_the_blob_server_answers_is_eio_not_a_hang(need_fuse, nginx_factory,
+                                                                       tmp_path):
+    """The store (nginx serving the store layout) dies under a mounted tree: what is
+    local still reads, an uncached range fails with EIO after the retries, and the mount
+    stays consistent (listing, stat, the cached file again)."""
+    from bootseer.config import FetchConfig
+    local = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(local, chunk_size=64 << 10)
+    a, other = os.urandom(200_000), os.urandom(200_000)
+    b.add_file("/a.bin", a)
+    b.add_file("/sub/b.bin", other)
+    digest = b.finish()
+    server = nginx_factory(tmp_path / "store")
+    config = BootseerConfig(
+        store=StoreConfig(url=server.url),
+        cache=CacheConfig(dir=str(tmp_path / "cache"), budget_bytes=1 << 30),
+        fetch=FetchConfig(retries=2, backoff_s=0.05, timeout_s=2, deadline_s=10),
+        mount=MountConfig(backend="erofs"))
+    handle, mp, _ = _mount(config, digest, tmp_path)
+    try:
+        assert handle.backend == "erofs-fuse-blob"
+        assert (mp / "a.bin").read_bytes() == a
+        server.stop()
+        t = time.monotonic()
+        with pytest.raises(OSError) as e:
+            (mp / "sub/b.bin").read_bytes()
+        assert e.value.errno == errno.EIO and time.monotonic() - t < 30
+        assert sorted(os.listdir(mp)) == ["a.bin", "sub"] and os.stat(mp / "sub/b.bin").st_size
+        assert (mp / "a.bin").read_bytes() == a
+    finally:
+        handle.unmount()
+    assert not os.path.ismount(mp)
