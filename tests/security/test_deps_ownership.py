@@ -102,7 +102,15 @@ def test_ensure_of_another_key_never_replaces_an_environment_in_use(index, tmp_p
     finally:
         job.kill()
         job.wait()
-    b = E.ensure(other, prefix, python=PY, index_urls=urls, config=config)   # free now
+    # free now; another ensure of the prefix waiting meanwhile (its command line names the
+    # prefix as --prefix P) is not a user
+    waiter = subprocess.Popen([PY, "-c", "import time; time.sleep(60)", "--prefix", prefix])
+    try:
+        time.sleep(0.3)
+        b = E.ensure(other, prefix, python=PY, index_urls=urls, config=config)
+    finally:
+        waiter.kill()
+        waiter.wait()
     assert b.how == "built" and read_marker(prefix)["key"] == b.key
     out = subprocess.run([f"{prefix}/bin/python", "-c", "import bsown_b; print(bsown_b.X)"],
                          capture_output=True, text=True).stdout.strip()

@@ -126,8 +126,10 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
-def users(prefix: str) -> list[int]:
-    """PIDs of processes that use anything under ``prefix``."""
+def users(prefix: str, *, ignore_option: str | None = None) -> list[int]:
+    """PIDs of processes that use anything under ``prefix``. With ``ignore_option``
+    (``--prefix``), a command-line argument given as that option's value is not a use: it
+    names the environment to make (another ``deps ensure`` waiting for this one)."""
     prefix = os.path.realpath(prefix)
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -137,7 +139,9 @@ def users(prefix: str) -> list[int]:
         try:
             paths = [os.readlink(f"{base}/cwd"), os.readlink(f"{base}/exe")]
             with open(f"{base}/cmdline", "rb") as f:
-                paths += [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            paths += [a for i, a in enumerate(argv)
+                      if not (ignore_option and i and argv[i - 1] == ignore_option)]
             try:
                 fds = os.listdir(f"{base}/fd")
             except OSError:

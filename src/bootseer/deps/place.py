@@ -110,8 +110,8 @@ def occupant(prefix: str) -> str:
 
 def users_here(prefix: str) -> list[int]:
     """The processes that use ``prefix``, except this command's own ancestors (which
-    wait for it; a wrapper script names the prefix in its command line) and the lazy
-    mount's server."""
+    wait for it), other ensures of the prefix (``--prefix P`` names it, does not use it)
+    and the lazy mount's server."""
     from bootseer.deps.mounted import mounted_info
     from bootseer.deps.node import users
     skip, pid = set(), os.getpid()
@@ -125,7 +125,7 @@ def users_here(prefix: str) -> list[int]:
     info = mounted_info(prefix)
     if info:
         skip.add(int(info.get("pid", 0)))
-    return [p for p in users(prefix) if p not in skip]
+    return [p for p in users(prefix, ignore_option="--prefix") if p not in skip]
 
 
 def check_replaceable(prefix: str, key: str | None = None) -> str:
