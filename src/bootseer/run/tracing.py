@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +105,13 @@ def job_trace_env(trace, shim_dir: str, *, python_path: str | None = None,
                   gpus: int = 0) -> dict[str, str]:
     """What the job needs to record into this start's trace: the BOOTSEER_TRACE_* settings
     (location as the job sees it), the zero-code capture on PYTHONPATH."""
-    env = {"BOOTSEER_TRACE_AUTO": "1",
+    env = {"BOOTSEER_TRACE_AUTO": os.environ.get("BOOTSEER_TRACE_AUTO", "1"),
            "PYTHONPATH": ":".join(p for p in (shim_dir, python_path) if p)}
     values = {"location": trace.location, "job_id": trace.job_id, "attempt": trace.attempt,
               "node": trace.node, "gpus": trace.gpus or gpus or None}
     for name, value in values.items():
         if value is not None:
             env[f"BOOTSEER_TRACE_{name.upper()}"] = str(value)
-    import os
     if os.environ.get("BOOTSEER_TRACE_START"):
         env["BOOTSEER_TRACE_START"] = os.environ["BOOTSEER_TRACE_START"]
     return env
@@ -191,7 +191,6 @@ def job_setup(trace, state_dir, *, in_container: bool, image_env: dict | None = 
     """(env, binds) that let the job record into this start's trace with no change to its
     image: the trace directory bound read-write, the shim read-only on PYTHONPATH. Nothing
     when tracing is off."""
-    import os
     from pathlib import Path
     from bootseer.run.container import Bind
     if not trace.location:
