@@ -174,9 +174,10 @@ def test_local_blob_when_every_chunk_is_local(tmp_path, src, tree):
         assert assert_same_tree(src, mp) > 400
         assert (state / PREFETCHED).exists() and (state / "figures.json").exists()
         blobs = list((tmp_path / "cache/erofs").glob("*.blob"))
-        assert len(blobs) == 1
+        metas = list((tmp_path / "cache/erofs").glob("*.meta"))
+        assert len(blobs) == 1 and len(metas) == 1
         if shutil.which("fsck.erofs"):
-            r = subprocess.run(["fsck.erofs", f"--device={blobs[0]}", str(state / "meta.erofs")],
+            r = subprocess.run(["fsck.erofs", f"--device={blobs[0]}", str(metas[0])],
                                capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
     finally:
@@ -191,13 +192,16 @@ def test_corrupt_local_blob_is_refused_before_mounting(tmp_path, src, tree, capl
     handle, mp, _ = _mount(config, digest, tmp_path)
     handle.unmount()
     blob = next((tmp_path / "cache/erofs").glob("*.blob"))
-    good = blob.read_bytes()
-    with open(blob, "r+b") as f:
-        f.seek(5000)
-        f.write(bytes([good[5000] ^ 0xFF]))
+    meta = next((tmp_path / "cache/erofs").glob("*.meta"))
+    good, good_meta = blob.read_bytes(), meta.read_bytes()
+    for path, at in ((blob, 5000), (meta, 4096 + 10)):
+        with open(path, "r+b") as f:
+            f.seek(at)
+            f.write(bytes([path.read_bytes()[at] ^ 0xFF]))
     handle, mp, _ = _mount(config, digest, tmp_path, "again")
-    try:   # refused, removed, and assembled again from the (verified) node cache
-        assert "fails verification" in caplog.text
+    try:   # refused, removed, and made again (the blob from the verified node cache)
+        assert "fails verification" in caplog.text and "does not match its sum" in caplog.text
+        assert meta.read_bytes() == good_meta
         assert handle.backend == "erofs-local" and blob.read_bytes() == good
         assert assert_same_tree(src, mp) > 400
     finally:
