@@ -86,7 +86,7 @@ def held(path: str | os.PathLike, locks: set | None = None) -> bool | None:
 
 # -- state directories -----------------------------------------------------------------------
 STATE_ROOT = "/tmp"   # fixed, not $TMPDIR: every command on the node must look in one place
-STATE_PREFIXES = ("bsn-", "bsimg-", "bsfuse-")   # node run, image mount, one FUSE mount
+STATE_PREFIXES = ("bsn-", "bsimg-", "bsmnt-")   # node run, image mount, one mount
 MARK, NOTES = ".alive", ".left-outside"
 
 
@@ -224,3 +224,12 @@ def _undo(state: Path, live_mounts: set) -> None:
             points.lazy_unmount(mp)
     points.unmount_under(str(state))
     shutil.rmtree(state, ignore_errors=True)
+
+
+def note_mount(mountpoint: str) -> StateDir:
+    """A state directory of its own for a mount this process just made (a FUSE server's,
+    a kernel EROFS mount): if the process dies with it mounted, the next command unmounts
+    it. ``close()`` it after unmounting."""
+    state = StateDir("bsmnt-", sweep=False)
+    state.note_mount(mountpoint)
+    return state

@@ -130,12 +130,20 @@ def _env(tmp_path: Path) -> dict:
 
 
 def _mount_read_unmount(argv: list[str], env: dict, mnt: Path, check_file: str) -> None:
-    """Run a foreground mount command: it mounts, serves ``check_file``, SIGTERM unmounts."""
+    """Run a foreground mount command: it mounts, serves ``check_file``, SIGTERM unmounts.
+    Up is when it says so: a dead command's mount may still be at ``mnt`` until this one
+    has swept it."""
+    import threading
     p = subprocess.Popen([sys.executable, "-m", "bootseer", *argv], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(p.stdout), daemon=True)
+    reader.start()
     try:
-        _wait(lambda: os.path.ismount(mnt) or p.poll() is not None, 60, "no mount")
+        _wait(lambda: any(line.startswith("mounted ") for line in said) or p.poll() is not None,
+              60, "no mount")
         assert p.poll() is None, p.stderr.read()
+        assert os.path.ismount(mnt)
         assert (mnt / check_file).exists()
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0, p.stderr.read()
@@ -146,16 +154,19 @@ def _mount_read_unmount(argv: list[str], env: dict, mnt: Path, check_file: str) 
             p.wait(10)
 
 
+@pytest.mark.parametrize("backend", ["fuse", "auto"])
 @pytest.mark.parametrize("moment", _kill_moments())
-def test_killed_image_mount_leaves_nothing(need_fuse, image_store, tmp_path, moment):
+def test_killed_image_mount_leaves_nothing(need_fuse, image_store, tmp_path, moment, backend):
+    """``fuse``: the server unmounts as its parent dies. ``auto`` (EROFS where the kernel
+    has it): the kernel mount has no server; the next command unmounts it."""
     store, tree = image_store
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     argv = ["image", "mount", tree, str(mnt), "--store", store, "--record"]
-    env = _env(tmp_path)
+    env = {**_env(tmp_path), "BOOTSEER_MOUNT_BACKEND": backend}
     _kill_then_next(argv, env, lambda _token: os.path.ismount(mnt),
                     lambda: _mount_read_unmount(argv, env, mnt, "bin/busybox"),
-                    tmp_path, moment, mnt)
+                    tmp_path, moment, mnt if backend == "fuse" else None)
 
 
 @pytest.mark.parametrize("moment", _kill_moments())

@@ -229,8 +229,7 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
             raise MountError(f"FUSE server for {name} did not mount {mountpoint} "
                              f"(exit {proc.exitcode})")
         time.sleep(0.02)
-    state = alive.StateDir("bsfuse-", sweep=False)
-    state.note_mount(mountpoint)
+    state = alive.note_mount(mountpoint)
     set_read_ahead(mountpoint, read_ahead_kb)
     return MountHandle(proc, mountpoint, state)
 
