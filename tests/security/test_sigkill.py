@@ -237,3 +237,89 @@ def test_die_with_parent_when_the_parent_is_already_gone():
                         "print('still here')"], capture_output=True, text=True, timeout=30)
     assert r.returncode == -signal.SIGKILL and "still here" not in r.stdout
     assert proc.popen_kwargs()["preexec_fn"] is not None
+
+
+# -- the sweep itself: what it removes and what it never touches ------------------------------
+_HOLDER = """
+import sys, time, subprocess
+from bootseer import alive
+state = alive.StateDir("bsn-", sweep=False)
+for mp in sys.argv[1:]:
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", mp], check=True)
+    state.note_mount(mp)
+print(state.path, flush=True)
+time.sleep(120)
+"""
+
+
+def _holder(*mountpoints) -> tuple[subprocess.Popen, Path]:
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, *map(str, mountpoints)],
+                         stdout=subprocess.PIPE, text=True)
+    return p, Path(p.stdout.readline().strip())
+
+
+def test_sweep_unmounts_a_dead_commands_mounts_and_never_a_live_ones(need_root, tmp_path):
+    dead_mp, live_mp = tmp_path / "dead", tmp_path / "live"
+    dead_mp.mkdir()
+    live_mp.mkdir()
+    dead, dead_state = _holder(dead_mp)
+    live, live_state = _holder(live_mp)
+    try:
+        assert os.path.ismount(dead_mp) and os.path.ismount(live_mp)
+        assert str(live_state) not in alive.sweep_dead()     # alive: nothing touched
+        assert os.path.ismount(dead_mp) and live_state.exists()
+        dead.kill()
+        dead.wait(10)
+        assert str(dead_state) in alive.sweep_dead()
+        assert not os.path.ismount(dead_mp) and not dead_state.exists()
+        assert os.path.ismount(live_mp) and live_state.exists()
+    finally:
+        for p in (dead, live):
+            p.kill()
+            p.wait(10)
+        for mp in (dead_mp, live_mp):
+            points.unmount_under(str(mp))
+    alive.sweep_dead()
+    assert not live_state.exists()
+
+
+def test_a_mount_now_held_by_a_live_command_is_never_unmounted(need_root, tmp_path):
+    """The dead command's mount is gone and a live one mounted at the same place (the
+    mount id may be reused): its note keeps the dead one's record from matching it."""
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    dead, dead_state = _holder(mp)
+    dead.kill()
+    dead.wait(10)
+    points.lazy_unmount(str(mp))
+    live, live_state = _holder(mp)
+    try:
+        alive.sweep_dead()
+        assert os.path.ismount(mp) and not dead_state.exists()
+    finally:
+        live.kill()
+        live.wait(10)
+        points.unmount_under(str(mp))
+        alive.sweep_dead()
+
+
+def test_a_state_dir_others_could_have_planted_is_left_alone(tmp_path):
+    """A directory anyone may write, with a dead-looking mark and notes asking to remove
+    a directory and run a command: not ours, nothing done."""
+    planted = Path(alive.STATE_ROOT) / f"bsn-planted-{uuid.uuid4().hex[:8]}"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    planted.mkdir()
+    try:
+        (planted / alive.MARK).write_text("")
+        (planted / alive.NOTES).write_text(
+            f'{{"dir": "{victim}", "undo": ["touch", "{tmp_path}/ran"]}}\n')
+        planted.chmod(0o777)
+        assert str(planted) not in alive.sweep_dead()
+        assert victim.exists() and not (tmp_path / "ran").exists() and planted.exists()
+        planted.chmod(0o700)   # now private: a dead command's, swept with its notes
+        assert str(planted) in alive.sweep_dead()
+        assert not victim.exists() and (tmp_path / "ran").exists()
+    finally:
+        import shutil
+        shutil.rmtree(planted, ignore_errors=True)
