@@ -51,6 +51,15 @@ def _copied(url: str, into: str) -> str:
 
 
 def build(path: str, k: float, attempt: int | None):
+    import gc
+    gc.disable()   # 10,000s of small acyclic dicts: the cyclic collector would only cost time
+    try:
+        return _build(path, k, attempt)
+    finally:
+        gc.enable()
+
+
+def _build(path: str, k: float, attempt: int | None):
     import tempfile
 
     from bootseer.errors import TraceError

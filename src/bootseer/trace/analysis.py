@@ -16,6 +16,7 @@ another without nesting in it, e.g. a phase reported by ``emit``, opens a second
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ PIPELINE_OF = {"python": "job", "import": "job", "dist": "job", "train": "job",
 PIPELINE_ORDER = ["startup", "container", "image", "deps", "ckpt", "job"]
 
 
+@functools.lru_cache(maxsize=4096)
 def pipeline_of(phase: str) -> str:
     head = phase.split(".", 1)[0]
     return PIPELINE_OF.get(head, head)
@@ -100,28 +102,29 @@ def attempts(events: list[dict]) -> list[AttemptView]:
     return [_attempt(a, evs) for a, evs in sorted(by_attempt.items())]
 
 
-def wall_times(evs: list[dict]) -> tuple[dict[int, tuple[float, float]], int]:
-    """(start, end) of each of a node's events (by ``id``), trusting the monotonic clock.
+def wall_times(evs: list[dict]) -> tuple[list[tuple[float, float]], int]:
+    """(start, end) of each of a node's events (in order), trusting the monotonic clock.
 
     Each event recorded both clocks; their difference is the same for every event of a node
     unless the wall clock stepped (NTP, an operator). The node's usual difference (the
     median) places an event whose own difference or duration disagrees with it, and its
     duration is the monotonic one. Events without monotonic times keep their wall times.
     Returns the times and how many events were placed from the monotonic clock."""
-    with_mono = [e for e in evs if _has_mono(e)]
-    times = {id(e): (e["start"], e["end"]) for e in evs}
+    times = [(e["start"], e["end"]) for e in evs]
+    with_mono = [i for i, e in enumerate(evs) if _has_mono(e)]
     if not with_mono:
         return times, 0
-    offsets = sorted(e["start"] - e["mono_start"] for e in with_mono)
+    offsets = sorted(evs[i]["start"] - evs[i]["mono_start"] for i in with_mono)
     ref = offsets[len(offsets) // 2]
     fixed = 0
-    for e in with_mono:
+    for i in with_mono:
+        e = evs[i]
         mono_dur = max(e["mono_end"] - e["mono_start"], 0.0)
         if abs(e["start"] - e["mono_start"] - ref) > CLOCK_STEP_S \
                 or abs((e["end"] - e["start"]) - mono_dur) > CLOCK_STEP_S \
                 or e["end"] < e["start"]:
             start = e["mono_start"] + ref
-            times[id(e)] = (start, start + mono_dur)
+            times[i] = (start, start + mono_dur)
             fixed += 1
     return times, fixed
 
@@ -190,22 +193,21 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
     for e in events:
         by_node.setdefault(str(e["node"]), []).append(e)
     problems = []
-    times: dict[int, tuple[float, float]] = {}
+    times: dict[str, list[tuple[float, float]]] = {}   # per node, in its events' order
     for n, evs in sorted(by_node.items()):
-        node_times, fixed = wall_times(evs)
-        times.update(node_times)
+        times[n], fixed = wall_times(evs)
         if fixed:
             problems.append(f"attempt {attempt} node {n}: the wall clock stepped; {fixed} "
                             f"event(s) placed by the monotonic clock")
     offsets = {n: 0.0 for n in by_node}
-    rdzv = {n: next((times[id(e)][0] for e in evs if e.get("kind") == "mark"
+    rdzv = {n: next((t[0] for e, t in zip(evs, times[n]) if e.get("kind") == "mark"
                      and e["phase"] == "rendezvous"), None) for n, evs in by_node.items()}
     alignment = "wall clock (NTP)"
     if len(by_node) > 1 and all(v is not None for v in rdzv.values()):
         ref = statistics.median(rdzv.values())
         offsets = {n: ref - v for n, v in rdzv.items()}
         alignment = "rendezvous marks"
-    t0 = min(min(times[id(e)][0] for e in evs) + offsets[n] for n, evs in by_node.items())
+    t0 = min(min(t[0] for t in times[n]) + offsets[n] for n in by_node)
     nodes = []
     for n, evs in sorted(by_node.items()):
         off = offsets[n] - t0
@@ -214,27 +216,27 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
         # rank, not process: helpers started for a rank (a mount's server reporting its
         # load) carry the rank's RANK and never mark ready themselves.
         readies: dict = {}
-        for e in evs:
+        for e, t in zip(evs, times[n]):
             if e.get("kind") == "mark" and e["phase"] == "ready":
                 who = e["rank"] if e.get("rank") is not None else ("pid", e.get("pid"))
-                readies[who] = max(readies.get(who, float("-inf")), times[id(e)][0] + off)
+                readies[who] = max(readies.get(who, float("-inf")), t[0] + off)
         ranks = {e["rank"] for e in evs if e.get("rank") is not None}
         missing = [r for r in ranks if r not in readies]
         ready = max(readies.values()) if readies and not missing else None
         last = max(readies, key=readies.get) if readies else None
         view = NodeView(node=n, gpus=max(int(e.get("gpus") or 0) for e in evs),
-                        start=min(times[id(e)][0] for e in evs) + off, ready=ready,
+                        start=min(t[0] for t in times[n]) + off, ready=ready,
                         last_rank=last if last in ranks else None,
                         missing_ranks=sorted(missing, key=str))
         parents = {(e.get("pid"), e["phase"]): e.get("parent") for e in evs
                    if e.get("kind") != "mark"}
         pid_rank = {e.get("pid"): e.get("rank") for e in evs if e.get("rank") is not None}
-        lane_keys: dict[int, tuple] = {id(e): _lane_of(e, parents) for e in evs}
-        labels = _lane_labels(set(lane_keys.values()), pid_rank)
+        lane_keys = [_lane_of(e, parents) for e in evs]
+        labels = _lane_labels(set(lane_keys), pid_rank)
         per_pid: dict[str, dict] = {}
-        for e in evs:
-            s, en = (x + off for x in times[id(e)])
-            lane = labels[lane_keys[id(e)]]
+        for e, (s, en), key in zip(evs, times[n], lane_keys):
+            s, en = s + off, en + off
+            lane = labels[key]
             if e.get("kind") == "mark":
                 view.marks.append({"phase": e["phase"], "t": s, "lane": lane,
                                    "rank": e.get("rank"), "pid": e.get("pid"),
