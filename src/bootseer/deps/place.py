@@ -12,6 +12,7 @@ a name alone could be anyone's).
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -168,9 +169,34 @@ def put(ready: str, prefix: str, key: str) -> None:
     if what != "env":
         os.rename(ready, prefix)     # over nothing, or over an empty directory (atomic)
         return
-    with Sibling(prefix, "old") as old:
+    if _exchange(ready, prefix):
+        rmtree(ready)        # the old environment, now at the sibling's name
+        return
+    with Sibling(prefix, "old") as old:   # no atomic exchange here: absent for a moment
         os.rename(prefix, old.path)
         os.rename(ready, prefix)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE), so a job starting meanwhile
+    sees the old environment or the new one, never none. False where the filesystem or
+    the C library cannot (NFS, old glibc): the caller renames twice."""
+    import ctypes
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                   ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def sweep_stale_sidecar(prefix: str) -> None:
