@@ -46,7 +46,12 @@ class Snapshotter:
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
-            self.proc.wait(timeout=20)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+                raise
 
 
 def cri_config(base: Path, sandbox_image: str, registry: str) -> str:
@@ -142,11 +147,15 @@ class Node:
             raise
 
     def close(self) -> None:
-        if self.containerd:
-            self.containerd.stop()
-        self.snapshotter.stop()
-        unmount_below(self.base)
-        shutil.rmtree(self.base, ignore_errors=True)
+        try:
+            if self.containerd:
+                self.containerd.stop()
+        finally:
+            try:
+                self.snapshotter.stop()
+            finally:
+                unmount_below(self.base)
+                shutil.rmtree(self.base, ignore_errors=True)
 
 
 @pytest.fixture
@@ -164,9 +173,12 @@ def nodes(tmp_path):
         started.append(node)
         return node
     yield start
-    for node in started:
-        node.close()
-    shutil.rmtree(top, ignore_errors=True)
+    try:
+        for node in started:
+            node.close()
+    finally:
+        unmount_below(top)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 @pytest.fixture

@@ -119,3 +119,103 @@ def _tree_meta(store: str, tree: str) -> dict:
     config = BootseerConfig.from_env(overrides={"store": {"url": store}})
     with Fetcher(config.fetch) as f:
         return load_toc(open_store(store), tree, f, NodeCache(config.cache))["meta"]
+
+
+def test_an_unreachable_store_falls_back_to_a_normal_pull(nodes, converted, registry, tmp_path):
+    from bootseer.testing.cri.pods import CriClient
+    image, pause, _, _ = converted
+    n = nodes("u", snapshotter_args=["--store", "http://127.0.0.1:9/none"],
+              env={"BOOTSEER_FETCH_RETRIES": "0"}, cri=(pause, f"127.0.0.1:{registry.port}"))
+    c = CriClient(n.containerd.sock)
+    try:
+        c.pull(image)
+        code, out = c.run(image, JOB, str(tmp_path / "logs"))
+        assert code == 0 and out[:2] == ["from layer two", "kept"], out
+        content = n.containerd.ctr("content", "ls", namespace="k8s.io").stdout
+        assert set(_layers(image)) <= {line.split()[0] for line in content.splitlines()[1:]}
+        assert "pulling its layers" in n.snapshotter.log.read_text()
+    finally:
+        c.close()
+
+
+def test_a_restarted_snapshotter_fails_running_containers_loudly_and_serves_new_ones(
+        nodes, converted, registry, tmp_path):
+    """The tree's server dies with the snapshotter: a running container's next read of the
+    image fails (never wrong bytes); after the restart the tree is mounted again and a new
+    pod runs."""
+    import signal
+    import threading
+    from bootseer.testing.cri.pods import CriClient
+    image, pause, store, _ = converted
+    n = nodes("r", snapshotter_args=["--store", store], cri=(pause, f"127.0.0.1:{registry.port}"),
+              env={"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")})
+    c = CriClient(n.containerd.sock)
+    try:
+        c.pull(image)
+        waiting = ["sh", "-c", "cat /data/keep.txt; sleep 6; cat /data/b.txt || echo READ-FAILED"]
+        result = {}
+        t = threading.Thread(target=lambda: result.update(
+            r=c.run(image, waiting, str(tmp_path / "logs1"))))
+        t.start()
+        log = tmp_path / "logs1/job.log"
+        deadline = time.monotonic() + 60   # the job runs (it read the image once)
+        while not (log.exists() and "kept" in log.read_text()):
+            assert time.monotonic() < deadline and t.is_alive(), result
+            time.sleep(0.1)
+        n.snapshotter.stop(signal.SIGKILL)
+        n.snapshotter.start()
+        t.join(120)
+        code, out = result["r"]
+        assert out[0] == "kept" and out[-1] == "READ-FAILED", out
+        deadline = time.monotonic() + 30   # containerd redials the proxy
+        while True:
+            try:
+                code, out = c.run(image, JOB, str(tmp_path / "logs2"))
+                break
+            except Exception:  # noqa: BLE001 - unavailable until the redial
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        assert code == 0 and out[0] == "from layer two", out
+    finally:
+        c.close()
+
+
+def test_labels_from_an_image_never_escape_the_root(converted, tmp_path):
+    """Malformed or hostile labels and keys are ordinary names: directories are numbered
+    below the root, store refs are never built from them; another image stacked on a
+    placeholder layer is refused."""
+    import grpc
+    from bootseer.config import BootseerConfig
+    from bootseer.snapshotter.lazy import CRI_MANIFEST, REF, LazyImages
+    from bootseer.snapshotter.proto import snapshots_pb2 as pb, snapshots_pb2_grpc
+    from bootseer.snapshotter.server import SnapshotterServer
+    image, _, store, tree = converted
+    config = BootseerConfig.from_env(overrides={"store": {"url": store},
+                                                "cache": {"dir": str(tmp_path / "cache")}})
+    root = tmp_path / "root"
+    sock = f"/tmp/bsh-{tmp_path.name[-8:]}.sock"
+    server = SnapshotterServer(sock, str(root), lazy=LazyImages(config)).start()
+    try:
+        with grpc.insecure_channel(f"unix://{sock}") as ch:
+            stub = snapshots_pb2_grpc.SnapshotsStub(ch)
+            hostile = {REF: "../../../../etc", CRI_MANIFEST: "sha256:../../x"}
+            stub.Prepare(pb.PrepareSnapshotRequest(key="../../escape", labels=hostile))
+            assert sorted(os.listdir(root / "snapshots")) == ["1"]
+            assert not (tmp_path / "escape").exists()
+            # The image's bottom layer, as containerd's unpacker prepares it:
+            meta = _tree_meta(store, tree)
+            manifest = meta["manifest"]
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Prepare(pb.PrepareSnapshotRequest(
+                    key="extract-1", labels={REF: meta["chain_ids"][0], CRI_MANIFEST: manifest}))
+            assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            info = stub.Stat(pb.StatSnapshotRequest(key=meta["chain_ids"][0])).info
+            assert info.labels["bootseer.dev/tree"] == tree
+            with pytest.raises(grpc.RpcError) as e:   # another image on the placeholder
+                stub.Prepare(pb.PrepareSnapshotRequest(
+                    key="extract-2", parent=meta["chain_ids"][0],
+                    labels={REF: "sha256:" + "1" * 64}))
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "placeholder" in e.value.details()
+    finally:
+        server.stop(grace=0)
