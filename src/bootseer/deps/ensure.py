@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bootseer import trace as tracing
+from bootseer import redact, trace as tracing
 from bootseer.config import BootseerConfig
 from bootseer.deps import compat, relocate
 from bootseer.deps.lease import LEASE_TTL_S, Lease
@@ -123,17 +123,17 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                     return done("restored", key)
                 except (StoreError, ValueError, KeyError) as e:
                     # corrupt or unreachable snapshot: never a half env
-                    why = f"restoring {key[:19]} failed ({e})"
+                    why = f"restoring {key[:19]} failed ({redact.text(str(e))})"
                     break
             if not store.writable:
-                why = f"the store {config.store.url} is read-only"
+                why = f"the store {redact.url(config.store.url)} is read-only"
                 break
             try:
                 leased = lease.acquire()
             except (StoreError, OSError) as e:
                 if not _read_only(e):
                     raise
-                why = f"the store {config.store.url} is read-only ({e})"
+                why = f"the store {redact.url(config.store.url)} is read-only"   # no lease
                 break
             if leased:
                 try:

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer import redact
 from bootseer.errors import BootseerError
 from bootseer.proc import preexec
 
@@ -35,7 +36,7 @@ def _run(cmd: list[str], what: str, **kw) -> str:
                        preexec_fn=preexec(signal.SIGKILL), **kw)
     if p.returncode != 0:
         tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
-        raise DepsError(f"{what} failed: {tail}")
+        raise DepsError(f"{what} failed: {redact.text(tail)}")   # an index URL's password
     return p.stdout
 
 
