@@ -9,12 +9,14 @@ import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from tests.trace.report_traces import demo_node
 
 pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _report(*args):
@@ -149,13 +151,25 @@ def test_prometheus_textfile(two_attempts, tmp_path):
             seen.append(line)
     assert declared["bootseer_startup_node_ready_seconds"] == "histogram"
     buckets = [float(line.rsplit(" ", 1)[1]) for line in seen
-               if line.startswith('bootseer_startup_node_ready_seconds_bucket{job="job",attempt="0"')]
+               if line.startswith('bootseer_startup_node_ready_seconds_bucket{job_id="job",'
+                                  'attempt="0",gpus_bin="10-100"')]
     assert buckets == sorted(buckets) and buckets[-1] == 3.0       # cumulative; +Inf = count
-    assert 'bootseer_startup_critical_path_seconds{job="job",attempt="0",pipeline="image"} 6.0' \
-        in text or re.search(r'pipeline="image"\} 5\.99', text)
-    assert re.search(r'bootseer_startup_technique\{job="job",attempt="1",technique="image",'
-                     r'figure="coverage"\} 0\.97', text)
-    assert 'bootseer_startup_restarts{job="job"} 1.0' in text
+    assert re.search(r'bootseer_startup_critical_path_seconds\{job_id="job",attempt="0",'
+                     r'gpus_bin="10-100",pipeline="image"\} 5\.99', text)
+    assert re.search(r'bootseer_startup_technique\{job_id="job",attempt="1",gpus_bin="10-100",'
+                     r'technique="image",figure="coverage"\} 0\.97', text)
+    assert 'bootseer_startup_restarts{job_id="job"} 1.0' in text
+    # the dashboard in deploy/ asks only for metrics and labels the export has
+    dash = json.loads((ROOT / "deploy" / "grafana" / "bootseer-startup.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs.append(dash["templating"]["list"][1]["query"])
+    metrics = set(re.findall(r"^(\w+?)(?:\{| )", text, re.M))
+    labels = set(re.findall(r'(\w+)="', text))
+    for expr in exprs:
+        for name in re.findall(r"\bbootseer_\w+", expr):
+            assert name in metrics, name
+        for label in re.findall(r"(\w+)=~?\"", expr) + re.findall(r"by \(([\w, ]+)\)", expr):
+            assert set(label.replace(" ", "").split(",")) <= labels, (label, expr)
 
 
 def test_trace_from_a_url(two_attempts, tmp_path):

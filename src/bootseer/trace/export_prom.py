@@ -1,6 +1,6 @@
 """Prometheus text exposition format, for node_exporter's textfile collector (a ``.prom``
 file in its ``--collector.textfile.directory``) or a Pushgateway: the startup figures of
-one job, labelled by job and attempt (and phase, pipeline, technique).
+one job, labelled by job id and attempt (and phase, pipeline, technique).
 
 Metrics (all gauges but the histogram):
 
@@ -11,7 +11,14 @@ Metrics (all gauges but the histogram):
 - ``bootseer_startup_critical_path_seconds{pipeline}``: what each pipeline held on the path;
 - ``bootseer_startup_gpu_seconds_lost``, ``bootseer_startup_stragglers``,
   ``bootseer_startup_nodes``, ``bootseer_startup_restarts`` (per job);
-- ``bootseer_startup_technique{technique,figure}``: image coverage, checkpoint MB/s...
+- ``bootseer_startup_technique{technique,figure}``: image coverage, checkpoint MB/s...;
+- ``bootseer_startup_gpus``.
+
+Labels: ``job_id`` (not ``job``, which Prometheus sets to the scrape job: a textfile's own
+``job`` would be renamed ``exported_job``), ``attempt``. Every per-attempt sample also has
+``gpus_bin`` (1-10, 10-100, ... GPUs, the bins of
+``bootseer analyze``) for startup time by job size. deploy/grafana/bootseer-startup.json is
+a dashboard over these metrics.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import math
 
 from bootseer.trace.analysis import AttemptView, Summary
+from bootseer.trace.simulate import BIN_NAMES, bin_of
 
 READY_BUCKETS_S = (5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
 
@@ -51,9 +59,13 @@ class _Writer:
 def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
     w = _Writer()
     w.metric("bootseer_startup_restarts", "gauge", "Restarts of the job seen in its trace.")
-    w.sample("bootseer_startup_restarts", {"job": job}, max(len(summaries) - 1, 0))
+    w.sample("bootseer_startup_restarts", {"job_id": job}, max(len(summaries) - 1, 0))
     for v, s in zip(views, summaries):
-        base = {"job": job, "attempt": s.attempt}
+        gpus = sum(n.gpus for n in v.nodes)
+        # job size as the simulator and `analyze` bin it, so dashboards group by it
+        base = {"job_id": job, "attempt": s.attempt, "gpus_bin": BIN_NAMES[bin_of(max(gpus, 1))]}
+        w.metric("bootseer_startup_gpus", "gauge", "GPUs of the attempt (sum over nodes).")
+        w.sample("bootseer_startup_gpus", base, gpus)
         w.metric("bootseer_startup_nodes", "gauge", "Nodes of the attempt.")
         w.sample("bootseer_startup_nodes", base, s.nodes)
         w.metric("bootseer_startup_nodes_not_ready", "gauge", "Nodes that never got ready.")
