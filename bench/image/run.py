@@ -130,6 +130,9 @@ def run_variant(name: str, flags: list[str], *, scratch: Path, netns: str | None
         row["prepare_s"] = prep["end"]
     if "--baseline" in flags and prep:
         row["local_run_s"] = s["ready_s"] - prep["end"]
+    lazy = s["phases"].get("image.lazy") or {}
+    if lazy.get("mount"):
+        row["mount"] = lazy["mount"]   # erofs-fuse-blob, erofs-local or fuse
     for f in (scratch / "trace" / "img" / str(attempt)).glob("*.jsonl"):
         for line in f.read_text().splitlines():
             e = json.loads(line)
@@ -183,7 +186,7 @@ def main() -> int:
                     if "local_run_s" in row:
                         results.setdefault("(4) fully local", []).append(
                             {"ready_s": row["local_run_s"]})
-                    print(f"  {name:34} ready {row['ready_s']:6.2f} s  "
+                    print(f"  {name:34} ready {row['ready_s']:6.2f} s  {row.get('mount', '')} "
                           + "  ".join(f"{k} {v:.3g}" for k, v in row.items()
                                       if k != "ready_s" and isinstance(v, (int, float))),
                           flush=True)

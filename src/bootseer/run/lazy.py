@@ -40,7 +40,8 @@ class LazyImage(Pipeline):
         except StoreError as e:
             raise FallbackPossible(f"lazy image unavailable ({e})") from e
         return Prepared(path=str(rootfs), attrs={
-            "tree": self.tree, "prefetch_chunks": len(profile["chunks"]) if profile else 0},
+            "tree": self.tree, "prefetch_chunks": len(profile["chunks"]) if profile else 0,
+            "mount": getattr(self.handle, "backend", "fuse")},   # erofs-local / -fuse-blob
             image_config=oci_config(meta))
 
     def fallback(self) -> Pipeline:

@@ -215,6 +215,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     local = _local_blob(config, layout)
     if local is not None:
         kernel.mount_with_read_ahead(str(meta), mountpoint, local)
+        handle = ErofsTreeHandle(mountpoint, None, backend="erofs-local")   # noted at once
         # no Python sees the reads: nothing to record, nothing to prefetch
         _write_atomic(state / "figures.json", json.dumps({
             "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
@@ -224,7 +225,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
         for marker in (PREFETCHED, PREREAD):
             (state / marker).touch()
         log.info("%s: EROFS on the local blob at %s", tree[:19], mountpoint)
-        return ErofsTreeHandle(mountpoint, None, backend="erofs-local")
+        return handle
 
     blob_mp = state / "blobfs"
     blob_mp.mkdir(exist_ok=True)
