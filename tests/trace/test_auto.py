@@ -91,3 +91,31 @@ def test_sitecustomize_hook_and_disabled(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bootseer.trace.auto", str(script)], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 3 and not list((tmp_path / "trace").rglob("*.jsonl"))
+
+
+@pytest.mark.timeout(120)
+def test_first_collective_timed_once_then_unwrapped(tmp_path):
+    """Only the first collective is timed; afterwards torch.distributed's functions are its
+    own again (no wrapper on the training loop's collectives)."""
+    script = tmp_path / "c.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        "assert getattr(dist.all_reduce, '_bootseer', False)\n"
+        "dist.all_reduce(torch.ones(2))\n"
+        "from torch.distributed import distributed_c10d as c\n"
+        "assert dist.all_reduce is c.all_reduce and dist.barrier is c.barrier\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "bootseer.trace.auto", str(script)],
+                       env=_env(tmp_path, PORT=str(port)), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    events = load.load(tmp_path / "trace").events
+    firsts = [e for e in events if e["phase"] == "dist.first_collective"]
+    assert [e["attrs"]["op"] for e in firsts] == ["all_reduce"]
+    assert [e["phase"] for e in events].count("rendezvous") == 1

@@ -216,11 +216,13 @@ def _first_collective(mod) -> None:
     rank arrives (its rendezvous wait; with NCCL it also builds the communicator). All
     ranks leave it together: the ``rendezvous`` mark at its return aligns the clocks."""
     state = {"done": False}
+    originals, wrappers = {}, {}
 
     def wrap(name: str) -> None:
         fn = getattr(mod, name, None)
         if fn is None or getattr(fn, "_bootseer", False):
             return
+        originals[name] = fn
 
         @functools.wraps(fn)
         def inner(*a, **kw):
@@ -230,8 +232,12 @@ def _first_collective(mod) -> None:
                 out = fn(*a, **kw)
             state["done"] = True
             record.mark("rendezvous")
+            for n, original in originals.items():   # later collectives: no wrapper at all
+                if getattr(mod, n, None) is wrappers[n]:   # unless someone patched it since
+                    setattr(mod, n, original)
             return out
         inner._bootseer = True
+        wrappers[name] = inner
         setattr(mod, name, inner)
     for name in _COLLECTIVES:
         wrap(name)
