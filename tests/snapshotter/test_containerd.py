@@ -89,3 +89,34 @@ def test_image_removal_frees_every_snapshot(containerd, layered_image):
     containerd.ctr("images", "rm", "--sync", layered_image)
     assert containerd.ctr("snapshots", "--snapshotter", "bootseer", "ls").stdout.splitlines()[1:] == []
     assert os.listdir(containerd.snapshotter.root / "snapshots") == []
+
+
+def test_the_deployed_containerd_config_loads_the_snapshotter(nodes, tmp_path):
+    """deploy/kubernetes/containerd-bootseer.toml, as a node merges it, in a real containerd:
+    the proxy plugin is loaded and the CRI plugin starts with it as its snapshotter."""
+    from pathlib import Path
+    from tests.snapshotter.conftest import wait_socket
+    snippet = (Path(__file__).resolve().parents[2]
+               / "deploy/kubernetes/containerd-bootseer.toml").read_text()
+    node = nodes("cfg")
+    base = node.base / "deployed"
+    base.mkdir()
+    sock = f"{base}/c.sock"
+    config = snippet.replace("/run/bootseer/snapshotter.sock", node.snapshotter.sock).replace(
+        "version = 2\n", f'version = 2\nroot = "{base}/root"\nstate = "{base}/state"\n'
+                         f'[grpc]\n  address = "{sock}"\n', 1)
+    (base / "config.toml").write_text(config)
+    log = base / "containerd.log"
+    proc = subprocess.Popen(["containerd", "--config", str(base / "config.toml")],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_socket(sock, proc, log)
+        plugins = subprocess.run(["ctr", "--address", sock, "plugins", "ls"], capture_output=True,
+                                 text=True, check=True).stdout.splitlines()
+        row = {tuple(p.split()[:2]): p.split()[-1] for p in plugins[1:]}
+        assert row[("io.containerd.snapshotter.v1", "bootseer")] == "ok"
+        assert row[("io.containerd.grpc.v1", "cri")] == "ok"
+        assert "Snapshotter:bootseer" in log.read_text()   # the CRI's own config dump
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
