@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +56,19 @@ def _theirs(token: str) -> list[int]:
     return found
 
 
+def _state_paths(token: str) -> set[Path]:
+    """Private directories under /tmp that the command's processes name in their
+    arguments (podman's --root, --rootfs...)."""
+    found = set()
+    for pid in _theirs(token):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        found |= {Path(m) for m in re.findall(r"/tmp/bs[a-z]+-[A-Za-z0-9_]+", cmd)}
+    return found
+
+
 def _dead_states(before: set[str]) -> dict[Path, list[dict]]:
     """State directories made since ``before`` whose owner is dead, with their notes."""
     out = {}
@@ -96,6 +110,7 @@ def _kill_then_next(argv: list[str], env: dict, up, next_command, tmp_path: Path
         else:
             time.sleep(moment)
     finally:
+        used = _state_paths(token)   # what its processes name, noted or not
         p.send_signal(signal.SIGKILL)
         p.wait(10)
     if watched_mount is not None:   # the FUSE server unmounts as its parent dies
@@ -105,7 +120,7 @@ def _kill_then_next(argv: list[str], env: dict, up, next_command, tmp_path: Path
     noted = [Path(r["dir"]) for notes in left.values() for r in notes if "dir" in r]
     next_command()   # sweeps what the killed one left, and must work
     assert not _mounted_under(tmp_path, *left, *noted), "left mounted"
-    assert not [p for p in (*left, *noted) if p.exists()], "left on disk"
+    assert not [p for p in (*left, *noted, *used) if p.exists()], "left on disk"
     _wait(lambda: not _theirs(token), 30, f"left running: {_theirs(token)}")
 
 
@@ -196,6 +211,27 @@ def test_killed_image_run_leaves_nothing(need_root, need_fuse, image_store, tmp_
         assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
     argv = ["image", "run", tree, "--store", store, "--", "sh", "-c", "sleep 300; :", "TOKEN"]
+    _kill_then_next(argv, env, container_is_up, next_run, tmp_path, moment, None)
+
+
+@pytest.mark.parametrize("moment", [_kill_moments()[0], UP])
+def test_killed_run_with_a_pulled_image_leaves_nothing(need_root, registry, busybox_rootfs,
+                                                       tmp_path, moment):
+    """The conventional path (``run --pull``, also the fallback when the store is down):
+    podman's storage of the pulled image lies outside the run's state directory."""
+    from tests.run.test_baseline import push_busybox
+    ref = push_busybox(registry, busybox_rootfs, tmp_path)
+    env = _env(tmp_path)
+
+    def container_is_up(token: str) -> bool:
+        return any(Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sh\0-c\0sleep")
+                   for pid in _theirs(token) if Path(f"/proc/{pid}").exists())
+
+    def next_run() -> None:
+        r = _bootseer("run", "--pull", "--image", ref, "--", "sh", "-c", "echo ok", env=env)
+        assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+    argv = ["run", "--pull", "--image", ref, "--", "sh", "-c", "sleep 300; :", "TOKEN"]
     _kill_then_next(argv, env, container_is_up, next_run, tmp_path, moment, None)
 
 

@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+from bootseer import proc as procs
 from bootseer.errors import BootseerError
 from bootseer.run.container import unmount_under
 
@@ -50,7 +51,9 @@ class Cancel:
 
 
 def _check(cmd: list[str], what: str, cancel: Cancel | None = None, **kw) -> str:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    # dies with us (podman pull, pip install); the calling thread waits for it to end
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=procs.preexec(), **kw)
     if cancel is not None:
         cancel.track(proc)
     out, err = proc.communicate()
@@ -94,10 +97,12 @@ class PulledImage:
         return {"env": cfg.get("Env"), "workdir": cfg.get("WorkingDir"),
                 "entrypoint": cfg.get("Entrypoint"), "cmd": cfg.get("Cmd")}
 
+    def unmount_all_command(self) -> list[str]:
+        return [*self._podman, "image", "unmount", "--all", "--force"]
+
     def close(self) -> None:
         if self.rootfs:
-            subprocess.run([*self._podman, "image", "unmount", "--all", "--force"],
-                           capture_output=True)
+            subprocess.run(self.unmount_all_command(), capture_output=True)
         unmount_under(self.state_dir)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 

@@ -28,6 +28,7 @@ from bootseer import alive
 from bootseer import proc as procs
 from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
+from bootseer.run import baseline
 from bootseer.run import container as C
 from bootseer.run import inroot
 from bootseer.run import pipelines as P
@@ -156,7 +157,16 @@ class NodeRun:
             made["deps"] = P.deps_pipeline(s, self.config, self.state / "deps")
         if s.ckpt:
             made["ckpt"] = P.ckpt_pipeline(s, self.config, self.state / "ckpt")
+        for pipeline in made.values():
+            self._note_outside(pipeline)
         return made
+
+    def _note_outside(self, pipeline: P.Pipeline) -> None:
+        """A pulled image's podman storage lies outside the run's state (podman refuses a
+        long path): if this run dies, the next command unmounts and removes it."""
+        image = getattr(pipeline, "image", None)
+        if self._state_dir is not None and isinstance(image, baseline.PulledImage):
+            self._state_dir.note_dir(image.state_dir, image.unmount_all_command())
 
     def _prepare(self) -> dict[str, P.Prepared]:
         """Run the pipelines at once, each in a daemon thread: on SIGTERM the main thread
@@ -219,6 +229,7 @@ class NodeRun:
                 log.warning("%s: %s; falling back to the conventional path", name, e)
                 span.set(fallback=str(e)[:200])
                 replacement = pipeline.fallback()
+                self._note_outside(replacement)
                 self.pipelines[self.pipelines.index(pipeline)] = replacement
                 self._final[name] = replacement
                 prepared = replacement.prepare(self.timeline)
