@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
-import logging
 import os
 import stat
 import tempfile
@@ -30,7 +29,6 @@ from bootseer.mount.erofs.writer import Inode
 from bootseer.mount.view import Attr
 from bootseer.tree import format as fmt
 
-log = logging.getLogger(__name__)
 BLOB_NAME = "blob"
 LAYOUT_VERSION = b"bootseer.blob.v1"
 _FMT = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_IFCHR,

@@ -43,7 +43,7 @@ def mount(image: str, mountpoint: str, blob: str) -> None:
     if rc != 0:
         e = ctypes.get_errno()
         raise ErofsMountError(f"cannot mount EROFS image {image} at {mountpoint}: "
-                              f"{os.strerror(e)} (see dmesg)", )
+                              f"{os.strerror(e)} (see dmesg)")
 
 
 _bdi_lock = threading.Lock()

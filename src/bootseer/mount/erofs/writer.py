@@ -23,11 +23,12 @@ import math
 import stat
 from dataclasses import dataclass, field
 
+from bootseer.errors import BootseerError
 from bootseer.mount.erofs import layout as L
 
 
-class ImageError(ValueError):
-    pass
+class ImageError(BootseerError, ValueError):
+    """A tree EROFS cannot represent (a bad name, a chunk list that does not fit)."""
 
 
 @dataclass(eq=False, slots=True)
