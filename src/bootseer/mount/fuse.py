@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import stat
 import subprocess
 import time
 from typing import Callable
