@@ -47,7 +47,7 @@ def demo_node(root: Path, node: str, *, image_s: float = 4.0, deps_s: float = 2.
     ranks wait), checkpoint load, first step, ready).
     ``rendezvous_at`` (s) is when the slowest rank arrived: this rank waits until then."""
     t = NodeTrace(root, node, attempt=attempt, skew=skew)
-    prep = max(image_s, deps_s, ckpt_s)
+    prep = max(image_s, deps_s, ckpt_s) + 0.05     # the launcher joins its pipeline threads
     t.span("startup.prepare", 0.0, prep)
     t.span("image.lazy", 0.001, image_s, mode="lazy")
     t.span("image.mount", 0.01, 0.4, parent="image.lazy")

@@ -21,7 +21,7 @@ LABEL_W, W = 190, 1180          # the lanes' geometry in export_html.js
 
 @pytest.fixture
 def report(tmp_path):
-    rendezvous = 6.0 + 0.05 + 0.2 + 3.0 + 0.5
+    rendezvous = 6.05 + 0.05 + 0.2 + 3.0 + 0.5
     for attempt in (0, 1):
         for i in range(3):
             demo_node(tmp_path / "t", f"n{i}", rank=i, attempt=attempt,

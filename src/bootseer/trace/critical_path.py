@@ -27,6 +27,7 @@ from bootseer.trace.analysis import (COLLECTIVES, UNTRACED, AttemptView, NodeVie
                                       pipeline_of)
 
 EPS_S = 1e-3
+WRAPPERS = {"startup"}
 NOT_STARTED = "(not started)"
 
 
@@ -56,11 +57,8 @@ def node_path(node: NodeView, view: AttemptView | None = None) -> list[Segment]:
     out: list[Segment] = []
     t, hopped = node.ready, False
     while t > node.start + EPS_S:
-        tops = _tops(node)
-        before = [s for s in tops if s["start"] < t - EPS_S]
-        if not before:
-            out.append(Segment(UNTRACED, "", node.start, t, node.node))
-            break
+        work, wrappers = _tops(node)
+        before = [s for s in work if s["start"] < t - EPS_S]
         finished = [s for s in before if s["end"] <= t + EPS_S]
         last_end = max((s["end"] for s in finished), default=float("-inf"))
         if last_end >= t - EPS_S:   # what t waited on: finished just then (innermost first)
@@ -84,15 +82,30 @@ def node_path(node: NodeView, view: AttemptView | None = None) -> list[Segment]:
             out.append(Segment(s["phase"], s["lane"], lo, t, node.node))
             t = lo
             continue
-        out.append(Segment(UNTRACED, "", last_end, t, node.node))
-        t = last_end
+        floor = max(last_end, node.start)
+        wrap = max((w for w in wrappers if w["start"] < t - EPS_S and w["end"] > floor + EPS_S),
+                   key=lambda w: min(w["end"], t), default=None)
+        if wrap is not None and wrap["end"] >= t - EPS_S:
+            # the wrapper's own time around what it waited for (joining its threads)
+            lo = max(wrap["start"], floor)
+            out.append(Segment(wrap["phase"], wrap["lane"], lo, t, node.node))
+        else:   # nothing traced; back to the end of the last phase or wrapper before t
+            lo = max(floor, wrap["end"]) if wrap is not None else floor
+            out.append(Segment(UNTRACED, "", lo, t, node.node))
+        t = lo
     if node.start > EPS_S:
         out.append(Segment(NOT_STARTED, "", 0.0, node.start, node.node))
     return _merged(out[::-1])
 
 
-def _tops(node: NodeView) -> list[dict]:
-    return [s for s in node.spans if not s["parent"] and s["end"] > s["start"]]
+def _tops(node: NodeView) -> tuple[list[dict], list[dict]]:
+    """The node's top-level phases: those that did work, and wrappers (``startup.*``, which
+    bootseer run records around the image, deps and checkpoint pipelines it runs in other
+    threads, ending when it has joined them): a wrapper is on the path only where no phase
+    inside it is."""
+    tops = [s for s in node.spans if not s["parent"] and s["end"] > s["start"]]
+    return ([s for s in tops if pipeline_of(s["phase"]) not in WRAPPERS],
+            [s for s in tops if pipeline_of(s["phase"]) in WRAPPERS])
 
 
 def _last_arrival(view: AttemptView) -> tuple[NodeView, dict] | None:
