@@ -10,14 +10,14 @@ Layout of a staging directory (one per node: ``<cache.dir>/../ckpt``)::
       .gc.lock           held shared while an engine takes up a file, exclusive by ``gc``
 
 ``<name>`` is derived from the remote file's identity (URL without credentials + size +
-mtime/ETag), so a new version of a file never reads an old version's bytes.
+mtime/ETag), so a new version of a file never reads an old version's bytes. Which stripes
+of an incomplete file are present is known only to the process that wrote them; another
+process trusts only the ``.complete`` marker (a killed writer may have left holes).
 
 Who may read a staged file (``ckpt.staging_mode``): ``auto`` makes the copy of a file read
 with credentials (in its URL, BOOTSEER_CKPT_USERNAME/PASSWORD, netrc) private (0600, its
 staged mirror folders 0700) and others readable by all (0644); ``private`` makes every
-file private and the staging directory 0700; ``shared`` makes every file 0644. Which stripes of an incomplete file
-are present is known only to the process that wrote them; another process trusts only the
-``.complete`` marker (a killed writer may have left holes).
+file private and the staging directory 0700; ``shared`` makes every file 0644.
 
 Nothing else removes staged files, so ``bootseer ckpt gc`` keeps the directory under a
 size: least recently used first (an engine touches a file when it takes it up), never a
