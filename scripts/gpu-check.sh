@@ -76,7 +76,7 @@ rm -rf "$work/venv"
 "$uv" pip install -q --offline --no-index --find-links "$wheels" --python "$work/venv/bin/python" "$repo"
 bs() { "$work/venv/bin/python" -m bootseer "$@"; }
 export BOOTSEER_CACHE_DIR=$work/cache BOOTSEER_STORE_URL=$work/store
-bs --help >/dev/null && say "bootseer installed: $("$work/venv/bin/python" -c 'import bootseer; print(bootseer.__version__)')"
+bs run --help >/dev/null && say "bootseer installed: $("$work/venv/bin/python" -c 'import bootseer; print(bootseer.__version__)')"
 
 # -- 2. a CUDA-capable image from this machine's own files ---------------------------------
 step "build the image layer (this machine's Python $py_version, driver libraries, torch venv)"
