@@ -95,7 +95,7 @@ def test_the_deployed_containerd_config_loads_the_snapshotter(nodes, tmp_path):
     """deploy/kubernetes/containerd-bootseer.toml, as a node merges it, in a real containerd:
     the proxy plugin is loaded and the CRI plugin starts with it as its snapshotter."""
     from pathlib import Path
-    from tests.snapshotter.conftest import wait_socket
+    from bootseer.testing.containerd import wait_socket
     snippet = (Path(__file__).resolve().parents[2]
                / "deploy/kubernetes/containerd-bootseer.toml").read_text()
     node = nodes("cfg")
