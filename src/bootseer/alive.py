@@ -48,9 +48,11 @@ class Mark:
         os.close(fd)
         return cls(path)
 
-    def release(self) -> None:
+    def release(self, *, remove: bool = True) -> None:
+        """Drop the lock; ``remove=False`` leaves the file, a dead mark (swept later)."""
         if self._fd is not None:
-            self.path.unlink(missing_ok=True)
+            if remove:
+                self.path.unlink(missing_ok=True)
             os.close(self._fd)
             self._fd = None
 
@@ -132,12 +134,11 @@ class StateDir:
                 shutil.rmtree(child, ignore_errors=True)
             else:
                 child.unlink(missing_ok=True)
-        self._mark.release()
+        left = [c for c in self.path.iterdir() if c.name != MARK]
+        self._mark.release(remove=not left)   # what could not go now, a later sweep retries
         self._mark = None
-        try:
+        if not left:
             os.rmdir(self.path)
-        except OSError:
-            shutil.rmtree(self.path, ignore_errors=True)
 
     def __enter__(self) -> "StateDir":
         return self

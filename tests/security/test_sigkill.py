@@ -359,3 +359,18 @@ def test_a_state_dir_others_could_have_planted_is_left_alone(tmp_path):
     finally:
         import shutil
         shutil.rmtree(planted, ignore_errors=True)
+
+
+def test_a_state_dir_that_cannot_be_removed_now_is_left_to_the_next_sweep(monkeypatch):
+    """What close() cannot remove (a busy file system, say) keeps a dead mark: the next
+    sweep retries, instead of a directory no sweep would ever claim."""
+    state = alive.StateDir("bsn-", sweep=False)
+    stuck = state.path / "stuck"
+    stuck.mkdir()
+    real_rmtree = alive.shutil.rmtree
+    monkeypatch.setattr(alive.shutil, "rmtree", lambda path, ignore_errors=False: None
+                        if Path(path) == stuck else real_rmtree(path, ignore_errors))
+    state.close()
+    assert stuck.exists() and alive.held(state.path / alive.MARK) is False
+    monkeypatch.undo()
+    assert str(state.path) in alive.sweep_dead() and not state.path.exists()
