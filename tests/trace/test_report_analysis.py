@@ -118,7 +118,8 @@ def test_rendezvous_wait_per_rank_and_technique_figures(tmp_path):
     _, s = _summary(tmp_path)
     waits = {r["node"]: r["rendezvous_wait"] for r in s.ranks}
     assert waits["n1"] == pytest.approx(0.0, abs=1e-6)
-    assert waits["n0"] == pytest.approx(5.0, abs=0.01) and waits["n2"] == pytest.approx(5.0, abs=0.01)
+    assert waits["n0"] == pytest.approx(5.0, abs=0.01)
+    assert waits["n2"] == pytest.approx(5.0, abs=0.01)
     row = next(r for r in s.ranks if r["node"] == "n0")
     assert row["imports"] == pytest.approx(3.0) and row["first step"] == pytest.approx(2.0)
     assert s.figures["image"]["coverage"] == pytest.approx(0.97)

@@ -77,7 +77,8 @@ def _build(path: str, k: float, attempt: int | None):
     if attempt is not None:
         views = [v for v in views if v.attempt == attempt]
     if not views:
-        raise TraceError(f"{path}: no events" + (f" for attempt {attempt}" if attempt is not None else ""))
+        raise TraceError(f"{path}: no events"
+                         + (f" for attempt {attempt}" if attempt is not None else ""))
     return t, views, [analysis.summarize(v, k) for v in views]
 
 

@@ -10,6 +10,7 @@ import statistics
 
 from bootseer.trace.analysis import AttemptView, Summary
 
+
 def _f(v) -> str:
     return "-" if v is None else f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
 
