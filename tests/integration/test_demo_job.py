@@ -45,8 +45,8 @@ def _job(nodes) -> S.Job:
                  job_id="t", join_timeout_s=JOIN_TIMEOUT_S)
 
 
-def _launch(job, tmp_path, checkpoint, attempt, **kw):
-    start = S.Start(f"attempt{attempt}", [], attempt=attempt)
+def _launch(job, tmp_path, checkpoint, name, **kw):
+    start = S.Start(name, [], attempt=None)   # bootseer run --attempt auto counts starts
     env = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
            "BOOTSEER_TRACE_LOCATION": str(tmp_path / "trace"), "BOOTSEER_TRACE_JOB_ID": "t",
            "BOOTSEER_STORE_URL": str(tmp_path / "store"), "PYTHONPATH": os.environ.get(
@@ -68,7 +68,7 @@ def _no_process_left(nodes, grace_s: float = 10):
 
 def test_two_nodes_rendezvous_load_their_shards_and_step(cluster, checkpoint, tmp_path):
     job = _job(cluster)
-    results = S.wait_nodes(_launch(job, tmp_path, checkpoint, 0), timeout_s=120)
+    results = S.wait_nodes(_launch(job, tmp_path, checkpoint, "first"), timeout_s=120)
     for r in results:
         assert r.rc == 0, r.log.read_text()
         assert r.ready_s is not None
@@ -83,7 +83,7 @@ def test_two_nodes_rendezvous_load_their_shards_and_step(cluster, checkpoint, tm
 def test_a_node_that_never_joins_times_out_the_others_naming_it(cluster, checkpoint, tmp_path):
     job = _job(cluster)
     t = time.monotonic()
-    results = S.wait_nodes(_launch(job, tmp_path, checkpoint, 0, hold={"node1"}),
+    results = S.wait_nodes(_launch(job, tmp_path, checkpoint, "first", hold={"node1"}),
                            timeout_s=60)
     assert time.monotonic() - t < 45   # the rendezvous timeout, not the harness's deadline
     node0 = results[0]
@@ -95,7 +95,7 @@ def test_a_node_that_never_joins_times_out_the_others_naming_it(cluster, checkpo
 def test_a_node_killed_during_startup_fails_the_job_and_the_next_attempt_counts(
         cluster, checkpoint, tmp_path):
     job = _job(cluster)
-    launched = _launch(job, tmp_path, checkpoint, 0)
+    launched = _launch(job, tmp_path, checkpoint, "first")
     deadline = time.monotonic() + 60
     while not any("torch.distributed.run" in _cmdline(pid)
                   for pid in processes_in(cluster[1].netns)):
@@ -108,7 +108,7 @@ def test_a_node_killed_during_startup_fails_the_job_and_the_next_attempt_counts(
     assert "node1 (killed by SIGKILL)" in S.explain_failure(results)   # joined or not
     _no_process_left(cluster)
 
-    retry = S.wait_nodes(_launch(job, tmp_path, checkpoint, 1), timeout_s=120)
+    retry = S.wait_nodes(_launch(job, tmp_path, checkpoint, "retry"), timeout_s=120)
     assert [r.rc for r in retry] == [0, 0] and S.explain_failure(retry) is None
     attempts = {json.loads(line).get("attempt")
                 for f in (tmp_path / "trace").rglob("*.jsonl") for line in f.open()}

@@ -20,6 +20,7 @@ from bootseer.demo import assets as A
 from bootseer.demo import cluster
 from bootseer.demo import scenario as S
 from bootseer.demo import tables
+from bootseer.run.container import unmount_under
 
 DEFAULT_ASSETS = "/var/tmp/bootseer-demo/assets"
 
@@ -74,6 +75,18 @@ def scratch_tmpfs(size: str):
 
 
 @contextlib.contextmanager
+def node_disks():
+    """The nodes' own directories (node caches, environments, staged checkpoints) on disk,
+    as on a real node: the kernel's file-backed EROFS mounts cannot use files on tmpfs."""
+    path = Path(tempfile.mkdtemp(prefix=cluster.scratch_prefix(), dir="/var/tmp"))
+    try:
+        yield path
+    finally:
+        unmount_under(str(path))
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def shaped_link(rate: str):
     """A private network namespace whose loopback is shaped to ``rate`` (``none``: no
     namespace, no shaping); the single-process benchmarks' link."""
@@ -106,6 +119,7 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
     done: list[tuple[str, list[S.NodeResult]]] = []
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(scratch_tmpfs(args.scratch_size))
+        nodes_dir = stack.enter_context(node_disks())
         net = stack.enter_context(cluster.demo_cluster(args.nodes, args.rate))
         say(f"network: {args.nodes} nodes ({net.nodes[0].addr}..{net.nodes[-1].addr}), each "
             f"in its own network namespace on one bridge; the storage host "
@@ -141,7 +155,7 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
                     script_args=train_args, join_timeout_s=args.join_timeout)
         for start in starts:
             say(f"start '{start.name}': {args.nodes} nodes start one torchrun job ...")
-            launched = S.launch_nodes(start, job, work=scratch, run_args=run_args,
+            launched = S.launch_nodes(start, job, work=nodes_dir, run_args=run_args,
                                       base_env=base_env)
             try:
                 results = S.wait_nodes(launched, timeout_s=args.join_timeout + 600)
@@ -153,7 +167,7 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
             if left:
                 say("  processes left after the start, killed: "
                     + ", ".join(f"{k}: {v}" for k, v in left.items()))
-            S.cleanup_nodes(scratch, start)
+            S.cleanup_nodes(nodes_dir, start)
             S.keep_logs(results, out / "logs" / start.name)
             ready = [r.ready_s for r in results if r.ready_s is not None]
             say(f"  {len(ready)}/{len(results)} nodes ready"

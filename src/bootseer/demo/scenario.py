@@ -35,8 +35,13 @@ RDZV_PORT = 29400
 class Start:
     name: str
     flags: list[str]
-    attempt: int
+    attempt: int | None
+    """None: ``bootseer run --attempt auto`` counts this job's starts itself."""
     fresh_nodes: bool = True
+
+    @property
+    def rdzv_id(self) -> str:
+        return re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-")
 
 
 @dataclass
@@ -50,7 +55,7 @@ class Job:
     job_id: str = "demo"
     join_timeout_s: int = 600   # how long a node waits at rendezvous for the others
 
-    def command(self, index: int, attempt: int) -> list[str]:
+    def command(self, index: int, rdzv_id: str) -> list[str]:
         node = self.nodes[index]
         conf = (f"join_timeout={self.join_timeout_s},read_timeout={self.join_timeout_s},"
                 # node 0 hosts the rendezvous store: say so (its address is not the
@@ -59,7 +64,7 @@ class Job:
         return [self.python, "-m", "torch.distributed.run", "--nnodes", str(len(self.nodes)),
                 "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{self.nodes[0].addr}:{RDZV_PORT}",
-                "--rdzv-id", f"{self.job_id}-{attempt}", "--rdzv-conf", conf,
+                "--rdzv-id", f"{self.job_id}-{rdzv_id}", "--rdzv-conf", conf,
                 "--local-addr", node.addr, "--max-restarts", "0", "--monitor-interval", "0.5",
                 self.script, *self.script_args]
 
@@ -135,9 +140,11 @@ def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
             launched.append(Launched(host, None, summary, log))
             continue
         env = {**base_env, "BOOTSEER_CACHE_DIR": str(node_dir / "cache"),
-               "BOOTSEER_TRACE_NODE": host.name, "BOOTSEER_TRACE_ATTEMPT": str(start.attempt)}
+               "BOOTSEER_TRACE_NODE": host.name}
+        if start.attempt is not None:
+            env["BOOTSEER_TRACE_ATTEMPT"] = str(start.attempt)
         argv = node_command(node=host, node_dir=node_dir, env=env,
-                            cmd=job.command(i, start.attempt),
+                            cmd=job.command(i, start.rdzv_id),
                             run_args=[*run_args, *start.flags, "--summary", str(summary)])
         out = open(log, "wb")
         launched.append(Launched(host, subprocess.Popen(
