@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from bootseer import proc as procs
 from bootseer.errors import BootseerError
@@ -341,8 +342,12 @@ def pick_runtime(runtime: str = "auto") -> str:
     return runtime
 
 
-def start(c: Container, *, runtime: str = "auto", stdout=None, stderr=None) -> Running:
-    """Start ``c`` and return at once. ``runtime``: ``auto``, ``podman`` or ``chroot``."""
+def start(c: Container, *, runtime: str = "auto", stdout=None, stderr=None,
+          on_state: Callable[[str, list[str] | None], None] | None = None) -> Running:
+    """Start ``c`` and return at once. ``runtime``: ``auto``, ``podman`` or ``chroot``.
+    ``on_state(state_dir, undo)``: called before anything runs with the private state
+    directory and the command that removes its containers (None: nothing to remove), so a
+    caller can have them cleaned if it is killed."""
     if not os.path.isdir(c.rootfs):
         raise ContainerError(f"container root {c.rootfs!r} is not a directory")
     if not c.argv:
@@ -357,6 +362,9 @@ def start(c: Container, *, runtime: str = "auto", stdout=None, stderr=None) -> R
         os.makedirs(f"{state_dir}/m")
         os.makedirs(f"{state_dir}/w")
         argv = chroot_command(c, state_dir)
+    if on_state is not None:
+        on_state(state_dir, [*_podman(state_dir), "rm", "--force", "--all", "--time", "0"]
+                 if runtime == "podman" else None)
     try:
         # Dies with us: podman forwards SIGTERM to the job; unshare --kill-child needs SIGKILL.
         proc = procs.spawn(subprocess.Popen, argv, stdout=stdout, stderr=stderr,

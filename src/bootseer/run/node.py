@@ -165,8 +165,8 @@ class NodeRun:
         """A pulled image's podman storage lies outside the run's state (podman refuses a
         long path): if this run dies, the next command unmounts and removes it."""
         image = getattr(pipeline, "image", None)
-        if self._state_dir is not None and isinstance(image, baseline.PulledImage):
-            self._state_dir.note_dir(image.state_dir, image.unmount_all_command())
+        if isinstance(image, baseline.PulledImage):
+            self._note_dir(image.state_dir, image.unmount_all_command())
 
     def _prepare(self) -> dict[str, P.Prepared]:
         """Run the pipelines at once, each in a daemon thread: on SIGTERM the main thread
@@ -326,8 +326,8 @@ class NodeRun:
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
             container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
                                     env=env, binds=binds, options=self._options)
-            self._running = C.start(container, runtime=self._runtime, **self._output_pipes())
-            self._note_container(self._running)
+            self._running = C.start(container, runtime=self._runtime, on_state=self._note_dir,
+                                    **self._output_pipes())
             waiter, forward = self._running.wait, self._running.send_signal
             pumps = self._pump_output(self._running.proc, signal_dir / "ready")
         else:
@@ -389,14 +389,11 @@ class NodeRun:
             if self._state_dir is not None:
                 self._state_dir.close()
 
-    def _note_container(self, running: C.Running) -> None:
-        """If this run dies (SIGKILL) the next command removes the container's storage and
-        whatever still runs in it (podman's conmon outlives us)."""
-        if self._state_dir is None:
-            return
-        undo = ([*C._podman(running.state_dir), "rm", "--force", "--all", "--time", "0"]
-                if running.runtime == "podman" else None)
-        self._state_dir.note_dir(running.state_dir, undo)
+    def _note_dir(self, path: str, undo: list[str] | None) -> None:
+        """If this run dies (SIGKILL) the next command runs ``undo`` (removes the containers
+        podman's conmon keeps running), unmounts what is under ``path`` and removes it."""
+        if self._state_dir is not None:
+            self._state_dir.note_dir(path, undo)
 
     def _write_summary(self) -> None:
         if not self.spec.summary:
