@@ -160,3 +160,16 @@ def test_an_active_snapshot_in_use_is_not_removed(client, tmp_path):
     finally:
         subprocess.run(["umount", str(target)], check=True)
     client.Remove(pb.RemoveSnapshotRequest(key="b"))
+
+
+def test_the_cli_works_without_grpc_installed():
+    """grpcio is an extra (bootseer[containerd]): without it every other command works and
+    the snapshotter says what to install."""
+    import sys
+    prog = ("import sys; sys.modules['grpc'] = None; from bootseer.cli.main import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", prog, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "snapshotter" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-c", prog, "snapshotter", "serve", "--address",
+                        "/tmp/x.sock"], capture_output=True, text=True)
+    assert r.returncode == 1 and "pip install 'bootseer[containerd]'" in r.stderr, r.stderr

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def register(sub) -> None:
-    from bootseer.snapshotter.server import DEFAULT_ADDRESS, DEFAULT_ROOT
+    from bootseer.snapshotter import DEFAULT_ADDRESS, DEFAULT_ROOT   # (no grpc import)
     p = sub.add_parser("snapshotter", help="containerd proxy snapshotter (Kubernetes nodes)",
                        description="A containerd proxy snapshotter: containerd's snapshots.v1 "
                                    "API on a unix socket. Configure containerd with "
@@ -18,6 +19,16 @@ def register(sub) -> None:
                    help=f"unix socket to listen on (default {DEFAULT_ADDRESS})")
     s.add_argument("--root", default=DEFAULT_ROOT,
                    help=f"directory for snapshots and their records (default {DEFAULT_ROOT})")
+    s.add_argument("--store", metavar="URL",
+                   help="the store converted images are in (default $BOOTSEER_STORE_URL); "
+                        "without one every image is pulled as usual")
+    s.add_argument("--window", type=float, default=120.0, metavar="SECONDS",
+                   help="a converted image's recording window closes after this long "
+                        "(default 120) or at its ready file")
+    s.add_argument("--ready-file", default="/run/bootseer/ready", metavar="PATH",
+                   help="a container creating this path (set $BOOTSEER_READY_FILE to it in "
+                        "the pod) closes its image's recording window "
+                        "(default /run/bootseer/ready)")
     s.set_defaults(func=_serve)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -29,7 +40,14 @@ def _serve(args) -> int:
         from bootseer.errors import UsageError
         raise UsageError("the snapshotter needs grpcio and protobuf; "
                          "hint: pip install 'bootseer[containerd]'") from None
+    from bootseer.config import BootseerConfig
+    from bootseer.snapshotter.lazy import LazyImages
     from bootseer.snapshotter.server import serve
-    return serve(args.address, args.root,
+    overrides = {"store": {"url": args.store}} if args.store else None
+    config = BootseerConfig.from_env(overrides=overrides)
+    lazy = None
+    if args.store or os.environ.get("BOOTSEER_STORE_URL"):
+        lazy = LazyImages(config, window_s=args.window, ready_file=args.ready_file)
+    return serve(args.address, args.root, lazy,
                  ready=lambda: print(f"snapshotter: serving {args.address}", flush=True,
                                      file=sys.stderr))

@@ -7,3 +7,6 @@ as usual while bootseer prepares their root filesystems.
     service.py    the gRPC servicer: containerd's semantics and error codes
     server.py     the unix-socket server, its lifecycle and signals
 """
+
+DEFAULT_ADDRESS = "/run/bootseer/snapshotter.sock"
+DEFAULT_ROOT = "/var/lib/bootseer/snapshotter"

@@ -17,13 +17,12 @@ from concurrent import futures
 import grpc
 
 from bootseer.errors import UsageError
+from bootseer.snapshotter import DEFAULT_ADDRESS, DEFAULT_ROOT
 from bootseer.snapshotter.lazy import LazyImages
 from bootseer.snapshotter.proto import snapshots_pb2_grpc
 from bootseer.snapshotter.service import SnapshotService
 
 log = logging.getLogger(__name__)
-DEFAULT_ADDRESS = "/run/bootseer/snapshotter.sock"
-DEFAULT_ROOT = "/var/lib/bootseer/snapshotter"
 _MAX_SOCKET_PATH = 107   # sun_path holds 108 bytes with its NUL
 
 

@@ -43,7 +43,8 @@ class CriClient:
             config = cri.ContainerConfig(
                 metadata=cri.ContainerMetadata(name="job"), image=cri.ImageSpec(image=image),
                 command=argv[:1], args=argv[1:], log_path="job.log",
-                envs=[cri.KeyValue(key=k, value=v) for k, v in (env or {}).items()])
+                envs=[cri.KeyValue(key=k, value=v.encode())   # bytes in the newest cri-api
+                      for k, v in (env or {}).items()])
             cid = self.runtime.CreateContainer(cri.CreateContainerRequest(
                 pod_sandbox_id=pod, config=config, sandbox_config=sandbox),
                 timeout=120).container_id
