@@ -164,3 +164,22 @@ def test_cluster_reader_refuses_bad_numbers_and_non_regular_files(tmp_path):
     os.mkfifo(fifo / "cluster.jsonl")   # not a file: never opened, counted
     recs, notes = cluster.read_attempts(fifo)
     assert recs == [] and any("not regular files" in n for n in notes)
+
+
+def test_a_trace_url_copies_regular_files_only(tmp_path):
+    """`report file://DIR` copies the trace first: a FIFO or a device there is not copied
+    (the copy would block, or fill the disk)."""
+    job = tmp_path / "job" / "0"
+    _good_node(job)
+    os.mkfifo(job / "fifo.jsonl")
+    os.symlink("/dev/zero", job / "zero.jsonl")
+    r = _report_url(f"file://{tmp_path / 'job'}")
+    assert r.returncode == 0 and "attempts: 1" in r.stdout, r.stderr
+
+
+def _report_url(url: str) -> subprocess.CompletedProcess:
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+    return subprocess.run([sys.executable, "-m", "bootseer", "report", url], capture_output=True,
+                          text=True, timeout=60, preexec_fn=cap)

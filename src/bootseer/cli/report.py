@@ -34,7 +34,9 @@ def _copied(url: str, into: str) -> str:
     from bootseer.errors import TraceError
     try:
         fs, root = fsspec.core.url_to_fs(url)
-        files = [f for f in fs.find(root) if f.endswith(".jsonl")]
+        # regular files only: a FIFO would block the copy, a link to /dev/zero fill the disk
+        files = [f for f, info in fs.find(root, detail=True).items()
+                 if f.endswith(".jsonl") and info.get("type") == "file"]
         for i, f in enumerate(files):
             rel = os.path.relpath(f, root)
             dest = os.path.join(into, rel if not rel.startswith("..") else f"{i}.jsonl")
