@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootseer import proc as procs
 from bootseer.testing.netns import Host, kill_processes_in, processes_in
 
 NODE_ROOT = "/opt/bsdemo"  # same path on every node, private per node (bind in a mount ns)
@@ -147,8 +148,9 @@ def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
                             cmd=job.command(i, start.rdzv_id),
                             run_args=[*run_args, *start.flags, "--summary", str(summary)])
         out = open(log, "wb")
-        launched.append(Launched(host, subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True),
+        launched.append(Launched(host, subprocess.Popen(   # dies with the demo (proc.py)
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=procs.preexec()),
             summary, log, out))
     return launched
 

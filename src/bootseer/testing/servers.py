@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootseer import proc as procs
+
 
 class ServerError(RuntimeError):
     pass
@@ -161,7 +163,8 @@ http {{
     log = workdir / "nginx.out"
     with open(log, "ab") as out:
         proc = subprocess.Popen(_ns_prefix(netns) + [nginx, "-c", str(conf), "-p", str(workdir)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=procs.preexec())   # never outlives the tests
     server = Server("nginx", port, proc, workdir, log, netns, host=host)
     try:
         wait_port(port, netns=netns, proc=proc, what="nginx", host=host)
@@ -204,6 +207,7 @@ http:
     with open(log, "ab") as out:
         proc = subprocess.Popen(_ns_prefix(netns) + ["docker-registry", "serve", str(conf)],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=procs.preexec(),
                                 env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
     server = Server("registry", port, proc, workdir, log, netns, host=host)
     try:
