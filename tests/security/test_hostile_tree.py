@@ -179,3 +179,20 @@ def test_cli_says_one_line(need_fuse, tmp_path, outside):
     assert p.returncode != 0 and len(lines) == 1, p.stderr
     assert lines[0].startswith("bootseer: error: ") and "'/link/pwned'" in lines[0]
     assert not os.path.ismount(mp)
+
+
+@pytest.mark.parametrize("forge, why", [
+    (lambda e: e.update(size=e["size"] + 1), "for a size of"),          # a longer file
+    (lambda e: e["chunks"][0].__setitem__(1, 7), "names pack 7"),         # a pack not listed
+    (lambda e: e["chunks"][0].__setitem__(0, "sha256:../x"), "malformed chunk reference"),
+    (lambda e: e.update(mode=0o170755), "mode bits beyond"),
+    (lambda e: e.update(uid=-1), "invalid uid"),
+    (lambda e: e.update(xattrs={"user.x": 1}), "malformed xattrs"),
+    (lambda e: e.update(type="x"), "unknown type")])
+def test_a_forged_file_entry_is_refused_at_load(tmp_path, forge, why):
+    from tests.security.hostile import put_toc, raw_toc
+    store = open_store(str(tmp_path / "store"))
+    toc = raw_toc(store, forged_tree(store, []))
+    forge(next(e for e in toc["entries"] if e["path"] == "/ok"))
+    with pytest.raises(TreeFormatError, match=why):
+        TreeReader(store, put_toc(store, toc), Fetcher())
