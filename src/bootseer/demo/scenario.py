@@ -148,9 +148,9 @@ def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
                             cmd=job.command(i, start.rdzv_id),
                             run_args=[*run_args, *start.flags, "--summary", str(summary)])
         out = open(log, "wb")
-        launched.append(Launched(host, subprocess.Popen(   # dies with the demo (proc.py)
-            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=procs.preexec()),
+        launched.append(Launched(host, procs.spawn(   # dies with the demo (proc.py)
+            subprocess.Popen, argv, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=procs.preexec()),
             summary, log, out))
     return launched
 

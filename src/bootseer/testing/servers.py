@@ -162,9 +162,10 @@ http {{
 """)
     log = workdir / "nginx.out"
     with open(log, "ab") as out:
-        proc = subprocess.Popen(_ns_prefix(netns) + [nginx, "-c", str(conf), "-p", str(workdir)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=procs.preexec())   # never outlives the tests
+        proc = procs.spawn(   # never outlives its starter (proc.py), whatever thread starts it
+            subprocess.Popen, _ns_prefix(netns) + [nginx, "-c", str(conf), "-p", str(workdir)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=procs.preexec())
     server = Server("nginx", port, proc, workdir, log, netns, host=host)
     try:
         wait_port(port, netns=netns, proc=proc, what="nginx", host=host)
@@ -205,10 +206,10 @@ http:
 {auth}""")
     log = workdir / "registry.out"
     with open(log, "ab") as out:
-        proc = subprocess.Popen(_ns_prefix(netns) + ["docker-registry", "serve", str(conf)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=procs.preexec(),
-                                env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
+        proc = procs.spawn(
+            subprocess.Popen, _ns_prefix(netns) + ["docker-registry", "serve", str(conf)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=procs.preexec(), env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
     server = Server("registry", port, proc, workdir, log, netns, host=host)
     try:
         wait_port(port, netns=netns, proc=proc, what="docker-registry", host=host)
