@@ -173,9 +173,8 @@ class NodeCache:
         except CacheError as e:
             with self._guard:
                 self._stats["uncached"] += 1
-            self._log_once(f"full:{type(e.__cause__).__name__}",
-                           "serving uncached: %s (further entries the cache cannot take "
-                           "are served uncached without a log line)", e)
+            self._log_once("uncached", "serving uncached: %s (further entries the cache "
+                           "cannot take are served uncached without a log line)", e)
             return False
 
     def _log_once(self, key: str, msg: str, *args) -> None:
