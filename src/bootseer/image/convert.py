@@ -67,7 +67,8 @@ def _layout_layers(layout: Path) -> tuple[str, list[Layer], dict]:
         index = json.loads((layout / "index.json").read_text())
         mdesc = index["manifests"][0]
         manifest = json.loads(_read_blob(layout, mdesc))
-        if manifest.get("mediaType", mdesc.get("mediaType", "")).endswith("index.v1+json") or "manifests" in manifest:
+        media = manifest.get("mediaType", mdesc.get("mediaType", ""))
+        if media.endswith("index.v1+json") or "manifests" in manifest:
             mdesc = next(m for m in manifest["manifests"]
                          if m.get("platform", {}).get("architecture", "amd64") == "amd64")
             manifest = json.loads(_read_blob(layout, mdesc))
