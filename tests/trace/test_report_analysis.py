@@ -142,3 +142,20 @@ def test_the_first_collective_is_where_ranks_wait(tmp_path):
     long = [x for x in s.critical_path if x["seconds"] > 0.1]
     assert [x["node"] for x in long if x["phase"] == "import.torch"] == ["n1"]
     assert s.gating_node == "n1" and s.gating_phase == "import.torch"
+
+
+def test_a_pipeline_thread_waited_on_the_launcher_not_on_its_siblings(tmp_path):
+    """The deps thread started 20 ms after the image thread: those 20 ms are the launcher's
+    (startup.prepare starting its threads), not the image pipeline's."""
+    t = NodeTrace(tmp_path, "a")
+    t.span("startup.prepare", 0.0, 6.05)
+    t.span("image.lazy", 0.001, 4.0)
+    t.span("deps.restore", 0.02, 6.0)
+    t.span("job.run", 6.06, 20.0)
+    t.mark("ready", 10.0)
+    t.write()
+    _, s = _summary(tmp_path)
+    assert [x["phase"] for x in s.critical_path if x["seconds"] > 0.015] == [
+        "startup.prepare", "deps.restore", "startup.prepare", "job.run"]
+    assert s.path_shares["deps"] == pytest.approx(5.98) and "image" not in s.path_shares
+    assert s.gating_phase == "deps.restore"

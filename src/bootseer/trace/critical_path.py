@@ -56,6 +56,7 @@ def node_path(node: NodeView, view: AttemptView | None = None) -> list[Segment]:
     last_in = _last_arrival(view) if view is not None else None
     out: list[Segment] = []
     t, hopped = node.ready, False
+    prev = None   # the phase whose start t is
     while t > node.start + EPS_S:
         work, wrappers = _tops(node)
         before = [s for s in work if s["start"] < t - EPS_S]
@@ -70,17 +71,22 @@ def node_path(node: NodeView, view: AttemptView | None = None) -> list[Segment]:
                 # waited at the rendezvous for a later rank: go on on that rank's node
                 lo = min(last_in[1]["start"], t)
                 out.append(Segment(s["phase"], s["lane"], lo, t, node.node))
-                node, t, hopped = last_in[0], lo, True
+                node, t, hopped, prev = last_in[0], lo, True, None
                 continue
             out.append(Segment(s["phase"], s["lane"], lo, t, node.node))
-            t = lo
+            t, prev = lo, s
             continue
-        running = [s for s in before if s["end"] > t + EPS_S]
-        if running:  # work in progress at t, back to the last phase finished inside it
+        # work in progress at t, back to the last phase finished inside it; a pipeline
+        # thread's start waited on the wrapper that started it, not on its sibling threads
+        running = [w for w in wrappers if prev is not None and w["pid"] == prev["pid"]
+                   and w["start"] < t - EPS_S and prev["end"] <= w["end"] + EPS_S] \
+            or [s for s in before if s["end"] > t + EPS_S]
+        prev = None
+        if running:
             s = max(running, key=lambda s: (s["start"], -(s["end"] - s["start"])))
             lo = max(s["start"], last_end)
             out.append(Segment(s["phase"], s["lane"], lo, t, node.node))
-            t = lo
+            t, prev = lo, (s if lo == s["start"] else None)
             continue
         floor = max(last_end, node.start)
         wrap = max((w for w in wrappers if w["start"] < t - EPS_S and w["end"] > floor + EPS_S),
