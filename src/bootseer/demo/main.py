@@ -21,6 +21,8 @@ from bootseer.demo import cluster
 from bootseer.demo import scenario as S
 from bootseer.demo import tables
 from bootseer.run.container import unmount_under
+from bootseer.testing.netns import NetnsError
+from bootseer.testing.servers import ServerError
 
 DEFAULT_ASSETS = "/var/tmp/bootseer-demo/assets"
 
@@ -160,9 +162,7 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
             try:
                 results = S.wait_nodes(launched, timeout_s=args.join_timeout + 600)
             finally:   # Ctrl-C: each node's bootseer run unmounts and stops its job
-                for n in launched:
-                    if n.proc is not None and n.proc.poll() is None:
-                        S.stop(n.proc)
+                S.stop_all(launched)
             left = S.sweep_nodes(job)
             if left:
                 say("  processes left after the start, killed: "
@@ -199,7 +199,13 @@ def run_demo(args) -> int:
         starts = starts[:1]
     elif args.only == "bootseer":
         starts = starts[1:]
-    done = run_starts(args, starts, assets_root=args.assets, train_args=A.TRAIN_ARGS, say=say)
+    try:
+        done = run_starts(args, starts, assets_root=args.assets, train_args=A.TRAIN_ARGS,
+                          say=say)
+    except (subprocess.CalledProcessError, NetnsError, ServerError) as e:
+        # what the demo could not set up (its servers, its network): one line, no traceback
+        print(f"bootseer demo: error: {e}", file=sys.stderr)
+        return 1
     print()
     print(tables.render(done))
     print()

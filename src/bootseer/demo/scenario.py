@@ -173,6 +173,27 @@ def wait_nodes(launched: list[Launched], timeout_s: float = 900) -> list[NodeRes
     return results
 
 
+def stop_all(launched: list[Launched], grace_s: float = 15) -> None:
+    """SIGTERM every node still running at once (each cleans up: unmounts, stops its job),
+    then SIGKILL those still there after ``grace_s``."""
+    running = [n.proc for n in launched if n.proc is not None and n.proc.poll() is None]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in running:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        for proc in running:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        running = [p for p in running if p.poll() is None]
+        if not running:
+            return
+
+
 def stop(proc: subprocess.Popen, grace_s: float = 15) -> int:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -251,5 +272,4 @@ def keep_logs(results: list[NodeResult], dest: Path) -> None:
 def log_tail(r: NodeResult, lines: int = 8) -> list[str]:
     if not r.log.exists():
         return []
-    text = r.log.read_text(errors="replace")
-    return [ln for ln in text.strip().splitlines() if not re.match(r"\s*$", ln)][-lines:]
+    return [ln for ln in r.log.read_text(errors="replace").splitlines() if ln.strip()][-lines:]
