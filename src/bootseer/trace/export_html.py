@@ -16,15 +16,16 @@ import html
 import json
 from pathlib import Path
 
-from bootseer.trace.analysis import AttemptView, Summary
+from bootseer.trace.analysis import AttemptView, Summary, pipeline_of
 from bootseer.trace.critical_path import NOT_STARTED
 
 MAX_LANE_NODES = 24        # swim lanes for the slowest nodes (a 10,000-row chart helps no one)
 MAX_RANK_ROWS = 32
 CDF_POINTS = 200
-PIPELINE_COLORS = {"startup": "#7f7f7f", "image": "#1f77b4", "deps": "#ff7f0e",
-                   "ckpt": "#2ca02c", "job": "#9467bd", "container": "#8c564b",
-                   "(untraced)": "#c7c7c7", NOT_STARTED: "#f2f2f2"}
+# a hue per pipeline (saturation 0: grey): its phases are shades of it, the pipeline bars
+# of the attempts' comparison its middle shade, so a lane's colours say which technique
+PIPELINE_HUES = {"startup": (0, 0), "image": (210, 70), "deps": (28, 85), "ckpt": (130, 55),
+                 "job": (275, 50), "container": (15, 45)}
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:18px;color:#222}
@@ -52,21 +53,40 @@ pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto}
 """
 
 
-# Kelly's colours of maximum contrast (white and black left out), in his order: neighbours
-# in the list differ most; beyond them, hues a golden angle apart
-KELLY = ["#f3c300", "#875692", "#f38400", "#a1caf1", "#be0032", "#c2b280", "#848482",
-         "#008856", "#e68fac", "#0067a5", "#f99379", "#604e97", "#f6a600", "#b3446c",
-         "#dcd300", "#882d17", "#8db600", "#654522", "#e25822", "#2b3d26"]
 FIXED = {"(untraced)": "#d9d9d9", NOT_STARTED: "#efefef"}
 
 
+def _family_hue(pipeline: str) -> tuple[float, int]:
+    if pipeline in PIPELINE_HUES:
+        return PIPELINE_HUES[pipeline]
+    # other pipelines: hues between the known ones, stable per name
+    return (sum(map(ord, pipeline)) * 137.508) % 360, 60
+
+
+def pipeline_colors(pipelines) -> dict[str, str]:
+    out = {p: FIXED[p] for p in pipelines if p in FIXED}
+    for p in pipelines:
+        if p not in FIXED:
+            hue, sat = _family_hue(p)
+            out[p] = f"hsl({hue:.0f},{sat}%,45%)"
+    return out
+
+
 def phase_colors(names) -> dict[str, str]:
-    """A distinct colour per phase, however many; the same phase gets the same colour in
-    every chart of the page."""
+    """A distinct colour per phase, however many, in its pipeline's hue (image phases
+    blue, deps orange, ckpt green, job purple...): shades from dark to light, the hue
+    swinging a little from one to the next so neighbours differ; the same phase gets the
+    same colour in every chart of the page."""
     out = {n: FIXED[n] for n in names if n in FIXED}
-    for i, name in enumerate(sorted(n for n in names if n not in FIXED)):
-        out[name] = KELLY[i] if i < len(KELLY) else \
-            f"hsl({(i * 137.508) % 360:.1f},62%,{42 if i % 2 == 0 else 62}%)"
+    families: dict[str, list[str]] = {}
+    for n in sorted(x for x in names if x not in FIXED):
+        families.setdefault(pipeline_of(n), []).append(n)
+    for pipeline, members in families.items():
+        hue, sat = _family_hue(pipeline)
+        for i, name in enumerate(members):
+            light = 30 + 45 * i / (len(members) - 1) if len(members) > 1 else 45
+            swing = ((i % 3) - 1) * 14 if sat else 0
+            out[name] = f"hsl({(hue + swing) % 360:.0f},{sat}%,{light:.1f}%)"
     return out
 
 
@@ -196,9 +216,7 @@ def to_html(views: list[AttemptView], summaries: list[Summary], title: str, repo
     names |= {x["phase"] for a in attempts for x in a["path"]}
     names |= {p for a in attempts for p in a["cdf"] if p != "time to ready"}
     pipelines = {p for s in [*summaries, *(baseline or [])] for p in s.path_shares}
-    pipeline_colors = {**phase_colors(pipelines - set(PIPELINE_COLORS)),
-                       **{p: c for p, c in PIPELINE_COLORS.items()}}
-    data = {"colors": phase_colors(names), "pipeline_colors": pipeline_colors,
+    data = {"colors": phase_colors(names), "pipeline_colors": pipeline_colors(pipelines),
             "attempts": attempts,
             "baseline": [{"attempt": b.attempt, "ttr": b.time_to_ready, "shares": b.path_shares}
                          for b in baseline] if baseline else None}
