@@ -26,8 +26,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -70,19 +71,42 @@ def popen_kwargs(sig: int = signal.SIGTERM) -> dict:
     return {"preexec_fn": preexec(sig)}
 
 
-_spawner: ThreadPoolExecutor | None = None
-_spawner_lock = threading.Lock()
+_SPAWNER = "bootseer-spawner"
+_requests: queue.SimpleQueue | None = None
+_requests_lock = threading.Lock()
+
+
+def _forget_spawner() -> None:   # a forked child has no spawner thread: it makes its own
+    global _requests, _requests_lock
+    _requests, _requests_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_spawner)
+
+
+def _spawner_loop(requests: queue.SimpleQueue) -> None:
+    while True:
+        start, args, kwargs, done = requests.get()
+        try:
+            done.set_result(start(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            done.set_exception(e)
 
 
 def spawn(start: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``start(*args, **kwargs)`` (``subprocess.Popen``, ``Process.start``...) from a thread
     that outlives the child: the calling thread when it is the main thread, else the
-    process's spawner thread. Returns what ``start`` returns; raises what it raises."""
-    global _spawner
+    process's spawner thread (a daemon thread: it ends only with the process, not at the
+    interpreter's exit handlers). Returns what ``start`` returns; raises what it raises."""
+    global _requests
     me = threading.current_thread()
-    if me is threading.main_thread() or me.name.startswith("bootseer-spawner"):
+    if me is threading.main_thread() or me.name == _SPAWNER:
         return start(*args, **kwargs)
-    with _spawner_lock:
-        if _spawner is None:
-            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bootseer-spawner")
-    return _spawner.submit(start, *args, **kwargs).result()
+    with _requests_lock:
+        if _requests is None:
+            _requests = queue.SimpleQueue()
+            threading.Thread(target=_spawner_loop, args=(_requests,), name=_SPAWNER,
+                             daemon=True).start()
+    done: Future = Future()
+    _requests.put((start, args, kwargs, done))
+    return done.result()

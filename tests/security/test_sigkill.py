@@ -374,3 +374,22 @@ def test_a_state_dir_that_cannot_be_removed_now_is_left_to_the_next_sweep(monkey
     assert stuck.exists() and alive.held(state.path / alive.MARK) is False
     monkeypatch.undo()
     assert str(state.path) in alive.sweep_dead() and not state.path.exists()
+
+
+def test_spawn_works_in_a_forked_child():
+    """A forked child has no spawner thread: spawn must make its own, not wait forever."""
+    script = ("import os, subprocess, threading\n"
+              "from bootseer import proc\n"
+              "def from_thread(box):\n"
+              "    box.append(proc.spawn(subprocess.Popen, ['true']).wait())\n"
+              "box = []\n"
+              "t = threading.Thread(target=from_thread, args=(box,)); t.start(); t.join()\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    box = []\n"
+              "    t = threading.Thread(target=from_thread, args=(box,)); t.start(); t.join(20)\n"
+              "    os._exit(0 if box == [0] else 1)\n"
+              "print(os.waitpid(pid, 0)[1] == 0 and box == [0])\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.strip() == "True", r.stderr
