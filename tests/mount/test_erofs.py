@@ -318,3 +318,38 @@ def test_store_killed_while_the_blob_server_answers_is_eio_not_a_hang(need_fuse,
     finally:
         handle.unmount()
     assert not os.path.ismount(mp)
+
+
+def test_cache_on_tmpfs_keeps_the_image_elsewhere_or_falls_back(tmp_path, src, tree):
+    """The kernel mounts no EROFS image from tmpfs (ENOTBLK): with the node cache there,
+    the image goes to the mount's state directory; with both there, ``auto`` serves the
+    FUSE tree view and a forced ``erofs`` says why."""
+    from bootseer.mount.erofs.kernel import ErofsMountError
+    store, digest, _ = tree
+    ram = tmp_path / "ram"
+    ram.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(ram)], check=True)
+    try:
+        config = BootseerConfig(store=StoreConfig(url=str(tmp_path / "store")),
+                                cache=CacheConfig(dir=str(ram / "cache"), budget_bytes=1 << 30),
+                                mount=MountConfig(backend="erofs"))
+        handle, mp, state = _mount(config, digest, tmp_path)
+        try:
+            assert handle.backend == "erofs-fuse-blob" and list(state.glob("*.meta"))
+            assert (mp / "pkg/big.bin").read_bytes() == (src / "pkg/big.bin").read_bytes()
+        finally:
+            handle.unmount()
+        (tmp_path / "mnt2").mkdir()
+        with pytest.raises(ErofsMountError, match="tmpfs"):
+            mount_tree(config, digest, str(tmp_path / "mnt2"), str(ram / "state"))
+        assert not os.path.ismount(tmp_path / "mnt2")
+        auto = BootseerConfig(store=config.store, cache=config.cache,
+                              mount=MountConfig(backend="auto"))
+        handle, _, _ = mount_tree(auto, digest, str(tmp_path / "mnt2"), str(ram / "state2"))
+        try:
+            assert isinstance(handle, MountHandle)
+            assert (tmp_path / "mnt2/small").read_bytes() == b"hello\n"
+        finally:
+            handle.unmount()
+    finally:
+        subprocess.run(["umount", "-l", str(ram)], check=True)

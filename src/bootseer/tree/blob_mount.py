@@ -154,13 +154,20 @@ def _write_atomic(path: Path, data: bytes) -> None:
 META_FORMAT = b"bootseer.erofs-meta.v1"
 
 
-def _metadata_image(config: BootseerConfig, tree: str, toc: dict, layout: BlobLayout) -> Path:
+def _metadata_image(config: BootseerConfig, tree: str, toc: dict, layout: BlobLayout,
+                    state: Path) -> Path:
     """The tree's metadata image for this blob layout, kept in ``<cache dir>/erofs`` with
     its sha256 beside it (writing one costs some tens of microseconds per file; a node
     mounts the same tree again and again). A copy that no longer matches its sum is
-    written anew."""
+    written anew. A cache on tmpfs cannot hold it (the kernel mounts no image from
+    there): then the mount's state directory does, written per mount."""
     d = Path(config.cache.dir) / "erofs"
     d.mkdir(parents=True, exist_ok=True)
+    if kernel.image_fs_problem(str(d)) is not None:
+        why = kernel.image_fs_problem(str(state))
+        if why is not None:
+            raise kernel.ErofsMountError(f"no place for the metadata image: {why}")
+        d = state
     key = hashlib.sha256(b"%s\0%s\0%s" % (META_FORMAT, tree.encode(),
                                              layout.key.encode())).hexdigest()
     path, sums = d / f"{key}.meta", d / f"{key}.meta.sha256"
@@ -210,7 +217,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     state.mkdir(parents=True, exist_ok=True)
     hot = [row[0] for row in profile["chunks"]] if profile else []
     layout = BlobLayout(toc, hot)
-    meta = _metadata_image(config, tree, toc, layout)
+    meta = _metadata_image(config, tree, toc, layout, state)
 
     local = _local_blob(config, layout)
     if local is not None:

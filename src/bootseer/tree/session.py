@@ -133,11 +133,17 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
         from bootseer.tree.blob import unsupported
         why = unsupported(toc)
         if why is None:
+            from bootseer.mount.erofs.kernel import ErofsMountError
             from bootseer.tree.blob_mount import mount_tree_erofs
-            return (mount_tree_erofs(config, tree, toc, profile, mountpoint, state_dir,
-                                     record=record, window_timeout_s=window_timeout_s,
-                                     name=name), profile, toc.get("meta") or {})
-        log.info("tree %s is served by the FUSE tree view: %s", tree[:19], why)
+            try:
+                return (mount_tree_erofs(config, tree, toc, profile, mountpoint, state_dir,
+                                         record=record, window_timeout_s=window_timeout_s,
+                                         name=name), profile, toc.get("meta") or {})
+            except ErofsMountError as e:   # nothing of it is left mounted
+                if config.mount.backend == "erofs":
+                    raise
+                why = str(e)
+        log.warning("tree %s is served by the FUSE tree view: %s", tree[:19], why)
     factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
                                 window_timeout_s)
     return (mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile,

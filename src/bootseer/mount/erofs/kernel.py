@@ -90,6 +90,21 @@ def unmount(mountpoint: str) -> bool:
     return False
 
 
+# filesystems whose files EROFS cannot be mounted from (no ->read_folio: mount(2) says
+# ENOTBLK); a blob there works, the metadata image does not
+_NO_READ_FOLIO = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
+
+
+def image_fs_problem(directory: str) -> str | None:
+    """Why a metadata image in ``directory`` cannot be mounted (None: it can)."""
+    buf = ctypes.create_string_buffer(256)   # struct statfs; f_type comes first
+    if _libc().statfs(os.fsencode(directory), buf) != 0:
+        return f"cannot statfs {directory}: {os.strerror(ctypes.get_errno())}"
+    f_type = int.from_bytes(buf.raw[:ctypes.sizeof(ctypes.c_long)], "little")
+    name = _NO_READ_FOLIO.get(f_type)
+    return f"{directory} is on {name}, which EROFS cannot mount images from" if name else None
+
+
 def registered() -> bool:
     try:
         with open("/proc/filesystems") as f:
