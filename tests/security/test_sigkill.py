@@ -85,12 +85,14 @@ def _mounted_under(*roots) -> list[str]:
             if any(e.mountpoint == r or e.mountpoint.startswith(r + "/") for r in roots)]
 
 
-def _wait(check, timeout: float, what: str):
+def _wait(check, timeout: float, what):
+    """Poll ``check`` until true; ``what`` (a string, or a function giving one) says why
+    it failed."""
     deadline = time.time() + timeout
     while True:
         result = check()
         if result or time.time() > deadline:
-            assert result, what
+            assert result, what() if callable(what) else what
             return result
         time.sleep(0.05)
 
@@ -114,14 +116,14 @@ def _kill_then_next(argv: list[str], env: dict, up, next_command, tmp_path: Path
         p.send_signal(signal.SIGKILL)
         p.wait(10)
     if watched_mount is not None:   # the FUSE server unmounts as its parent dies
-        _wait(lambda: not os.path.ismount(watched_mount), 15,
+        _wait(lambda: not os.path.ismount(watched_mount), 30,
               f"{watched_mount} still mounted after its command was killed")
     left = _dead_states(before)
     noted = [Path(r["dir"]) for notes in left.values() for r in notes if "dir" in r]
     next_command()   # sweeps what the killed one left, and must work
     assert not _mounted_under(tmp_path, *left, *noted), "left mounted"
     assert not [p for p in (*left, *noted, *used) if p.exists()], "left on disk"
-    _wait(lambda: not _theirs(token), 30, f"left running: {_theirs(token)}")
+    _wait(lambda: not _theirs(token), 60, lambda: f"left running: {_theirs(token)}")
 
 
 @pytest.fixture(scope="module")
