@@ -118,7 +118,9 @@ class StateDir:
         self._note({"dir": os.path.realpath(path), "undo": list(undo or [])})
 
     def _note(self, record: dict) -> None:
-        with open(self.path / NOTES, "a") as f:
+        # 0600 whatever the umask: a sweep acts only on notes nobody else could write
+        fd = os.open(self.path / NOTES, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
