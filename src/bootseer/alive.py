@@ -88,7 +88,8 @@ def held(path: str | os.PathLike, locks: set | None = None) -> bool | None:
 
 # -- state directories -----------------------------------------------------------------------
 STATE_ROOT = "/tmp"   # fixed, not $TMPDIR: every command on the node must look in one place
-STATE_PREFIXES = ("bsn-", "bsimg-", "bsmnt-")   # node run, image mount, one mount
+# a node run, an image mount, one mount, an image conversion
+STATE_PREFIXES = ("bsn-", "bsimg-", "bsmnt-", "bsconv-")
 MARK, NOTES = ".alive", ".left-outside"
 
 

@@ -395,3 +395,33 @@ def test_spawn_works_in_a_forked_child():
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=60)
     assert r.stdout.strip() == "True", r.stderr
+
+
+@pytest.mark.parametrize("moment", [UP])
+def test_killed_image_convert_leaves_no_copy(tmp_path, moment):
+    """`image convert` of a tar copies it into a layout under $TMPDIR first: a SIGKILLed
+    convert's copy is removed by the next command."""
+    import shutil
+    if not shutil.which("skopeo"):
+        pytest.skip("skopeo is not installed")
+    from tests.image.test_image import tar_layer
+    layout = oci_layout(tmp_path / "img", [tar_layer([("big", os.urandom(64 << 20), "f")])])
+    archive = tmp_path / "image.tar"
+    subprocess.run(["skopeo", "copy", f"oci:{layout}", f"docker-archive:{archive}"],
+                   check=True, capture_output=True)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+
+    def copying(token: str) -> bool:   # skopeo writes the copy
+        return any(Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"skopeo\0")
+                   for pid in _theirs(token) if Path(f"/proc/{pid}").exists())
+
+    def next_convert() -> None:
+        r = _bootseer("image", "convert", str(archive), "--to", str(tmp_path / "store"),
+                      env=env)
+        assert r.returncode == 0, r.stderr
+        assert not any(scratch.iterdir()), "the killed convert's copy is still there"
+
+    _kill_then_next(["image", "convert", str(archive), "--to", str(tmp_path / "store")],
+                    env, copying, next_convert, tmp_path, moment, None)

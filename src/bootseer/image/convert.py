@@ -22,6 +22,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bootseer import alive
+from bootseer import proc as procs
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
 from bootseer.store.digest import VerifyingReader, parse, parse_oci
@@ -46,7 +48,7 @@ def _skopeo_to_layout(src: str, dest: str) -> None:
     tls = ["--src-tls-verify=false"] if host.startswith(("127.", "localhost")) else []
     transport = src if src.startswith(("docker://", "docker-archive:", "oci-archive:")) else f"docker://{src}"
     proc = subprocess.run(["skopeo", "copy", "-q", *tls, transport, f"oci:{dest}:src"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, preexec_fn=procs.preexec())
     if proc.returncode != 0:
         raise ConvertError(f"cannot read image {src}: {proc.stderr.strip()[-500:]}")
 
@@ -238,13 +240,15 @@ def _archive_kind(path: Path) -> str:
 def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
             progress=None) -> str:
     """Convert ``src`` and publish it; return the tree digest."""
-    tmp = None
+    tmp = state = None
     path = Path(src)
     try:
         if path.is_dir():
             layout = path
         else:
+            state = alive.StateDir("bsconv-")   # a SIGKILLed convert's copy goes next time
             tmp = tempfile.mkdtemp(prefix="bsconv-", dir=os.environ.get("TMPDIR", "/var/tmp"))
+            state.note_dir(tmp)
             spec = f"{_archive_kind(path)}:{src}" if path.is_file() else src
             _skopeo_to_layout(spec, tmp)
             layout = Path(tmp)
@@ -262,6 +266,8 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+        if state is not None:
+            state.close()
     if store.writable:
         store.set_ref(ref_name(src), digest)
         store.set_ref(f"images/by-manifest/{manifest_digest.replace(':', '-')}", digest)
