@@ -84,9 +84,14 @@ def test_killed_node_is_named_by_the_report(tmp_path):
                              "--node", "n1", "--", "sleep", "60"],
                             env={**os.environ, **env})
     time.sleep(1.5)
+    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(slow.pid)],
+                                               capture_output=True, text=True).stdout.split()]
     slow.kill()                                   # killed during startup: never ready
     slow.wait()
-    subprocess.run(["pkill", "-f", "^sleep 60$"])
+    deadline = time.time() + 15                   # its command dies with it (bootseer.proc)
+    while any(os.path.exists(f"/proc/{c}") for c in children) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{c}") for c in children)
     r = bootseer("report", str(trace / "j"))
     assert r.returncode == 0, r.stderr
     assert "NOT READY: n1" in r.stdout
