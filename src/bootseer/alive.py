@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -220,6 +221,7 @@ def _undo(state: Path, live_mounts: set) -> None:
                 log.warning("cleanup of a dead command's state: %s: %s", undo[0], e)
         where = record.get("dir")
         if isinstance(where, str) and _private(Path(where)):
+            _kill_users_of(where)
             points.unmount_under(where)
             shutil.rmtree(where, ignore_errors=True)
         mp = record.get("mount")
@@ -228,6 +230,27 @@ def _undo(state: Path, live_mounts: set) -> None:
             points.lazy_unmount(mp)
     points.unmount_under(str(state))
     shutil.rmtree(state, ignore_errors=True)
+
+
+def _kill_users_of(path: str) -> None:
+    """SIGKILL what still runs on a dead command's private directory: the processes that
+    name it in their arguments (a podman that survived its parent's death signal, say,
+    left waiting on storage that is about to go)."""
+    prefix = path.encode() + b"/"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a == path.encode() or prefix in a for a in args):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                log.info("killed %s, left running on %s by a dead command", entry, path)
+            except OSError:
+                pass
 
 
 def note_mount(mountpoint: str) -> StateDir:

@@ -425,3 +425,32 @@ def test_killed_image_convert_leaves_no_copy(tmp_path, moment):
 
     _kill_then_next(["image", "convert", str(archive), "--to", str(tmp_path / "store")],
                     env, copying, next_convert, tmp_path, moment, None)
+
+
+def test_the_sweep_kills_what_still_runs_on_a_dead_commands_directory(tmp_path):
+    """A process that survived its command's death signal (a podman waiting on storage
+    that is about to go) and names the dead command's private directory is killed before
+    the directory is removed; one that names another directory is left alone."""
+    storage, other = tmp_path / "storage", tmp_path / "other"
+    storage.mkdir()
+    other.mkdir()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    user = subprocess.Popen([*sleeper, f"--root={storage}/r"])
+    bystander = subprocess.Popen([*sleeper, f"--root={other}/r"])
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from bootseer import alive\n"
+                               "s = alive.StateDir('bsn-', sweep=False)\n"
+                               f"s.note_dir({str(storage)!r})\n"
+                               "print(s.path, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        state = Path(holder.stdout.readline().strip())
+        holder.kill()
+        holder.wait(10)
+        assert str(state) in alive.sweep_dead()
+        assert user.wait(10) == -signal.SIGKILL and not storage.exists()
+        assert bystander.poll() is None and other.exists()
+    finally:
+        for p in (user, bystander, holder):
+            p.kill()
+            p.wait(10)
