@@ -43,8 +43,9 @@ def lazy_mounts() -> list[str]:
     return [l for l in open("/proc/mounts") if "bootseer-image" in l]
 
 
-def podman_started() -> bool:
-    return subprocess.run(["pgrep", "-f", "podman --root /tmp/bsr-"],
+def podman_started(parent: int) -> bool:
+    """The run's own podman (others may run on this machine) is up."""
+    return subprocess.run(["pgrep", "-P", str(parent), "-f", "podman --root /tmp/bsr-"],
                           capture_output=True).returncode == 0
 
 
@@ -64,7 +65,7 @@ def test_sigterm_with_lazy_image_leaves_nothing(need_fuse, image, tmp_path, when
             time.sleep(0.1)
         time.sleep(1.0)
     else:  # podman, signalled before its container runs, exits and leaves it to conmon
-        while not podman_started() and time.time() < deadline:
+        while not podman_started(proc.pid) and time.time() < deadline:
             time.sleep(0.02)
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
