@@ -91,6 +91,21 @@ for p in bin sbin lib lib64 usr/bin usr/lib/x86_64-linux-gnu usr/lib64 usr/lib/l
     [ -e "/$p" ] || [ -L "/$p" ] && paths+=("$p")
 done
 case $py_base in /usr|/usr/local) ;; *) paths+=("${py_base#/}") ;; esac   # a uv/pyenv Python
+# The NVIDIA driver's user-space libraries (libcuda, libnvidia-*), wherever the loader
+# finds them: the chroot runtime passes device nodes only (no toolkit hook injects them).
+# Canonical directories only: a member under a symlinked directory (/lib -> usr/lib) is
+# refused by the tree's checks.
+# Each path once (tar stores a repeat as a hard link to itself, which convert refuses).
+[ -d /usr/local/nvidia ] && paths+=(usr/local/nvidia)
+while read -r p; do
+    case "$p" in usr/local/nvidia/*) [ -d /usr/local/nvidia ] && continue ;; esac
+    [ -e "/$p" ] && paths+=("$p")
+done < <(ldconfig -p | awk '/libcuda\.so|libnvidia-|libcudadebugger/ {print $NF}' | sort -u |
+         while read -r lib; do
+             d=$(readlink -f "$(dirname "$lib")")
+             echo "${d#/}/$(basename "$lib")"
+             r=$(readlink -f "$lib"); echo "${r#/}"
+         done | sort -u)
 if [ "$torch_mode" = image ]; then
     paths+=("${torch_venv#/}")
     binds=()
