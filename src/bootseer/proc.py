@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import queue
+import signal
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable
