@@ -208,6 +208,43 @@ class MountConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PeersConfig:
+    """Peer-to-peer distribution of hot sets among the nodes of one job (docs/peers.md)."""
+    mode: str = "auto"
+    """``off``, ``on``, or ``auto``: on when the job has >= 2 nodes and the set is at least
+    ``min_set_bytes``."""
+    nodes: int = 0
+    """Nodes in the job (0: unknown, which ``auto`` takes as one)."""
+    job_id: str | None = None
+    """The job whose nodes share (default: trace.job_id); its nodes announce themselves
+    under the store ref ``peers/<job_id>/``."""
+    interface: str | None = None
+    """Address or device name to listen on and announce (default: the address that routes
+    to the store)."""
+    port_min: int = 6881
+    """Lowest listening port for peer traffic."""
+    port_max: int = 6999
+    """Highest listening port for peer traffic."""
+    upload_cap_bytes: int = 0
+    """Upload cap per node in bytes per second (0: none); applies to the job's private
+    network too."""
+    min_set_bytes: int = 64 * 1024**2
+    """Under ``auto``, smaller sets come from the origin only."""
+    stall_s: float = 5.0
+    """Without progress from peers for this long, the rest comes from the origin."""
+    wait_s: float = 120.0
+    """How long a node waits for the set's torrent that another node is making."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("off", "auto", "on"):
+            raise ConfigError("peers.mode", f"{self.mode!r} is not off, auto or on")
+        if not 0 < self.port_min <= self.port_max < 65536:
+            raise ConfigError("peers.port_min", "need 0 < port_min <= port_max < 65536")
+        if self.upload_cap_bytes < 0 or self.nodes < 0:
+            raise ConfigError("peers.upload_cap_bytes", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BootseerConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -215,6 +252,7 @@ class BootseerConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
     mount: MountConfig = field(default_factory=MountConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
