@@ -47,17 +47,19 @@ class BlobLayout:
     def __init__(self, toc: dict, hot: list[str] | tuple[str, ...] = ()):
         self.chunk_size = toc["chunk_size"]
         by_digest: dict[str, list] = {}
-        self.path_of: dict[str, str] = {}   # a path reading the chunk (profile rows name one)
+        # a file holding the chunk, and its index there (profile rows name the path)
+        self.where: dict[str, tuple[str, int]] = {}
         for e in toc["entries"]:
-            for c in e.get("chunks") or ():
+            for i, c in enumerate(e.get("chunks") or ()):
                 if c[0] not in by_digest:
                     by_digest[c[0]] = c
-                    self.path_of[c[0]] = e["path"]
+                    self.where[c[0]] = (e["path"], i)
         hot_refs = []
         for d in dict.fromkeys(hot):
             if d in by_digest:
                 hot_refs.append(by_digest.pop(d))
         self.refs: list[list] = hot_refs + list(by_digest.values())
+        self.hot_count = len(hot_refs)
         self.offsets: list[int] = []
         self.block_of: dict[str, int] = {}
         blk = 0
@@ -78,10 +80,14 @@ class BlobLayout:
         """Index of the chunk slot holding blob byte ``offset``."""
         return bisect.bisect_right(self.offsets, offset) - 1
 
-    def hot_extents(self) -> list[tuple[int, int]]:
-        """(offset, length) of the blob ranges the profile marks hot: one extent, the
-        blob's head, by construction."""
-        return [(0, self.hot_bytes)] if self.hot_bytes else []
+    def hot_files(self) -> list[tuple[str, int, int]]:
+        """Where the hot chunks are read in the tree, in profile order: (path, offset,
+        length) of one file holding each."""
+        out = []
+        for c in self.refs[:self.hot_count]:
+            path, i = self.where[c[0]]
+            out.append((path, i * self.chunk_size, c[4]))
+        return out
 
 
 def _xattrs(e: dict) -> dict[str, bytes]:
@@ -196,7 +202,7 @@ class BlobView:
     def _slice(self, ref: list, lo: int, hi: int) -> bytes:
         # the reader keeps the last chunks in memory, verified: the kernel's smaller
         # reads of one chunk cost neither a re-read nor a re-hash
-        return self.reader.chunk(ref, self.layout.path_of.get(ref[0], ""))[lo:hi]
+        return self.reader.chunk(ref, self.layout.where[ref[0]][0])[lo:hi]
 
     def statfs(self) -> dict:
         return {"f_bsize": BLOCK, "f_frsize": BLOCK, "f_blocks": self.layout.blocks,

@@ -6,9 +6,12 @@ the data blob as its device.
   Every chunk of a tree already in the node cache is first assembled into that file.
 * Otherwise a single-file FUSE server (the tree session: demand reads through the
   fetcher and node cache, verified, recorded, hot chunks prefetched) serves the blob,
-  and EROFS mounts the blob file on that FUSE mount. The server sees only range reads.
-  Once the prefetch is done, the hot head of the blob is read through the FUSE file so
-  the page cache holds it before the job reads it.
+  and EROFS mounts the blob file on that FUSE mount, reading it with O_DIRECT
+  (``directio``): the server sees only the range reads EROFS makes for files, in the
+  sizes it makes them; no read-ahead of the blob runs into other files' chunks (which
+  would fetch and record what the job never reads), and the data is cached once, in
+  EROFS's page cache. Once the prefetch is done, the hot chunks are read through the
+  EROFS files that hold them, so that page cache holds them before the job reads them.
 
 The metadata image (about 100 bytes per file plus directories) is written once per tree
 and blob layout into ``<cache>/erofs`` on local disk (the kernel reads it in 4 KiB
@@ -238,29 +241,28 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     blob_mp.mkdir(exist_ok=True)
     factory = functools.partial(blob_server_view, config, tree, str(state), record, profile,
                                 window_timeout_s, hot, layout.key)
-    # No read-ahead on the blob itself: it would run past a file's end into chunks of
-    # other files, fetching and recording what the job never reads. EROFS reads ahead
-    # within files instead (its own read-ahead raised to 1 MiB).
+    # EROFS reads the blob with O_DIRECT, so the blob mount's own read-ahead never runs
     server = mount(factory, str(blob_mp), name=f"{name}-blob-{tree[7:19]}", read_ahead_kb=0)
     try:
-        kernel.mount_with_read_ahead(str(meta), mountpoint, str(blob_mp / BLOB_NAME))
+        kernel.mount_with_read_ahead(str(meta), mountpoint, str(blob_mp / BLOB_NAME),
+                                     directio=True)
     except BaseException:
         server.unmount()
         raise
     handle = ErofsTreeHandle(mountpoint, server, backend="erofs-fuse-blob")
     threading.Thread(target=_preread, daemon=True, name="bootseer-preread",
-                     args=(str(blob_mp / BLOB_NAME), layout.hot_extents(), state / PREFETCHED,
+                     args=(os.path.abspath(mountpoint), layout.hot_files(), state / PREFETCHED,
                            state / PREREAD, handle._stop)).start()
     log.info("%s: EROFS at %s on the FUSE-served blob (%d bytes, hot head %d)", tree[:19],
              mountpoint, layout.size, layout.hot_bytes)
     return handle
 
 
-def _preread(blob: str, extents: list[tuple[int, int]], prefetched: Path, done: Path,
-             stop: threading.Event, wait_s: float = 600.0) -> None:
-    """Once the hot chunks are local, read the hot extents through the FUSE blob file so
-    the kernel's page cache holds them (the job's reads then reach no Python). Never
-    fails anything: an error only costs the warm-up."""
+def _preread(mountpoint: str, hot: list[tuple[str, int, int]], prefetched: Path,
+             done: Path, stop: threading.Event, wait_s: float = 600.0) -> None:
+    """Once the hot chunks are local, read them through the EROFS files that hold them,
+    so the kernel's page cache holds them (the job's reads of them then reach no Python).
+    Never fails anything: an error only costs the warm-up."""
     waited = 0.0
     while not prefetched.exists():
         if stop.wait(0.05):
@@ -268,18 +270,19 @@ def _preread(blob: str, extents: list[tuple[int, int]], prefetched: Path, done: 
         waited += 0.05
         if waited > wait_s:
             break
-    try:
-        fd = os.open(blob, os.O_RDONLY)
+    for path, offset, length in hot:
+        if stop.is_set():
+            return
         try:
-            for off, length in extents:
-                end = off + length
-                while off < end and not stop.is_set():
-                    n = len(os.pread(fd, min(PREREAD_PIECE, end - off), off))
+            fd = os.open(mountpoint + path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                while length > 0:
+                    n = len(os.pread(fd, min(PREREAD_PIECE, length), offset))
                     if not n:
                         break
-                    off += n
-        finally:
-            os.close(fd)
-        done.touch()
-    except OSError as e:
-        log.info("pre-read of the hot blob ranges stopped: %s", e)
+                    offset, length = offset + n, length - n
+            finally:
+                os.close(fd)
+        except OSError as e:   # a chunk that cannot be fetched: the job will say so
+            log.info("pre-read of %s stopped: %s", path, e)
+    done.touch()

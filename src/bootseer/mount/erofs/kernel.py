@@ -31,13 +31,13 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def mount(image: str, mountpoint: str, blob: str) -> None:
+def mount(image: str, mountpoint: str, blob: str, extra: str = "") -> None:
     """Mount the metadata ``image`` at ``mountpoint`` with ``blob`` as its device 1
     (read-only, nosuid, nodev)."""
     for what, path in (("image", image), ("blob", blob)):
         if "," in path:   # the option string cannot quote a comma
             raise ErofsMountError(f"the EROFS {what} path {path} contains a comma")
-    opts = f"device={os.path.abspath(blob)}".encode()
+    opts = (f"device={os.path.abspath(blob)}" + (f",{extra}" if extra else "")).encode()
     rc = _libc().mount(os.path.abspath(image).encode(), mountpoint.encode(), b"erofs",
                        MS_RDONLY | MS_NOSUID | MS_NODEV, opts)
     if rc != 0:
@@ -57,15 +57,17 @@ def _erofs_bdis() -> set[str]:
         return set()
 
 
-def mount_with_read_ahead(image: str, mountpoint: str, blob: str,
+def mount_with_read_ahead(image: str, mountpoint: str, blob: str, *, directio: bool = False,
                           read_ahead_kb: int = READ_AHEAD_KB) -> None:
     """:func:`mount`, then raise the new mount's read-ahead (128 KiB by default): EROFS
     reads ahead within a file only, so large files reach the blob in large reads. Each
     mount has its own ``/sys/class/bdi/erofs-<n>``, found as the one that appeared (an
-    EROFS mount by another process at the same instant gets the same setting)."""
+    EROFS mount by another process at the same instant gets the same setting).
+    ``directio``: EROFS reads the blob with O_DIRECT (no page cache of the blob itself,
+    requests the size EROFS asks for)."""
     with _bdi_lock:
         before = _erofs_bdis()
-        mount(image, mountpoint, blob)
+        mount(image, mountpoint, blob, "directio" if directio else "")
         new = _erofs_bdis() - before
     for name in new:
         try:
