@@ -37,9 +37,9 @@ def _serve(args) -> int:
     try:
         import grpc  # noqa: F401 - the one optional dependency of this command
     except ImportError:
-        from bootseer.errors import UsageError
-        raise UsageError("the snapshotter needs grpcio and protobuf; "
-                         "hint: pip install 'bootseer[containerd]'") from None
+        from bootseer.errors import BootseerError   # this node lacks an extra: exit 1
+        raise BootseerError("the snapshotter needs grpcio and protobuf; "
+                            "hint: pip install 'bootseer[containerd]'") from None
     from bootseer.config import BootseerConfig
     from bootseer.snapshotter.lazy import LazyImages
     from bootseer.snapshotter.server import serve

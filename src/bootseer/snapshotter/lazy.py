@@ -171,18 +171,32 @@ class LazyImages:
         with self._lock:
             self._watchers.setdefault(top.id, []).append(upper)
 
-    def _watch(self) -> None:
+    def forget(self, upper: str) -> None:
+        """A container's snapshot goes: a last look at its ready file (a job that touched
+        it and exited at once is seen here, not only by the watcher's poll)."""
+        with self._lock:
+            items = [(i, u) for i, u in self._watchers.items() if upper in u]
+        for top_id, uppers in items:
+            self._check_ready(top_id, [upper])
+            with self._lock:
+                if upper in uppers:
+                    uppers.remove(upper)
+
+    def _check_ready(self, top_id: int, uppers: list[str]) -> None:
         from bootseer.tree.session import TRIGGER
+        with self._lock:
+            entry = self._mounts.get(top_id)
+        if entry is not None and any(os.path.exists(os.path.join(u, self.ready_file))
+                                     for u in uppers):
+            open(os.path.join(entry[1], TRIGGER), "a").close()
+
+    def _watch(self) -> None:
         published: set[str] = set()
         while not self._stop.wait(0.2):
             with self._lock:
-                items = [(i, list(u), self._mounts.get(i)) for i, u in self._watchers.items()]
-            for _, uppers, entry in items:
-                if entry is None:
-                    continue
-                state = entry[1]
-                if any(os.path.exists(os.path.join(u, self.ready_file)) for u in uppers):
-                    open(os.path.join(state, TRIGGER), "a").close()
+                items = [(i, list(u)) for i, u in self._watchers.items()]
+            for top_id, uppers in items:
+                self._check_ready(top_id, uppers)
             with self._lock:
                 states = [e[1] for e in self._mounts.values()]
             for state in states:   # a closed window's profile goes out at once

@@ -207,6 +207,8 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
                 raise SnapshotError("FAILED_PRECONDITION",
                                     f"snapshot {key!r} is in use by the mount at {user}")
             tx.remove(key)
+        if self.lazy and s.kind == ACTIVE:
+            self.lazy.forget(self.layout.fs(s))
         if is_top(s) and self.lazy:
             self.lazy.unmount(s)
         elif is_top(s) and os.path.ismount(self.layout.fs(s)):
