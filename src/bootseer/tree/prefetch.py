@@ -19,8 +19,9 @@ EAGER_SHARE = 0.7
 
 class Prefetcher:
     def __init__(self, reader: TreeReader, profile: dict | None, *, window: int = 512,
-                 batch: int = 256, done_file: str | None = None):
+                 batch: int = 256, done_file: str | None = None, peers=None):
         self.reader, self.window, self.batch = reader, window, batch
+        self.peers = peers   # a bootseer.peers.PeerShare: the job's nodes as a source
         self.done_file = done_file
         by_digest = {c[0]: c for c in reader.all_chunks()}
         hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", []) if row[0] in by_digest]
@@ -30,10 +31,12 @@ class Prefetcher:
         self.plan = sorted(by_digest.values(), key=lambda c: (c[1], c[2])) if self.eager else hot
         self.stats = {"planned_chunks": len(self.plan), "planned_bytes": sum(c[4] for c in self.plan),
                       "fetched_chunks": 0, "fetched_bytes": 0, "already_local": 0, "errors": 0,
-                      "eager": self.eager, "seconds": 0.0}
+                      "eager": self.eager, "seconds": 0.0, "origin_bytes": 0,
+                      "peer_bytes": 0}
         self.prefetched: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._transfer = None
 
     def start(self) -> "Prefetcher":
         self._thread = threading.Thread(target=self._run, daemon=True, name="bootseer-prefetch")
@@ -43,17 +46,24 @@ class Prefetcher:
     def _run(self) -> None:
         t0 = time.monotonic()
         pending: deque = deque()
+        plan = self.plan
         try:
+            if self.peers is not None and self.stats["planned_bytes"] >= self.peers.min_set_bytes:
+                # Peers first (each chunk verified as from the store); the origin gets what
+                # they did not deliver. Demand reads go to the store meanwhile.
+                self._transfer = self.peers.open_set(self.plan)
+                left = {r[0] for r in self._transfer.fetch(self._from_peer)}
+                plan = [r for r in self.plan if r[0] in left]
             # Batches of the plan in recorded order, each submitted in pack order: the
             # fetcher then coalesces neighbours (small files are one small chunk each, and
             # one request per chunk costs the store more than the bytes do). Batches grow
             # from 8 chunks, so the first-read chunks still come first.
             i, size = 0, 8
-            while i < len(self.plan):
+            while i < len(plan):
                 if self._stop.is_set():
                     break
                 todo = []
-                batch, i, size = self.plan[i:i + size], i + size, min(size * 2, self.batch)
+                batch, i, size = plan[i:i + size], i + size, min(size * 2, self.batch)
                 for ref in batch:
                     if self.reader.has_chunk(ref):
                         self.stats["already_local"] += 1
@@ -65,6 +75,8 @@ class Prefetcher:
                     self._complete(*pending.popleft())
             while pending:
                 self._complete(*pending.popleft())
+            if self._transfer is not None:
+                self._transfer.finish()   # seed the set (the first node publishes it)
         except Exception as e:  # noqa: BLE001 - prefetch never fails the job
             log.warning("prefetch stopped: %s", e)
             self.stats["errors"] += 1
@@ -79,11 +91,21 @@ class Prefetcher:
             self.prefetched.add(ref[0])
             self.stats["fetched_chunks"] += 1
             self.stats["fetched_bytes"] += ref[4]
+            self.stats["origin_bytes"] += len(raw)
+            if self._transfer is not None:
+                self._transfer.offer(ref, raw)
         except Exception as e:  # noqa: BLE001
             self.stats["errors"] += 1
             log.info("prefetch of chunk %s failed: %s", ref[0][:19], e)
             if self.stats["errors"] > 20:
                 raise
+
+    def _from_peer(self, ref, raw: bytes) -> None:
+        self.reader.store_chunk(ref, raw)   # the store's check: raises on a bad chunk
+        self.prefetched.add(ref[0])
+        self.stats["fetched_chunks"] += 1
+        self.stats["fetched_bytes"] += ref[4]
+        self.stats["peer_bytes"] += len(raw)
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread:

@@ -1,0 +1,126 @@
+"""This node's libtorrent session: the job's network only, nothing beyond it.
+
+No DHT, no local service discovery, no UPnP/NAT-PMP, no trackers, TCP only; the session's
+IP filter admits the job's announced nodes and nobody else (both ways), and the upload cap
+applies to every peer (libtorrent exempts private networks from rate limits by default, and
+a job's network is usually one). A peer that sends data failing its v2 piece hash is banned
+by libtorrent; the ban is noted here and the address blocked for the node's lifetime.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+
+import libtorrent as lt
+
+log = logging.getLogger(__name__)
+
+_ALERTS = (lt.alert.category_t.error_notification | lt.alert.category_t.peer_notification
+           | lt.alert.category_t.status_notification | lt.alert.category_t.storage_notification
+           | lt.alert.category_t.file_progress_notification)
+_ALL_V4 = ("0.0.0.0", "255.255.255.255")
+BLOCKED = 1
+
+
+def free_port(ip: str, port_min: int, port_max: int) -> int:
+    """The first port of the range that ``ip`` can listen on (TCP)."""
+    for port in range(port_min, port_max + 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((ip, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {port_min}-{port_max} on {ip}")
+
+
+class Swarm:
+    """One libtorrent session bound to ``ip``; thread-safe for the calls below."""
+
+    def __init__(self, ip: str, *, port_min: int = 6881, port_max: int = 6999,
+                 upload_cap: int = 0):
+        ipaddress.IPv4Address(ip)   # a device name is resolved by the caller
+        self.ip = ip
+        self.port = free_port(ip, port_min, port_max)
+        self._lock = threading.Lock()
+        self.members: set[str] = set()
+        self.banned: set[str] = set()
+        self.hash_failures = 0
+        self.session = lt.session({
+            "listen_interfaces": f"{ip}:{self.port}", "outgoing_interfaces": ip,
+            "enable_dht": False, "enable_lsd": False, "enable_upnp": False,
+            "enable_natpmp": False, "enable_outgoing_utp": False,
+            "enable_incoming_utp": False, "upload_rate_limit": upload_cap,
+            "alert_mask": _ALERTS, "user_agent": "bootseer",
+        })
+        # Every IPv4 peer in the global class: the cap holds on private networks too.
+        classes = lt.ip_filter()
+        classes.add_rule(*_ALL_V4, 1 << lt.session.global_peer_class_id)
+        self.session.set_peer_class_filter(classes)
+        self._apply_filter()
+
+    @property
+    def addr(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    def _apply_filter(self) -> None:
+        f = lt.ip_filter()
+        f.add_rule(*_ALL_V4, BLOCKED)
+        for ip in self.members - self.banned:
+            f.add_rule(ip, ip, 0)
+        self.session.set_ip_filter(f)
+
+    def admit(self, addrs) -> list[tuple[str, int]]:
+        """Let the job's nodes at ``addrs`` (``ip:port``) in; returns the new ones."""
+        new = []
+        with self._lock:
+            for addr in addrs:
+                ip, _, port = addr.rpartition(":")
+                if ip == self.ip and int(port) == self.port:
+                    continue
+                if ip not in self.members:
+                    self.members.add(ip)
+                    new.append((ip, int(port)))
+                elif ip not in self.banned:
+                    new.append((ip, int(port)))
+            self._apply_filter()
+        return new
+
+    def add(self, ti: lt.torrent_info, save_path: str, *, seed: bool = False):
+        params = lt.add_torrent_params()
+        params.ti, params.save_path = ti, save_path
+        params.flags = (lt.torrent_flags.disable_dht | lt.torrent_flags.disable_lsd
+                        | lt.torrent_flags.apply_ip_filter)
+        if seed:
+            params.flags |= lt.torrent_flags.seed_mode
+        return self.session.add_torrent(params)
+
+    def alerts(self) -> list:
+        """Pending alerts; bans are noted (and blocked) on the way."""
+        out = self.session.pop_alerts()
+        for a in out:
+            if isinstance(a, lt.peer_ban_alert):
+                ip = a.endpoint[0] if hasattr(a, "endpoint") else a.ip[0]
+                log.warning("peer %s sent data that failed its piece hash: banned", ip)
+                with self._lock:
+                    self.banned.add(ip)
+                    self._apply_filter()
+            elif isinstance(a, lt.hash_failed_alert):
+                self.hash_failures += 1
+            elif isinstance(a, lt.listen_failed_alert):
+                log.warning("peers: %s", a.message())
+        return out
+
+    def close(self) -> None:
+        """Stop serving and drop every connection (the session object may outlive this)."""
+        self.session.pause()
+        for h in self.session.get_torrents():
+            self.session.remove_torrent(h)
+        deadline = time.monotonic() + 2
+        while self.session.get_torrents() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.session.apply_settings({"listen_interfaces": ""})

@@ -1,0 +1,223 @@
+"""Peer-to-peer hot sets with real libtorrent sessions on loopback: each "node" has its own
+127.0.0.x address, swarm, fetcher and node cache; the store (a local directory) is the
+origin and the roster."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from bootseer.config import BootseerConfig, CacheConfig, FetchConfig
+from bootseer.peers import PeerShare, Swarm, share_for
+from bootseer.peers.torrent import file_name, load_torrent, make_torrent, set_key, torrent_name
+from bootseer.store import open_store
+from bootseer.store.cache import NodeCache
+from bootseer.store.fetch import Fetcher
+from bootseer.tree.build import TreeBuilder, add_directory
+from bootseer.tree.prefetch import Prefetcher
+from bootseer.tree.reader import TreeReader
+
+pytestmark = pytest.mark.timeout(120)
+JOB = "job-p2p"
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A tree of incompressible files (the stored set is as large as the files) and a
+    profile naming every chunk: the hot set."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(16):
+        (root / f"f{i:02d}").write_bytes(os.urandom(256 * 1024 + i))
+    store = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(store, chunk_size=1 << 20, pack_size=2 << 20)
+    add_directory(b, root)
+    digest = b.finish()
+    r = TreeReader(store, digest, Fetcher(FetchConfig(max_inflight=4)))
+    profile = {"chunks": [[c[0]] for c in r.all_chunks()]}
+    set_bytes = sum(c[3] for c in r.all_chunks())
+    return store, digest, profile, set_bytes
+
+
+class Node:
+    def __init__(self, tmp_path, store, tree_digest, profile, n, *, stall_s=3.0, wait_s=30.0,
+                 upload_cap=0):
+        self.name = f"node{n}"
+        self.cache = NodeCache(CacheConfig(dir=str(tmp_path / self.name / "cache"),
+                                           budget_bytes=1 << 30))
+        self.reader = TreeReader(store, tree_digest, Fetcher(FetchConfig(max_inflight=8)),
+                                 self.cache)
+        swarm = Swarm(f"127.0.0.{n + 1}", port_min=21000 + 10 * n, port_max=21009 + 10 * n,
+                      upload_cap=upload_cap)
+        self.share = PeerShare(store, swarm, JOB, self.name, str(tmp_path / self.name / "peers"),
+                               stall_s=stall_s, wait_s=wait_s, refresh_s=0.2)
+        self.prefetcher = Prefetcher(self.reader, profile, peers=self.share)
+
+    def run(self) -> "Node":
+        self.prefetcher.start()
+        return self
+
+    def wait(self) -> dict:
+        self.prefetcher.wait(90)
+        return self.prefetcher.stats
+
+    def has_all(self) -> bool:
+        """Every chunk is in this node's cache, and right (the cache re-verifies)."""
+        return all(self.cache.get(c[0], c[4]) is not None for c in self.reader.all_chunks())
+
+    def close(self) -> None:
+        self.share.close()
+
+
+@pytest.fixture
+def nodes(tmp_path, tree):
+    made: list[Node] = []
+
+    def make(n, **kw) -> Node:
+        store, digest, profile, _ = tree
+        node = Node(tmp_path, store, digest, profile, n, **kw)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        node.close()
+
+
+def test_torrent_is_the_same_on_every_node_and_checked(tmp_path):
+    items = []
+    for i in range(3):
+        data = os.urandom(40000 + i)
+        from bootseer.store.digest import sha256_digest
+        items.append((sha256_digest(data), len(data), data))
+    sets = [(d, n) for d, n, _ in items]
+    out = []
+    for where, order in (("a", sets), ("b", sets[::-1])):
+        d = tmp_path / where / torrent_name(set_key(sets))
+        d.mkdir(parents=True)
+        for digest, _, data in items:
+            (d / file_name(digest)).write_bytes(data)
+        out.append(make_torrent(str(tmp_path / where), order))
+    assert out[0] == out[1]
+    assert load_torrent(out[0], sets).info_hashes().has_v2()
+    with pytest.raises(ValueError):   # a torrent of another set is refused
+        load_torrent(out[0], sets[:2])
+
+
+def test_hot_set_to_three_nodes_costs_the_origin_once(tree, nodes):
+    _, _, _, set_bytes = tree
+    group = [nodes(n) for n in (1, 2, 3)]
+    for node in group:
+        node.run()
+    stats = [node.wait() for node in group]
+    assert all(node.has_all() for node in group)
+    origin = sum(s["origin_bytes"] for s in stats)
+    assert origin < 1.5 * set_bytes, stats
+    assert sum(s["peer_bytes"] for s in stats) >= set_bytes, stats
+    assert sorted(n.share.stats["role"] for n in group) == ["maker", "peer", "peer"]
+
+
+def test_peer_gone_mid_transfer_rest_from_origin(tree, nodes):
+    _, _, _, set_bytes = tree
+    seeder = nodes(1, upload_cap=1 << 20).run()   # ~4 MiB at 1 MiB/s: seconds
+    seeder.wait()
+    assert seeder.share.stats["role"] == "maker"
+    late = nodes(2, stall_s=3.0).run()   # the first connection takes a second or two
+    deadline = time.monotonic() + 30
+    while late.prefetcher.stats["peer_bytes"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    seeder.close()                                  # gone mid-transfer
+    stats = late.wait()
+    assert late.has_all()
+    assert 0 < stats["peer_bytes"] < set_bytes, stats
+    assert 0 < stats["origin_bytes"] < set_bytes, stats
+
+
+def _corrupt_in_place(node: Node) -> int:
+    """Flip bytes inside every file the node seeds (same size, same inode: libtorrent
+    serves them as they are now)."""
+    n = 0
+    for dirpath, _, names in os.walk(node.share.work_dir):
+        for name in names:
+            with open(os.path.join(dirpath, name), "r+b") as f:
+                f.seek(100)
+                f.write(b"\xff" * 64)
+            n += 1
+    return n
+
+
+def test_lying_peer_is_banned_and_its_chunks_refetched(tree, nodes):
+    honest = nodes(1).run()
+    honest.wait()
+    liar = nodes(2).run()
+    assert liar.wait()["peer_bytes"] > 0
+    honest.close()
+    assert _corrupt_in_place(liar) > 0
+    victim = nodes(3, stall_s=1.0).run()
+    stats = victim.wait()
+    assert victim.has_all()                       # nothing corrupt was cached
+    assert "127.0.0.3" in victim.share.swarm.banned
+    assert stats["origin_bytes"] > 0
+
+
+def test_torrent_that_lies_is_caught_by_the_digest(tree, nodes, tmp_path):
+    """libtorrent's hashes only check data against the torrent: a published torrent made
+    from wrong bytes passes them, and the chunk digest (the trust root) catches it."""
+    store, digest, profile, set_bytes = tree
+    r = TreeReader(store, digest, Fetcher(FetchConfig()))
+    refs = r.all_chunks()
+    items = sorted({(c[0], c[3]) for c in refs})
+    bad = tmp_path / "bad"
+    files = bad / torrent_name(set_key(items))
+    files.mkdir(parents=True)
+    for d, size in items:
+        (files / file_name(d)).write_bytes(os.urandom(size))
+    from bootseer.peers.share import torrent_ref
+    from bootseer.store.digest import sha256_digest
+    data = make_torrent(str(bad), items)
+    store.write(sha256_digest(data), data)
+    store.set_ref(torrent_ref(set_key(items)), sha256_digest(data))
+    liar = nodes(1)
+    # the liar seeds the wrong bytes under the published torrent
+    liar.share.swarm.add(load_torrent(data, items), str(bad))
+    liar.share.handles.append(liar.share.swarm.session.get_torrents()[0])
+    victim = nodes(2, stall_s=1.0).run()
+    stats = victim.wait()
+    assert victim.has_all()
+    assert victim.share.stats["rejected"] >= 1
+    assert stats["origin_bytes"] > 0
+
+
+def test_no_peer_reachable_is_a_pure_origin_fetch(tree, nodes):
+    _, _, _, set_bytes = tree
+    first = nodes(1).run()
+    first.wait()
+    first.close()                                  # announced, published, now unreachable
+    t0 = time.monotonic()
+    alone = nodes(2, stall_s=1.0).run()
+    stats = alone.wait()
+    assert alone.has_all()
+    assert stats["peer_bytes"] == 0
+    assert stats["origin_bytes"] >= set_bytes
+    assert time.monotonic() - t0 < 15
+
+
+def test_share_for_follows_the_settings(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+
+    def cfg(**peers):
+        return BootseerConfig.from_dict({"peers": peers, "trace": {"job_id": "j1"},
+                                         "cache": {"dir": str(tmp_path / "c")}})
+    assert share_for(cfg(mode="off", nodes=8), store) is None
+    assert share_for(cfg(mode="auto", nodes=1), store) is None
+    share = share_for(cfg(mode="auto", nodes=2, interface="127.0.0.9",
+                          port_min=21900, port_max=21909), store)
+    try:
+        assert share is not None and share.swarm.addr.startswith("127.0.0.9:")
+        assert share.min_set_bytes == 64 * 1024**2
+        assert share_for(cfg(mode="auto", nodes=2, interface="127.0.0.9"), store) is share
+    finally:
+        share.close()
