@@ -20,6 +20,8 @@ ready. Every variant runs on a fresh node (empty node cache, fresh podman root):
 (2) and (3) take the kernel path (EROFS on a data blob) where the kernel has it.
 Goals (issue #4): (3) <= 0.25 x (1); (3) <= 0.5 x (2); coverage >= 95%, precision >= 80%;
 (2) never slower than (1). Issue #14: (3) <= 1.15 x (4).
+  (5) containerd + overlayfs, (6) containerd + bootseer snapshotter: see containerd_rows.py
+  (issue #15: (6) <= 0.25 x (5) and <= 1.2 x (3)); --no-containerd skips them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ sys.path.insert(0, str(ROOT / "src"))
 from bootseer.demo import assets as A  # noqa: E402
 from bootseer.demo.main import DEFAULT_ASSETS, scratch_tmpfs, shaped_link  # noqa: E402
 from bootseer.testing import servers  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import containerd_rows  # noqa: E402
+
+CTD_PULL, CTD_LAZY = "(5) containerd + overlayfs", "(6) containerd + bootseer"
 
 WORKLOAD = ("import os, sys; sys.path.insert(0, '/opt/app'); "
             "import torch, torch.nn, torch.distributed.checkpoint, numpy, app.main; "
@@ -153,6 +160,8 @@ def main() -> int:
     p.add_argument("--data-mib", type=int, default=400,
                    help="model-like data files in the image (MiB, default 400)")
     p.add_argument("--out", default=str(ROOT / "bench/results/image.json"))
+    p.add_argument("--no-containerd", action="store_true",
+                   help="skip the containerd rows (5) and (6)")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("bench/image needs root (network namespace, FUSE, podman)", file=sys.stderr)
@@ -190,6 +199,14 @@ def main() -> int:
                           + "  ".join(f"{k} {v:.3g}" for k, v in row.items()
                                       if k != "ready_s" and isinstance(v, (int, float))),
                           flush=True)
+            if not args.no_containerd:   # issue #15: the same image through the CRI
+                print("containerd (CRI, as the kubelet starts a pod), fresh nodes:", flush=True)
+                for k, row in containerd_rows.run(
+                        scratch=scratch, netns=netns, ref=ref,
+                        registry_host=f"127.0.0.1:{reg.port}", store=store,
+                        argv=["python3", "-c", WORKLOAD],
+                        say=lambda m: print(m, flush=True)).items():
+                    results.setdefault(k, []).append(row)
         finally:
             reg.stop()
     med = {k: statistics.median(r["ready_s"] for r in rows) for k, rows in results.items()}
@@ -198,6 +215,11 @@ def main() -> int:
               FUSE_ROW]:
         print(f"{k:34} {med[k]:8.2f} {med[k] / med['(1) pull + run']:7.2f}")
     r3 = results["(3) lazy + prefetch"][-1]
+    if not args.no_containerd:
+        for k in (CTD_PULL, CTD_LAZY):
+            print(f"{k:34} {med[k]:8.2f} {med[k] / med['(1) pull + run']:7.2f}")
+        print(f"goals (containerd): (6)/(5) {med[CTD_LAZY] / med[CTD_PULL]:.2f} (<= 0.25), "
+              f"(6)/(3) {med[CTD_LAZY] / med['(3) lazy + prefetch']:.2f} (<= 1.2)")
     print(f"goals: (3)/(1) {med['(3) lazy + prefetch'] / med['(1) pull + run']:.2f} (<= 0.25), "
           f"(3)/(2) {med['(3) lazy + prefetch'] / med['(2) lazy']:.2f} (<= 0.5), "
           f"(3)/(4) {med['(3) lazy + prefetch'] / med['(4) fully local']:.2f} (<= 1.15; "
