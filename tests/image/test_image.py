@@ -340,5 +340,5 @@ def test_profile_push_refuses_what_is_not_a_profile_of_a_stored_tree(tmp_path):
     for name, text in cases.items():
         (tmp_path / name).write_text(text)
         r = bootseer("image", "profile", "push", str(tmp_path / name), "--store", store)
-        assert r.returncode == 1 and says[name] in r.stderr, (name, r.stderr)
+        assert r.returncode == 2 and says[name] in r.stderr, (name, r.stderr)   # bad input
         assert "Traceback" not in r.stderr

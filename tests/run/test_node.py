@@ -73,7 +73,7 @@ def test_exit_status_and_missing_command_on_host():
     r = bootseer("run", "--", "no-such-command-bootseer")
     assert r.returncode == 127 and "not found" in r.stderr
     r = bootseer("run")
-    assert r.returncode == 1 and "no command given" in r.stderr
+    assert r.returncode == 2 and "no command given" in r.stderr   # usage (docs/cli.md)
 
 
 def test_ready_at_the_first_output_line_matching_the_regex(tmp_path):
@@ -94,7 +94,7 @@ def test_ready_at_the_first_output_line_matching_the_regex(tmp_path):
     assert data["ready_s"] is not None
     assert data["ready_s"] < data["phases"]["job.run"]["end"] - 0.2
     r = bootseer("run", "--ready-regex", "(", "--", "true")
-    assert r.returncode == 1 and "--ready-regex" in r.stderr
+    assert r.returncode == 2 and "--ready-regex" in r.stderr   # usage (docs/cli.md)
 
 
 def test_failed_pipeline_is_a_clear_error(index, tmp_path):

@@ -51,11 +51,13 @@ def test_round_trip_local_and_http(tmp_path, nginx_factory):
 
 def test_errors(tmp_path):
     store = str(tmp_path / "s")
+    (tmp_path / "f").write_bytes(b"x")
+    assert bs("--store", store, "put", str(tmp_path / "f")).returncode == 0
     r = bs("--store", store, "cat", "sha256:" + "2" * 64)
     assert r.returncode == 1 and b"bootseer: error: blob sha256:2222" in r.stderr
     assert b"not found" in r.stderr
-    r = bs("--store", store, "stat", "nope")
-    assert r.returncode == 1 and b"not a sha256 digest" in r.stderr
+    r = bs("--store", store, "stat", "nope")   # usage: exit 2 (docs/cli.md)
+    assert r.returncode == 2 and b"not a sha256 digest" in r.stderr
     r = bs("--store", store, "put", str(tmp_path / "missing"))
     assert r.returncode == 1 and b"cannot read" in r.stderr
     r = bs("--store", store, "ref", "set", "x", "sha256:" + "3" * 64)
@@ -63,7 +65,7 @@ def test_errors(tmp_path):
     r = bs("--store", store, "ref", "set", "../x", "sha256:" + "3" * 64)
     assert r.returncode == 1 and b"error" in r.stderr
     r = bs("--store", "nosuch://x", "ls")
-    assert r.returncode == 1 and b"unknown scheme" in r.stderr
+    assert r.returncode == 2 and b"unknown scheme" in r.stderr
 
 
 def test_corrupt_blob_is_not_written_out(tmp_path):

@@ -22,14 +22,14 @@ def register(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("mount", help="mount a remote checkpoint directory read-only (foreground)")
     v.add_argument("url", help="fsspec URL: http(s):// (JSON listing), hdfs://, webhdfs://, s3://, file://")
-    v.add_argument("mountpoint")
+    v.add_argument("mountpoint", help="empty directory to mount the checkpoint at")
     v.add_argument("--mode", choices=("striped", "single"), default="striped",
                    help="single: one sequential stream per file (the fuse-dfs baseline)")
     v.add_argument("--no-prefetch", action="store_true", help="do not stream files in at mount")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="stream a checkpoint into this node's staging area")
-    v.add_argument("url")
+    v.add_argument("url", help="checkpoint directory (as for mount)")
     v.add_argument("--rank", type=int,
                    help="this process's index among --world processes of the node that share "
                         "its staging: each streams a contiguous 1/W of the plan, so the node's "
@@ -45,8 +45,10 @@ def _mount(args) -> int:
     from bootseer.ckpt.mount import build_view
     from bootseer.config import BootseerConfig
     from bootseer.mount.fuse import run_foreground
+    from bootseer.cli._errors import reaching
     config = BootseerConfig.from_env()
-    RemoteDir(args.url, mirrors=args.mirror).check_root()  # a wrong URL fails here, clearly
+    with reaching(args.url, "checkpoint"):   # a wrong URL or missing driver fails here
+        RemoteDir(args.url, mirrors=args.mirror).check_root()
     factory = functools.partial(build_view, args.url, config, mode=args.mode,
                                 prefetch=not args.no_prefetch, mirrors=tuple(args.mirror))
     return run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
@@ -58,16 +60,19 @@ def _prefetch(args) -> int:
     from bootseer.ckpt.prefetch import start_plan
     from bootseer.ckpt.staging import node_staging_dir
     from bootseer.config import BootseerConfig
+    from bootseer.cli._errors import reaching
+    from bootseer.errors import UsageError
     if (args.rank is None) != (args.world is None):
-        raise SystemExit("bootseer ckpt prefetch: give --rank and --world together")
+        raise UsageError("ckpt prefetch: give --rank and --world together")
     if args.world is not None and not 0 <= args.rank < args.world:
-        raise SystemExit(f"bootseer ckpt prefetch: --rank {args.rank} is not in "
+        raise UsageError(f"ckpt prefetch: --rank {args.rank} is not in "
                          f"[0, --world {args.world})")
     config = BootseerConfig.from_env()
     with Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config)),
                 store_url=config.store.url) as engine:
-        remote = RemoteDir(args.url, mirrors=args.mirror)
-        remote.check_root()
+        with reaching(args.url, "checkpoint"):
+            remote = RemoteDir(args.url, mirrors=args.mirror)
+            remote.check_root()
         prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world)
         print(f"bootseer ckpt prefetch: plan from the {PLAN_NAMES[kind]}", file=sys.stderr)
         prefetch.join()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from bootseer.cli import add_gc_verb
+from bootseer.cli import INDEX_URL_HELP, STORE_HELP, add_gc_verb, add_json_arg, print_json
 
 
 def register(sub) -> None:
@@ -15,9 +15,10 @@ def register(sub) -> None:
     v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
     v.add_argument("--prefix", required=True, help="where the environment lives (same on every node)")
     v.add_argument("--python", help="interpreter (default: this one)")
-    v.add_argument("--index-url", action="append", default=[], metavar="URL")
+    v.add_argument("--index-url", action="append", default=[], metavar="URL",
+                   help=INDEX_URL_HELP)
     v.add_argument("--key", help="key from 'bootseer deps key' (skips resolving on a warm node)")
-    v.add_argument("--store", metavar="URL")
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
     v.add_argument("--wait", type=float, default=600.0, help="seconds to wait for another builder")
     v.add_argument("--mount", action="store_true",
                    help="mount the snapshot lazily at PREFIX instead of restoring it (a FUSE "
@@ -25,23 +26,27 @@ def register(sub) -> None:
     v.add_argument("--window", type=float, default=120.0, metavar="S",
                    help="with --mount: seconds of start-up reads recorded as the hot-block "
                         "profile that the next node's mount prefetches (default 120)")
+    add_json_arg(v, "how the environment was made (warm, restored, built...), its key and prefix")
     v.set_defaults(func=_ensure)
     v = verbs.add_parser("umount", help="stop the lazy mount of an environment (--mount)")
-    v.add_argument("prefix")
+    v.add_argument("prefix", help="the PREFIX given to 'deps ensure --mount'")
     v.set_defaults(func=_umount)
     v = verbs.add_parser("key", help="resolve SPEC and print the environment key")
-    v.add_argument("spec")
-    v.add_argument("--prefix", required=True)
-    v.add_argument("--python")
-    v.add_argument("--index-url", action="append", default=[], metavar="URL")
+    v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
+    v.add_argument("--prefix", required=True,
+                   help="where the environment will live (part of the key)")
+    v.add_argument("--python", help="interpreter (default: this one)")
+    v.add_argument("--index-url", action="append", default=[], metavar="URL",
+                   help=INDEX_URL_HELP)
     v.set_defaults(func=_key)
     v = verbs.add_parser("ls", help="environments published in the store")
-    v.add_argument("--store", metavar="URL")
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_json_arg(v, "the environments (key, prefix, tree)")
     v.set_defaults(func=_ls)
     add_gc_verb(verbs, "environments", _gc)
     v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
-    v.add_argument("prefix")
-    v.add_argument("--store", metavar="URL")
+    v.add_argument("prefix", help="a restored environment")
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
     v.set_defaults(func=_verify)
 
 
@@ -50,8 +55,25 @@ def _config(url):
     return BootseerConfig.from_env(overrides={"store": {"url": url}})
 
 
+def prefix_arg(path: str | None) -> str | None:
+    """``--prefix``: refused when it, or a folder above it, is a file (else the build
+    fails halfway with "File exists")."""
+    import os
+    from bootseer.errors import UsageError
+    if path is None:
+        return None
+    at = os.path.abspath(path)
+    while not os.path.lexists(at) and os.path.dirname(at) != at:
+        at = os.path.dirname(at)
+    if os.path.lexists(at) and not os.path.isdir(at):
+        what = "is" if at == os.path.abspath(path) else f"lies under {at}, which is"
+        raise UsageError(f"--prefix {path} {what} a file, not a directory")
+    return path
+
+
 def _ensure(args) -> int:
     from bootseer.deps.ensure import ensure
+    prefix_arg(args.prefix)
     bar = None
 
     def progress(n: int, total: int) -> None:
@@ -70,7 +92,10 @@ def _ensure(args) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print(f"{r.how} {r.key} {r.prefix}")
+    if args.json:
+        print_json({"how": r.how, "key": r.key, "prefix": r.prefix})
+    else:
+        print(f"{r.how} {r.key} {r.prefix}")
     return 0
 
 
@@ -105,9 +130,16 @@ def _key(args) -> int:
 def _ls(args) -> int:
     from bootseer.store import open_store
     store = open_store(args.store, _config(args.store))
+    envs = []
     for name in store.list_refs("deps/env/"):
         m = json.loads(store.read(store.get_ref(name)))
-        print(f"sha256:{name.rsplit('/', 1)[1]}\t{m['prefix']}\t{m['tree']}")
+        envs.append({"key": f"sha256:{name.rsplit('/', 1)[1]}", "prefix": m["prefix"],
+                     "tree": m["tree"]})
+    if args.json:
+        print_json({"store": store.url, "environments": envs})
+        return 0
+    for e in envs:
+        print(f"{e['key']}\t{e['prefix']}\t{e['tree']}")
     return 0
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+
+from bootseer.cli import IMAGE_REF_HELP, STORE_HELP, add_json_arg, print_json
 
 
 def register(sub) -> None:
@@ -11,14 +14,18 @@ def register(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("convert", help="convert an image (registry ref, OCI layout dir, "
                          "docker-archive tar) into a tree in the store; print its digest")
-    v.add_argument("src")
-    v.add_argument("--to", metavar="STORE", help="store URL (default: settings)")
-    v.add_argument("--chunk-size", default="1MiB")
+    v.add_argument("src", help="registry reference (host:port/repo:tag), OCI image layout "
+                               "directory, or docker-archive tar")
+    v.add_argument("--store", metavar="URL", help="store URL (default: settings)")
+    v.add_argument("--to", dest="store", help=argparse.SUPPRESS)   # its first spelling
+    v.add_argument("--chunk-size", default="1MiB", metavar="SIZE",
+                   help="bytes per content-addressed chunk of a file")
+    add_json_arg(v, "the tree's digest, size (bytes of file data) and chunk count")
     v.set_defaults(func=_convert)
     v = verbs.add_parser("mount", help="mount an image read-only and lazily (foreground)")
-    v.add_argument("ref", help="tree digest, store ref, or the converted image's reference")
-    v.add_argument("mountpoint")
-    v.add_argument("--store", metavar="URL")
+    v.add_argument("ref", help=IMAGE_REF_HELP)
+    v.add_argument("mountpoint", help="empty directory to mount the image's root at")
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
     v.add_argument("--record", action="store_true", help="record and push the hot-block profile")
     v.add_argument("--prefetch", nargs="?", const="latest", metavar="PROFILE",
                    help="prefetch the hot blocks (the latest profile, or this profile digest)")
@@ -26,29 +33,31 @@ def register(sub) -> None:
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="fetch an image's hot blocks into the node cache "
                          "(before any container exists)")
-    v.add_argument("ref")
-    v.add_argument("--store", metavar="URL")
+    v.add_argument("ref", help=IMAGE_REF_HELP)
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
     v.add_argument("--profile", metavar="DIGEST", help="profile digest (default: the latest)")
     v.set_defaults(func=_prefetch)
     pr = verbs.add_parser("profile", help="merge, push, show hot-block profiles")
     pv = pr.add_subparsers(dest="pverb", metavar="ACTION", required=True)
     x = pv.add_parser("merge", help="merge recorded profiles (files) into one")
-    x.add_argument("files", nargs="+")
-    x.add_argument("--min-support", type=float, default=0.0)
+    x.add_argument("files", nargs="+", metavar="FILE", help="recorded profile (JSON)")
+    x.add_argument("--min-support", type=float, default=0.0, metavar="FRACTION",
+                   help="keep only chunks read by at least this fraction of the runs")
     x.add_argument("--budget", default=None, help="byte budget, e.g. 2GiB")
     x.add_argument("-o", "--output", help="write here (default stdout)")
     x.set_defaults(func=_merge)
     x = pv.add_parser("push", help="store a profile file; point the tree's profile ref at it")
-    x.add_argument("file")
-    x.add_argument("--store", metavar="URL")
+    x.add_argument("file", help="profile (JSON) from `image profile merge` or a recording")
+    x.add_argument("--store", metavar="URL", help=STORE_HELP)
     x.set_defaults(func=_push)
     x = pv.add_parser("show", help="show the latest profile of an image")
-    x.add_argument("ref")
-    x.add_argument("--store", metavar="URL")
+    x.add_argument("ref", help=IMAGE_REF_HELP)
+    x.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_json_arg(x, "the profile's tree, hot chunks, bytes and runs")
     x.set_defaults(func=_show)
     v = verbs.add_parser("run", help="mount the image and run CMD in it as the container root")
-    v.add_argument("ref")
-    v.add_argument("--store", metavar="URL")
+    v.add_argument("ref", help=IMAGE_REF_HELP)
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
     only = v.add_mutually_exclusive_group()   # default: both, as under `bootseer run`
     only.add_argument("--record", action="store_true",
                       help="only record this start's hot blocks (no prefetch: a cold start)")
@@ -57,8 +66,17 @@ def register(sub) -> None:
     v.add_argument("--ready-regex", metavar="REGEX",
                    help="close the recording window at the first line of CMD's output "
                         "matching REGEX (else when CMD creates $BOOTSEER_READY_FILE)")
-    v.add_argument("argv", nargs="+", metavar="-- CMD")
+    add_fallback_arg(v)
+    v.add_argument("argv", nargs="+", metavar="-- CMD", help="the command to run in the image")
     v.set_defaults(func=_run)
+
+
+def add_fallback_arg(parser) -> None:
+    parser.add_argument("--fallback", choices=("pull", "never"), default="pull",
+                        help="when the fast path is unavailable (an image never converted, "
+                             "no snapshot in the store): pull takes the conventional one "
+                             "(podman pull, pip install) and says so in one line and in the "
+                             "trace; never fails instead")
 
 
 def _config(url):
@@ -71,12 +89,26 @@ def _convert(args) -> int:
     from bootseer.config import parse_size
     from bootseer.image.convert import convert
     from bootseer.store import open_store
-    store = open_store(args.to, _config(args.to))
+    store = open_store(args.store, _config(args.store))
     with tqdm(unit="B", unit_scale=True, desc="convert", disable=not sys.stderr.isatty()) as bar:
-        digest = convert(args.src, store, chunk_size=parse_size(args.chunk_size),
+        digest = convert(args.src, store, chunk_size=parse_size(args.chunk_size, "--chunk-size"),
                          progress=bar.update)
-    print(digest)
+    if args.json:
+        print_json({"digest": digest, **_tree_figures(store, digest)})
+    else:
+        print(digest)
     return 0
+
+
+def _tree_figures(store, tree: str) -> dict:
+    """Bytes of file data and chunks of a converted tree, from its table of contents."""
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.reader import load_toc
+    with Fetcher() as f:
+        toc = load_toc(store, tree, f)
+    files = [e for e in toc["entries"] if e["type"] == "f"]
+    return {"size": sum(e["size"] for e in files),
+            "chunks": sum(len(e.get("chunks") or ()) for e in files)}
 
 
 def _mount(args) -> int:
@@ -155,8 +187,13 @@ def _prefetch(args) -> int:
 def _merge(args) -> int:
     from bootseer.config import parse_size
     from bootseer.tree import profile as prof
-    merged = prof.merge([json.load(open(f)) for f in args.files], min_support=args.min_support,
-                        byte_budget=parse_size(args.budget) if args.budget else None)
+    budget = parse_size(args.budget, "--budget") if args.budget else None
+    profiles = [_read_profile(f) for f in args.files]
+    try:
+        merged = prof.merge(profiles, min_support=args.min_support, byte_budget=budget)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise prof.ProfileError(f"cannot merge {', '.join(args.files)}: not recorded "
+                                f"profiles ({type(e).__name__}: {e})") from None
     out = json.dumps(merged)
     if args.output:
         from bootseer import outputs
@@ -166,14 +203,27 @@ def _merge(args) -> int:
     return 0
 
 
+def _read_profile(path: str) -> dict:
+    from bootseer.tree import profile as prof
+    try:
+        with open(path) as f:
+            profile = json.load(f)
+    except OSError as e:
+        raise prof.ProfileError(f"cannot read the profile {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise prof.ProfileError(f"cannot read the profile {path}: not JSON ({e})") from None
+    if not isinstance(profile, dict) or profile.get("kind") != "bootseer.profile" \
+            or not isinstance(profile.get("chunks"), list):
+        raise prof.ProfileError(f"{path} is not a bootseer hot-block profile (record one with "
+                                f"`image mount --record` or make one with `image profile "
+                                f"merge`)")
+    return profile
+
+
 def _push(args) -> int:
     from bootseer.tree import profile as prof
     from bootseer.store import open_store
-    try:
-        with open(args.file) as f:
-            profile = json.load(f)
-    except (OSError, ValueError) as e:
-        raise prof.ProfileError(f"cannot read the profile {args.file}: {e}") from e
+    profile = _read_profile(args.file)
     print(prof.push(open_store(args.store, _config(args.store)), profile))
     return 0
 
@@ -186,9 +236,16 @@ def _show(args) -> int:
     tree = convert.resolve(args.ref, store)
     p = prof.latest(store, tree)
     if p is None:
-        print(f"no profile for {tree}")
+        if args.json:
+            print_json({"tree": tree, "profile": None})
+        else:
+            print(f"no profile for {tree}")
         return 1
     total = sum(r[4] for r in p["chunks"])
+    if args.json:
+        print_json({"tree": tree, "profile": {"chunks": len(p["chunks"]), "bytes": total,
+                                              "runs": p["runs"]}})
+        return 0
     print(f"tree {tree}: {len(p['chunks'])} hot chunks, {total / 2**20:.1f} MiB, {p['runs']} run(s)")
     return 0
 
@@ -198,5 +255,6 @@ def _run(args) -> int:
     from bootseer.run.node import NodeRun, RunSpec
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
     spec = RunSpec(argv=argv, image=args.ref, image_mode="lazy", prefetch=not args.record,
-                   record=not args.prefetch, ready_regex=ready_regex_arg(args.ready_regex))
+                   record=not args.prefetch, ready_regex=ready_regex_arg(args.ready_regex),
+                   fallback=args.fallback)
     return NodeRun(spec, _config(args.store)).run()

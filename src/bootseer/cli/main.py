@@ -15,7 +15,6 @@ import pkgutil
 import sys
 
 import bootseer
-from bootseer.errors import BootseerError
 
 # Group order in --help; modules not listed come after, alphabetically.
 _ORDER = ["run", "demo", "image", "deps", "ckpt", "trace", "report", "analyze", "simulate",
@@ -25,7 +24,8 @@ _ORDER = ["run", "demo", "image", "deps", "ckpt", "trace", "report", "analyze", 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI, or with ``only`` just that command's module (a command's start then
     costs its own imports, not every command's: a warm ``deps ensure`` is ~0.1 s)."""
-    parser = argparse.ArgumentParser(
+    from bootseer.cli import Parser
+    parser = Parser(
         prog="bootseer",
         description="Make large training jobs start fast: trace startup, prefetch hot image "
                     "blocks, restore dependency snapshots, stripe checkpoint reads.")
@@ -59,15 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from bootseer.cli import _errors
+    _errors.warn_unknown_variables()
     try:
         rc = args.func(args)
-    except BootseerError as e:
-        print(f"bootseer: error: {redact.text(str(e))}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as e:  # noqa: BLE001 - every failure is one error line, never a traceback
+        return _errors.report(e, args.verbose)
     return int(rc or 0)
 
 

@@ -14,7 +14,8 @@ def register(sub) -> None:
     p.add_argument("--attempt", type=int, help="only this attempt")
     p.add_argument("-k", type=float, default=3.0, help="straggler rule: median + k*MAD (3)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
-    p.add_argument("--json", metavar="FILE", help="write a JSON summary")
+    p.add_argument("--json", metavar="FILE", help="write a JSON summary (- : standard "
+                   "output; the text report then goes to standard error, as for the others)")
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (a track "
                    "per pipeline per node, absolute times)")
     p.add_argument("--otlp", metavar="FILE|URL", help="OpenTelemetry spans: write OTLP/JSON to "
@@ -85,28 +86,38 @@ def _build(path: str, k: float, attempt: int | None):
 
 
 def _run(args) -> int:
+    import sys
+
     from bootseer import outputs
+    from bootseer.cli import write_output
+    from bootseer.errors import UsageError
     from bootseer.trace import render
     otlp_url = bool(args.otlp) and args.otlp.startswith(("http://", "https://"))
-    for path in (args.json, args.chrome, args.html, args.prom,
-                 None if otlp_url else args.otlp):
-        if path:
+    files = [p for p in (args.json, args.chrome, args.html, args.prom,
+                         None if otlp_url else args.otlp) if p]
+    if files.count("-") > 1:
+        raise UsageError("only one of --json, --chrome, --html, --otlp, --prom can be - "
+                         "(standard output)")
+    for path in files:
+        if path != "-":
             outputs.check(path)   # before the work, not after it
+    # the text report goes to stderr when stdout carries a machine-readable output
+    text_out = sys.stderr if "-" in files else sys.stdout
     t, views, sums = build(args.trace, args.k, args.attempt)
     report = render.text(sums, t.skipped_lines, t.problems)
-    print(report)
+    print(report, file=text_out)
     base = None
     if args.baseline:
         _, _, base = build(args.baseline, args.k, None)
-        print()
-        print(render.compare(sums, base))
+        print(file=text_out)
+        print(render.compare(sums, base), file=text_out)
     if args.json:
-        outputs.write_text(args.json, render.to_json(sums))
+        write_output(args.json, render.to_json(sums))
     if args.chrome:
-        outputs.write_text(args.chrome, render.chrome(views, sums))
+        write_output(args.chrome, render.chrome(views, sums))
     if args.html:
-        outputs.write_text(args.html, render.to_html(views, sums, f"bootseer report: {args.trace}",
-                                                     report, base))
+        write_output(args.html, render.to_html(views, sums, f"bootseer report: {args.trace}",
+                                               report, base))
     job = str(t.events[0]["job"])
     if args.otlp:
         from bootseer.trace import export_otlp
@@ -114,8 +125,8 @@ def _run(args) -> int:
         if otlp_url:
             export_otlp.post(args.otlp, body)
         else:
-            outputs.write_text(args.otlp, body)
+            write_output(args.otlp, body)
     if args.prom:
         from bootseer.trace import export_prom
-        outputs.write_text(args.prom, export_prom.text(job, views, sums))
+        write_output(args.prom, export_prom.text(job, views, sums))
     return 0

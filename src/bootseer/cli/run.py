@@ -22,13 +22,14 @@ window and publishes the profile the next start prefetches.
 
 
 def register(sub) -> None:
+    from bootseer.cli import RawDescriptionHelpFormatter
     p = sub.add_parser("run", help="start one node of a job: overlap image, deps and "
                        "checkpoint, then run CMD in the image",
                        description="Start one node of a training job: image hot-block "
                        "prefetch, dependency restore and checkpoint plan prefetch run at "
                        "once; then CMD runs with the image as its root filesystem. CMD's "
                        "exit status is passed through.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=RawDescriptionHelpFormatter)
     g = p.add_argument_group("image")
     g.add_argument("--image", metavar="REF",
                    help="image to run CMD in (registry reference host:port/repo:tag); "
@@ -60,6 +61,8 @@ def register(sub) -> None:
     g.add_argument("--no-stripe", action="store_true",
                    help="read the checkpoint as one sequential stream per file")
     g = p.add_argument_group("job")
+    from bootseer.cli.image import add_fallback_arg
+    add_fallback_arg(g)
     g.add_argument("--baseline", action="store_true",
                    help="the conventional start: --pull --no-snapshot --no-stripe")
     g.add_argument("--trace", metavar="LOCATION", help="trace location (dir or store URL)")
@@ -104,11 +107,19 @@ def _parse_bind(text: str):
 
 
 def spec_from_args(args):
-    from bootseer.errors import ConfigError
+    from bootseer.cli._errors import with_hint
+    from bootseer.cli.deps import prefix_arg
+    from bootseer.errors import ConfigError, UsageError
     from bootseer.run.node import RunSpec
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise ConfigError("CMD", "no command given: bootseer run [options] -- CMD...")
+    if args.deps and not args.prefix and not args.no_snapshot and not args.baseline:
+        # a temp prefix would publish a snapshot no node could ever use again
+        raise with_hint(UsageError("--deps needs --prefix: the environment's path, the "
+                                   "same on every node"),
+                        "add --prefix /opt/envs/NAME (or --no-snapshot to install into "
+                        "a throw-away directory)")
     env = {}
     for item in args.env:
         if "=" not in item:
@@ -118,14 +129,14 @@ def spec_from_args(args):
     return RunSpec(argv=argv, image=args.image,
                    image_mode="pull" if (args.pull or args.baseline) else "lazy",
                    prefetch=not args.no_prefetch, deps=args.deps, deps_key=args.deps_key,
-                   prefix=args.prefix,
+                   prefix=prefix_arg(args.prefix),
                    python=args.python, index_urls=args.index_url,
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
                    ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror, stripe=not (args.no_stripe or args.baseline),
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
                    runtime=args.runtime, network=args.network, gpus=_gpus_arg(args.gpus),
                    shm_size=_shm_arg(args.shm_size), summary=summary_arg(args.summary),
-                   ready_regex=ready_regex_arg(args.ready_regex))
+                   ready_regex=ready_regex_arg(args.ready_regex), fallback=args.fallback)
 
 
 def summary_arg(path: str | None) -> str | None:

@@ -1,6 +1,6 @@
 """``bootseer store``: look at and edit a store by hand (debugging, publishing).
 
-    bootseer store [--store URL] put FILE|- [--ref NAME]    prints the digest
+    bootseer store put FILE|- [--ref NAME] [--store URL]    prints the digest
     bootseer store get DIGEST [-o FILE]                     streamed, verified
     bootseer store cat DIGEST                               to standard output
     bootseer store stat DIGEST                              digest and size in bytes
@@ -11,7 +11,14 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import sys
+
+from bootseer.cli import STORE_HELP, add_json_arg, print_json
+
+DIGEST_HELP = "blob digest, sha256:<64 hex>"
+REF_HELP = "ref name: parts of [A-Za-z0-9._-] joined by '/', e.g. team/train/v3"
 
 _PART = 8 * 1024**2
 """Bytes per read when streaming a blob out."""
@@ -21,46 +28,92 @@ def register(sub) -> None:
     p = sub.add_parser("store", help="put/get/stat/ls/cat blobs and refs of a store",
                        description="Inspect or edit a bootseer store. The store is --store URL, "
                                    "else BOOTSEER_STORE_URL, else the embedded default directory.")
-    p.add_argument("--store", metavar="URL", help="store URL (dir, http(s)://, oci://, s3://...)")
-    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    p.add_argument("--store", metavar="URL", help=STORE_HELP)
+    verbs = _StoreVerbs(p.add_subparsers(dest="verb", metavar="VERB", required=True))
     v = verbs.add_parser("put", help="store a file as a blob; print its digest")
     v.add_argument("file", help="path, or - for standard input")
     v.add_argument("--ref", help="also point this ref name at it")
     v.set_defaults(func=_put)
     v = verbs.add_parser("get", help="write a blob (streamed, verified) to a file or stdout")
-    v.add_argument("digest")
+    v.add_argument("digest", help=DIGEST_HELP)
     v.add_argument("-o", "--output", help="file (default: standard output); written only if "
                                           "the blob verifies")
     v.set_defaults(func=_get)
     v = verbs.add_parser("cat", help="a blob to standard output (verified)")
-    v.add_argument("digest")
+    v.add_argument("digest", help=DIGEST_HELP)
     v.set_defaults(func=_get, output=None)
     v = verbs.add_parser("stat", help="digest and size (bytes) of a blob")
-    v.add_argument("digest")
+    v.add_argument("digest", help=DIGEST_HELP)
     v.set_defaults(func=_stat)
     v = verbs.add_parser("ls", help="list blobs (or refs with --refs)")
     v.add_argument("--refs", action="store_true", help="list refs and their digests")
     v.add_argument("prefix", nargs="?", default=None, help="with --refs: only refs starting "
                                                            "with this")
+    add_json_arg(v, "the digests (or refs)")
     v.set_defaults(func=_ls)
     v = verbs.add_parser("ref", help="get, set or rm a named ref")
-    refs = v.add_subparsers(dest="ref_verb", metavar="get|set|rm", required=True)
+    refs = _StoreVerbs(v.add_subparsers(dest="ref_verb", metavar="get|set|rm", required=True))
     r = refs.add_parser("get", help="print the digest a ref points to")
-    r.add_argument("name")
+    r.add_argument("name", help=REF_HELP)
     r.set_defaults(func=_ref_get)
     r = refs.add_parser("set", help="point a ref at a blob of the store")
-    r.add_argument("name")
-    r.add_argument("digest")
+    r.add_argument("name", help=REF_HELP)
+    r.add_argument("digest", help="the blob it points to (sha256:<64 hex>), already in the store")
     r.add_argument("--exclusive", action="store_true",
                    help="only if the ref does not exist yet (exit 3 if it does)")
     r.set_defaults(func=_ref_set)
     r = refs.add_parser("rm", help="delete a ref (no error if absent)")
-    r.add_argument("name")
+    r.add_argument("name", help=REF_HELP)
     r.set_defaults(func=_ref_rm)
 
 
+class _StoreVerbs:
+    """Verb parsers that take ``--store`` after the verb too (``store ls --store DIR``),
+    as every other command does; given before the verb, it is kept (SUPPRESS)."""
+
+    def __init__(self, actions):
+        self.actions = actions
+
+    def add_parser(self, name, **kw):
+        v = self.actions.add_parser(name, **kw)
+        v.add_argument("--store", metavar="URL", default=argparse.SUPPRESS, help=STORE_HELP)
+        v.set_defaults = functools.partial(_set_guarded_defaults, v)
+        return v
+
+
+def _set_guarded_defaults(parser, **kw):
+    if "func" in kw:
+        kw["func"] = functools.partial(_guarded, kw["func"])
+    argparse.ArgumentParser.set_defaults(parser, **kw)
+
+
+def _guarded(func, args) -> int:
+    """``func`` with what the store's driver raises said as one line naming the store."""
+    from bootseer.cli._errors import reaching
+    from bootseer.config import BootseerConfig
+    url = args.store or BootseerConfig.from_env().store.url or "(none configured)"
+    with reaching(url):
+        return func(args)
+
+
+_CREATING_VERBS = ("put", "set")
+
+
 def _open(args):
+    """The store; a directory store is created only by the verbs that write one (a
+    mistyped ``--store /typo`` for ``ls`` is an error, not a new empty store)."""
+    import os
+    from bootseer.config import BootseerConfig
+    from bootseer.errors import StoreError
+    from bootseer.cli._errors import with_hint
     from bootseer.store import open_store
+    url = args.store or BootseerConfig.from_env().store.url
+    local = url.removeprefix("file://") if url and ("://" not in url or
+                                                    url.startswith("file://")) else None
+    verb = getattr(args, "ref_verb", None) or args.verb
+    if local and verb not in _CREATING_VERBS and not os.path.isdir(local):
+        raise with_hint(StoreError(f"no store at {local}: it is not a directory", url=local),
+                        "check the path; 'bootseer store put' creates a store there")
     return open_store(args.store)
 
 
@@ -135,6 +188,13 @@ def _stat(args) -> int:
 
 def _ls(args) -> int:
     store = _open(args)
+    if args.json:
+        if args.refs:
+            names = store.list_refs(args.prefix or "")
+            print_json({"store": store.url, "refs": {n: store.get_ref(n) for n in names}})
+        else:
+            print_json({"store": store.url, "blobs": list(store.list())})
+        return 0
     if args.refs:
         for name in store.list_refs(args.prefix or ""):
             print(f"{name}\t{store.get_ref(name)}")

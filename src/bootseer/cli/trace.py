@@ -11,10 +11,10 @@ def register(sub) -> None:
     v = verbs.add_parser("exec", help="run CMD and record it as phase NAME")
     v.add_argument("--phase", required=True, help="phase name, e.g. deps.install")
     v.add_argument("--location", help="trace location (default BOOTSEER_TRACE_LOCATION)")
-    v.add_argument("argv", nargs="+", metavar="-- CMD")
+    v.add_argument("argv", nargs="+", metavar="-- CMD", help="the command to run and record")
     v.set_defaults(func=_exec)
     v = verbs.add_parser("mark", help="record an instant (e.g. ready, rendezvous)")
-    v.add_argument("name")
+    v.add_argument("name", help="what happened, e.g. ready or rendezvous")
     v.add_argument("--location", help="trace location (default BOOTSEER_TRACE_LOCATION)")
     v.set_defaults(func=_mark)
 
@@ -45,7 +45,14 @@ def _exec(args) -> int:
 
 
 def _mark(args) -> int:
+    import os
     from bootseer import trace
+    from bootseer.cli._errors import with_hint
+    from bootseer.errors import UsageError
     _setloc(args)
+    if not os.environ.get("BOOTSEER_TRACE_LOCATION"):   # the mark would go nowhere
+        raise with_hint(UsageError(f"nowhere to record the mark {args.name!r}: no trace "
+                                   f"location"),
+                        "pass --location DIR or set BOOTSEER_TRACE_LOCATION")
     trace.mark(args.name)
     return 0

@@ -35,7 +35,8 @@ def _run(cmd: list[str], what: str, **kw) -> str:
     p = subprocess.run(cmd, capture_output=True, text=True,
                        preexec_fn=preexec(signal.SIGKILL), **kw)
     if p.returncode != 0:
-        tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
+        # uv's message as it wrote it (the CLI indents it under its own error line)
+        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-6:])
         raise DepsError(f"{what} failed: {redact.text(tail)}")   # an index URL's password
     return p.stdout
 

@@ -122,11 +122,20 @@ def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> 
     # Every view is immutable while mounted (a tree, a snapshot, a checkpoint whose change
     # fails the read): let the kernel cache pages, attributes, entries and misses. Python
     # imports stat many paths that do not exist; negative caching saves each a round trip.
-    mfusepy.FUSE(operations(view), mountpoint, foreground=True, ro=True, nosuid=True,
-                 nodev=True, allow_other=True, default_permissions=True, fsname=name,
-                 kernel_cache=True, attr_timeout=3600, entry_timeout=3600,
-                 negative_timeout=3600)
+    # max_idle_threads: libfuse's default (UINT_MAX, "unset") is warned about by its own loop
+    try:
+        mfusepy.FUSE(operations(view), mountpoint, foreground=True, ro=True, nosuid=True,
+                     nodev=True, allow_other=True, default_permissions=True, fsname=name,
+                     kernel_cache=True, attr_timeout=3600, entry_timeout=3600,
+                     negative_timeout=3600, max_threads=FUSE_MAX_THREADS,
+                     max_idle_threads=FUSE_MAX_THREADS)
+    except RuntimeError:   # libfuse has said why (fusermount3: ...); the parent reports it
+        os._exit(1)
     os._exit(0)
+
+
+FUSE_MAX_THREADS = 64
+"""Worker threads of a FUSE server (libfuse's default is 10; reads block on the network)."""
 
 
 def _lazy_unmount(mountpoint: str) -> None:

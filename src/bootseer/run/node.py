@@ -62,6 +62,10 @@ class RunSpec:
     ckpt_target: str = "/ckpt"
     ckpt_mirrors: list[str] = field(default_factory=list)
     stripe: bool = True
+    fallback: str = "pull"
+    """When a fast path is unavailable (an image never converted, no snapshot): ``pull``
+    takes the conventional one (podman pull, pip install), said in the log and trace;
+    ``never`` fails the run instead."""
     binds: list[C.Bind] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
@@ -226,6 +230,8 @@ class NodeRun:
             try:
                 prepared = pipeline.prepare(self.timeline)
             except P.FallbackPossible as e:
+                if self.spec.fallback == "never":
+                    raise RunError(f"{e}; not falling back (--fallback never)") from e
                 log.warning("%s: %s; falling back to the conventional path", name, e)
                 span.set(fallback=str(e)[:200])
                 replacement = pipeline.fallback()

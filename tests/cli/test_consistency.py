@@ -1,0 +1,94 @@
+"""One spelling per concept, accepted after the verb; every argument explained, with its
+default; ``--json`` documents that parse, with their schema version; ``-`` is stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bootseer.cli.main import build_parser
+from tests.cli.conftest import DIGEST_OF_HI
+
+
+def _commands(parser, path=()):
+    """(path, parser) of every command and verb."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_argument_has_help():
+    missing = [f"{' '.join(path)} {a.option_strings or a.dest}"
+               for path, p in _commands(build_parser()) for a in p._actions
+               if not isinstance(a, (argparse._HelpAction, argparse._VersionAction,
+                                     argparse._SubParsersAction))
+               and a.help is None]
+    assert not missing, missing
+
+
+def test_help_shows_defaults():
+    text = build_parser(only="ckpt")._subparsers._group_actions[0].choices["ckpt"]
+    mount = text._subparsers._group_actions[0].choices["mount"].format_help()
+    assert "(default: striped)" in mount
+
+
+@pytest.mark.parametrize("argv", [
+    ["store", "ls", "--store", "{store}"],
+    ["store", "--store", "{store}", "ls"],
+    ["store", "ref", "get", "x", "--store", "{store}"],
+])
+def test_store_is_accepted_after_the_verb(world, argv):
+    r = world.run(*[a.format(store=world.store) for a in argv], env={"BOOTSEER_STORE_URL": ""})
+    assert "unrecognized arguments" not in r.stderr and "no store configured" not in r.stderr
+
+
+def _json(r):
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == 1
+    return doc
+
+
+def test_image_convert_json_and_store_after_the_verb(world):
+    from tests.image.test_image import oci_layout, tar_layer
+    layer = tar_layer([("bin", None, "d"), ("bin/tool", b"T" * 3000, "f"),
+                       ("etc", None, "d"), ("etc/a", b"A", "f")])
+    oci_layout(world.root / "img", [layer])
+    doc = _json(world.run("image", "convert", "img", "--store", "converted", "--json",
+                          "--chunk-size", "1KiB"))
+    assert doc["digest"].startswith("sha256:") and doc["size"] == 3001
+    assert doc["chunks"] == 4                                     # 3 of bin/tool, 1 of etc/a
+    assert (world.root / "converted").is_dir()
+    old = world.run("image", "convert", "img", "--to", "converted", "--chunk-size", "1KiB")
+    assert old.stdout.strip() == doc["digest"], old.stderr     # --to: the hidden alias
+    assert "--to" not in world.run("image", "convert", "--help").stdout
+    r = world.run("image", "profile", "show", doc["digest"], "--store", "converted", "--json")
+    assert r.returncode == 1                                   # no profile recorded yet
+    assert json.loads(r.stdout) == {"schema": 1, "tree": doc["digest"], "profile": None}
+
+
+def test_read_verbs_print_json(world):
+    blobs = _json(world.run("store", "ls", "--json"))
+    assert blobs["blobs"] == [DIGEST_OF_HI]
+    assert world.run("store", "ref", "set", "team/a", DIGEST_OF_HI).returncode == 0
+    refs = _json(world.run("store", "ls", "--refs", "team/", "--json"))
+    assert refs["refs"] == {"team/a": DIGEST_OF_HI}
+    assert _json(world.run("deps", "ls", "--json"))["environments"] == []
+
+
+def test_report_json_dash_is_stdout(world):
+    from tests.trace.report_traces import demo_node
+    trace = world.root / "trace"
+    trace.mkdir()
+    demo_node(trace, "n0").write()
+    r = world.run("report", str(trace), "--json", "-")
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout)                     # only the JSON: the text report went to stderr
+    assert not (world.root / "-").exists()
+    assert r.stderr.strip()                  # (the text report)
+    r = world.run("report", str(trace), "--json", "-", "--chrome", "-")
+    assert r.returncode == 2 and "only one of" in r.stderr
