@@ -54,12 +54,26 @@ class PeerShare:
         threading.Thread(target=self._follow, daemon=True, name="bootseer-peers").start()
 
     # -- the roster ---------------------------------------------------------------------------
-    def _connect_members(self) -> None:
+    def _connect_members(self, handle=None) -> None:
+        """Admit the roster; connect every torrent to nodes new to this one, and
+        ``handle`` (a torrent just added) to all. Connecting again to a connected node
+        only makes both sides drop a duplicate connection."""
         found = roster.members(self.store, self.job)
         self.stats["peers"] = len([a for a in found.values() if a != self.swarm.addr])
+        # Downloaders connect out, seeds wait to be called: two nodes calling each other
+        # at once drop both calls (duplicate peer id) and lose a second.
         for ep in self.swarm.admit(found.values()):
             for h in list(self.handles):
-                h.connect_peer(ep)
+                if h != handle and not h.status().is_seeding:
+                    h.connect_peer(ep)
+        if handle is not None:
+            deadline = time.monotonic() + 5   # called while checking, a peer hangs up
+            while (handle.status().state in (lt.torrent_status.checking_files,
+                                             lt.torrent_status.checking_resume_data)
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            for ep in self.swarm.endpoints():
+                handle.connect_peer(ep)
 
     def _follow(self) -> None:
         """Admit (and connect to) nodes that join later."""
@@ -94,6 +108,13 @@ class SetTransfer:
         self._names: list[str] = []
         self.layout: dict[str, tuple[int, int]] = {}
         self.delivered: set[str] = set()
+
+    def summary(self) -> dict:
+        """Flat figures for the trace (prefetch attributes of ``image.window``)."""
+        st = self.share.stats
+        return {"peers_role": st["role"], "peers_seen": st["peers"],
+                "peers_banned": len(st["banned"]), "peers_rejected": st["rejected"],
+                "peers_seconds": round(st["seconds"], 3)}
 
     def _maker_ref(self) -> str:
         return f"peers/{self.share.job}/maker/{self.key}"
@@ -157,7 +178,7 @@ class SetTransfer:
             self.layout[name] = (first, max(1, -(-size // plen)))
         self.handle = self.share.swarm.add(ti, str(self.dir))
         self.share.handles.append(self.handle)
-        self.share._connect_members()
+        self.share._connect_members(self.handle)
 
     def _download(self, deliver) -> None:
         """Until every item is delivered, or peers make no progress for ``stall_s``.

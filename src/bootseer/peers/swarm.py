@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 _ALERTS = (lt.alert.category_t.error_notification | lt.alert.category_t.peer_notification
            | lt.alert.category_t.status_notification | lt.alert.category_t.storage_notification
-           | lt.alert.category_t.file_progress_notification)
+           | lt.alert.category_t.connect_notification)
 _ALL_V4 = ("0.0.0.0", "255.255.255.255")
 BLOCKED = 1
 
@@ -48,6 +48,7 @@ class Swarm:
         self.port = free_port(ip, port_min, port_max)
         self._lock = threading.Lock()
         self.members: set[str] = set()
+        self._endpoints: set[tuple[str, int]] = set()
         self.banned: set[str] = set()
         self.hash_failures = 0
         self.session = lt.session({
@@ -80,15 +81,20 @@ class Swarm:
         with self._lock:
             for addr in addrs:
                 ip, _, port = addr.rpartition(":")
-                if ip == self.ip and int(port) == self.port:
+                ep = (ip, int(port))
+                if ep == (self.ip, self.port) or ep in self._endpoints:
                     continue
-                if ip not in self.members:
-                    self.members.add(ip)
-                    new.append((ip, int(port)))
-                elif ip not in self.banned:
-                    new.append((ip, int(port)))
-            self._apply_filter()
+                self._endpoints.add(ep)
+                self.members.add(ip)
+                new.append(ep)
+            if new:
+                self._apply_filter()
         return new
+
+    def endpoints(self) -> list[tuple[str, int]]:
+        """Every admitted node not banned."""
+        with self._lock:
+            return sorted(ep for ep in self._endpoints if ep[0] not in self.banned)
 
     def add(self, ti: lt.torrent_info, save_path: str, *, seed: bool = False):
         params = lt.add_torrent_params()
@@ -111,6 +117,8 @@ class Swarm:
                     self._apply_filter()
             elif isinstance(a, lt.hash_failed_alert):
                 self.hash_failures += 1
+            elif isinstance(a, (lt.peer_disconnected_alert, lt.peer_error_alert)):
+                log.debug("peers: %s", a.message())
             elif isinstance(a, lt.listen_failed_alert):
                 log.warning("peers: %s", a.message())
         return out

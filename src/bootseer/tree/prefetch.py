@@ -53,6 +53,7 @@ class Prefetcher:
                 # they did not deliver. Demand reads go to the store meanwhile.
                 self._transfer = self.peers.open_set(self.plan)
                 left = {r[0] for r in self._transfer.fetch(self._from_peer)}
+                self.stats.update(self._transfer.summary())
                 plan = [r for r in self.plan if r[0] in left]
             # Batches of the plan in recorded order, each submitted in pack order: the
             # fetcher then coalesces neighbours (small files are one small chunk each, and

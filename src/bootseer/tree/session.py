@@ -43,8 +43,10 @@ class TreeSession:
         self.prefetcher = None
         done = str(self.state / PREFETCHED)
         if profile is not None:
+            from bootseer.peers import share_for
             from bootseer.tree.prefetch import Prefetcher
-            self.prefetcher = Prefetcher(self.reader, profile, done_file=done).start()
+            self.prefetcher = Prefetcher(self.reader, profile, done_file=done,
+                                         peers=share_for(config, self.store)).start()
         else:
             open(done, "a").close()   # nothing to prefetch
         self._done = threading.Event()
