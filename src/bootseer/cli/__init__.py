@@ -62,11 +62,6 @@ def write_output(path: str, text: str) -> None:
     outputs.write_text(path, text)
 
 
-def say(text: str) -> None:
-    """A status line (standard error: standard output is the command's result)."""
-    print(text, file=sys.stderr, flush=True)
-
-
 def add_gc_verb(verbs, what: str, func) -> None:
     """``gc [--max-size 50G] [--dry-run]``, the same for every node-local store of things
     (environments, staged checkpoints): least recently used first, never one in use."""

@@ -72,6 +72,7 @@ def prefix_arg(path: str | None) -> str | None:
 
 
 def _ensure(args) -> int:
+    from bootseer.cli._status import show_progress
     from bootseer.deps.ensure import ensure
     prefix_arg(args.prefix)
     bar = None
@@ -81,7 +82,7 @@ def _ensure(args) -> int:
         if bar is None:    # tqdm only when there is something to show (a warm node has not)
             from tqdm import tqdm
             bar = tqdm(unit="B", unit_scale=True, desc="restore", leave=False,
-                       disable=not sys.stderr.isatty())
+                       disable=not show_progress())
         if bar.total != total:
             bar.total = total
         bar.update(n)

@@ -90,7 +90,8 @@ def _convert(args) -> int:
     from bootseer.image.convert import convert
     from bootseer.store import open_store
     store = open_store(args.store, _config(args.store))
-    with tqdm(unit="B", unit_scale=True, desc="convert", disable=not sys.stderr.isatty()) as bar:
+    from bootseer.cli._status import show_progress
+    with tqdm(unit="B", unit_scale=True, desc="convert", disable=not show_progress()) as bar:
         digest = convert(args.src, store, chunk_size=parse_size(args.chunk_size, "--chunk-size"),
                          progress=bar.update)
     if args.json:
@@ -251,10 +252,10 @@ def _show(args) -> int:
 
 
 def _run(args) -> int:
-    from bootseer.cli.run import ready_regex_arg
-    from bootseer.run.node import NodeRun, RunSpec
+    from bootseer.cli.run import ready_regex_arg, run_node
+    from bootseer.run.node import RunSpec
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
     spec = RunSpec(argv=argv, image=args.ref, image_mode="lazy", prefetch=not args.record,
                    record=not args.prefetch, ready_regex=ready_regex_arg(args.ready_regex),
                    fallback=args.fallback)
-    return NodeRun(spec, _config(args.store)).run()
+    return run_node(spec, _config(args.store))

@@ -32,6 +32,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bootseer {bootseer.__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-vv for debug)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no status lines or progress bars (errors and warnings only)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (status lines stay)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     import bootseer.cli as pkg
     names = [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "main"
@@ -59,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from bootseer.cli import _errors
+    from bootseer.cli import _errors, _status
+    _status.configure(quiet=args.quiet, progress=not args.no_progress)
     _errors.warn_unknown_variables()
     try:
         rc = args.func(args)

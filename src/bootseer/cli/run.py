@@ -182,7 +182,6 @@ def ready_regex_arg(text: str | None):
 
 def _run(args) -> int:
     from bootseer.config import BootseerConfig
-    from bootseer.run.node import NodeRun
     spec = spec_from_args(args)
     asked = _attempt_arg(args.attempt)
     overrides = {"store": {"url": args.store},
@@ -193,7 +192,16 @@ def _run(args) -> int:
     if config.trace.location:
         config = _with_attempt(config, asked)
     _export_trace_settings(config)
-    return NodeRun(spec, config).run()
+    return run_node(spec, config)
+
+
+def run_node(spec, config) -> int:
+    """The node run, saying one status line per pipeline as it becomes ready."""
+    from bootseer.cli import _status
+    from bootseer.run.node import NodeRun
+    node = NodeRun(spec, config)
+    node.on_prepared = _status.on_prepared
+    return node.run()
 
 
 def _with_attempt(config, asked: str):

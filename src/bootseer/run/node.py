@@ -151,6 +151,9 @@ class NodeRun:
         self._running: C.Running | None = None
         self._proc = None
         self._runtime, self._options = spec.runtime, C.Options()
+        self.on_prepared = None
+        """Called ``(name, kind, attrs, seconds)`` as each pipeline is ready (the CLI's
+        status line)."""
 
     # -- pipelines ---------------------------------------------------------------------------
     def _make_pipelines(self) -> dict[str, P.Pipeline]:
@@ -226,6 +229,7 @@ class NodeRun:
 
     def _prepare_one(self, name: str, pipeline: P.Pipeline) -> P.Prepared:
         self._final[name] = pipeline
+        started = time.monotonic()
         with self.timeline.phase(f"{name}.{pipeline.kind}", mode=pipeline.mode) as span:
             try:
                 prepared = pipeline.prepare(self.timeline)
@@ -240,6 +244,9 @@ class NodeRun:
                 self._final[name] = replacement
                 prepared = replacement.prepare(self.timeline)
             span.set(**prepared.attrs)
+            if self.on_prepared is not None:
+                self.on_prepared(name, self._final[name].kind, prepared.attrs,
+                                 time.monotonic() - started)
             return prepared
 
     # -- the command -------------------------------------------------------------------------

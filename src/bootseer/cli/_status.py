@@ -1,0 +1,59 @@
+"""What the CLI says while it works: one status line per pipeline of ``bootseer run`` as it
+becomes ready, progress bars on a terminal. ``-q`` silences both, ``--no-progress`` the
+bars. Status goes to standard error: standard output is the command's."""
+
+from __future__ import annotations
+
+import sys
+
+_settings = {"quiet": False, "progress": True}
+
+
+def configure(*, quiet: bool, progress: bool) -> None:
+    _settings["quiet"] = quiet
+    _settings["progress"] = progress and not quiet
+
+
+def show_progress() -> bool:
+    """Progress bars: on a terminal, unless -q or --no-progress."""
+    return _settings["progress"] and sys.stderr.isatty()
+
+
+def say(text: str) -> None:
+    if not _settings["quiet"]:
+        print(text, file=sys.stderr, flush=True)
+
+
+def size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def pipeline_line(name: str, kind: str, attrs: dict, seconds: float) -> str:
+    """``image: lazy (fuse), 2,005 hot chunks prefetching, mounted in 1.9 s``."""
+    took = f"in {seconds:.1f} s"
+    if name == "image" and kind == "lazy":
+        chunks = attrs.get("prefetch_chunks", 0)
+        what = (f"{chunks:,} hot chunks prefetching" if chunks else
+                "no hot-block profile yet (this start records one)")
+        return f"image: lazy ({attrs.get('mount', 'fuse')}), {what}, mounted {took}"
+    if name == "image":
+        return f"image: pulled {attrs.get('image', '')} {took}".replace("  ", " ")
+    if name == "deps" and kind == "restore":
+        return f"deps: {attrs.get('how', 'ready')} {attrs.get('key', '')}... {took}"
+    if name == "deps":
+        return f"deps: installed {took}"
+    if name == "ckpt" and "bytes" in attrs:
+        rate = attrs["bytes"] / seconds if seconds > 0 else 0
+        return f"ckpt: {size(attrs['bytes'])} copied {took}, {size(rate)}/s"
+    if name == "ckpt":
+        return (f"ckpt: striped mount ready {took} (files stream in once the image and "
+                f"environment are ready)")
+    return f"{name}: ready {took}"
+
+
+def on_prepared(name: str, kind: str, attrs: dict, seconds: float) -> None:
+    say(pipeline_line(name, kind, attrs, seconds))
