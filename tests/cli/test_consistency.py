@@ -92,3 +92,14 @@ def test_report_json_dash_is_stdout(world):
     assert r.stderr.strip()                  # (the text report)
     r = world.run("report", str(trace), "--json", "-", "--chrome", "-")
     assert r.returncode == 2 and "only one of" in r.stderr
+
+
+def test_readme_command_table_names_every_command():
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme.split("## Commands", 1)[1].split("\n\n", 2)[1]
+    listed = set(re.findall(r"`bootseer (\w+)", table))
+    parser = build_parser()
+    commands = set(parser._subparsers._group_actions[0].choices)
+    assert commands - listed == set(), "commands missing from README's Commands table"

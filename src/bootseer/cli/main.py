@@ -18,7 +18,7 @@ import bootseer
 
 # Group order in --help; modules not listed come after, alphabetically.
 _ORDER = ["run", "demo", "image", "deps", "ckpt", "trace", "report", "analyze", "simulate",
-          "store"]
+          "store", "doctor"]
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
