@@ -7,6 +7,7 @@
     bootseer store ls                                       blob digests
     bootseer store ls --refs [PREFIX]                       refs and their digests
     bootseer store ref get NAME | set NAME DIGEST [--exclusive] | rm NAME
+    bootseer store gc [--dry-run] [--min-age 24h]           unreferenced blobs
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ def register(sub) -> None:
                                                            "with this")
     add_json_arg(v, "the digests (or refs)")
     v.set_defaults(func=_ls)
+    v = verbs.add_parser("gc", help="remove blobs that no ref, tree or profile reaches",
+                         description="Remove the blobs of a directory store that nothing "
+                         "reaches: no ref points at them, and no tree, profile or manifest "
+                         "a ref reaches names them. Run it while nothing publishes to the "
+                         "store (a convert reuses old blobs before its ref is set); blobs "
+                         "younger than --min-age are kept. --dry-run lists them, for any "
+                         "store.")
+    v.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    v.add_argument("--min-age", default="24h", metavar="AGE",
+                   help="keep blobs written less than AGE ago (s, m, h or d)")
+    add_json_arg(v, "the unreferenced blobs (digest, size, age)")
+    v.set_defaults(func=_gc)
     v = verbs.add_parser("ref", help="get, set or rm a named ref")
     refs = _StoreVerbs(v.add_subparsers(dest="ref_verb", metavar="get|set|rm", required=True))
     r = refs.add_parser("get", help="print the digest a ref points to")
@@ -201,6 +214,39 @@ def _ls(args) -> int:
     else:
         for d in store.list():
             print(d)
+    return 0
+
+
+def _age_arg(text: str) -> float:
+    import re
+    from bootseer.errors import UsageError
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
+    if not m:
+        raise UsageError(f"--min-age {text!r} is not an age (e.g. 90s, 30m, 24h, 7d)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def _gc(args) -> int:
+    from bootseer.errors import UsageError
+    from bootseer.store import gc
+    min_age = _age_arg(args.min_age)
+    store = _open(args)
+    if not args.dry_run and not hasattr(store, "path"):
+        raise UsageError(f"store gc removes blobs from directory stores only ({store.url} is "
+                         f"not one); --dry-run lists what nothing reaches in any store")
+    found = gc.unreferenced(store, min_age_s=min_age)
+    removed = [b for b in found if args.dry_run or gc.remove(store, b)]
+    if args.json:
+        print_json({"store": store.url, "dry_run": args.dry_run,
+                    "blobs": [{"digest": b.digest, "size": b.size, "age_s": b.age_s}
+                              for b in removed]})
+    else:
+        action = "would remove" if args.dry_run else "removed"
+        for b in removed:
+            print(f"{action}\t{b.size}\t{b.digest}")
+    total = sum(b.size for b in removed)
+    print(f"{store.url}: {len(removed)} unreferenced blob(s), {total / 2**20:.1f} MiB "
+          f"{'would be freed' if args.dry_run else 'freed'}", file=sys.stderr)
     return 0
 
 
