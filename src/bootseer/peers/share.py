@@ -191,6 +191,7 @@ class SetTransfer:
         asked: set[int] = set()
         last_done, last_progress, last_roster = -1, time.monotonic(), time.monotonic()
         while len(self.delivered) < len(self.refs):
+            share.swarm.check_peers(h)
             for a in share.swarm.alerts():   # also notes bans
                 if isinstance(a, lt.read_piece_alert) and a.handle == h:
                     if a.error.value():
@@ -209,12 +210,19 @@ class SetTransfer:
             now = time.monotonic()
             if done != last_done:
                 last_done, last_progress = done, now
+            elif share.swarm.banned and not share.swarm.endpoints():
+                log.info("peers: every peer of set %s is banned: origin for the rest",
+                         self.key[:12])
+                break
             elif now - last_progress > share.stall_s:
                 log.info("peers: no progress for %.1fs on set %s: origin for the rest",
                          share.stall_s, self.key[:12])
                 break
             if now - last_roster > share.refresh_s:
                 share._connect_members()
+                if h.status().num_peers == 0:   # refused calls are retried late: call again
+                    for ep in share.swarm.endpoints():
+                        h.connect_peer(ep)
                 last_roster = now
             time.sleep(0.05)
         share.stats["banned"] = sorted(share.swarm.banned)
@@ -259,13 +267,12 @@ class SetTransfer:
             return False
         store = self.share.store
         data = make_torrent(str(self.dir), self.items)
+        # Seed first, then publish: a node that finds the torrent calls at once, and a
+        # call refused for an unknown torrent is retried only a minute later.
+        self._attach(load_torrent(data, self.items))
         digest = sha256_digest(data)
         store.write(digest, data)
-        if not store.set_ref(torrent_ref(self.key), digest, exclusive=True):
-            digest = store.get_ref(torrent_ref(self.key))
-            data = store.read(digest)
-            verify(digest, data, source=getattr(store, "url", ""))
-        self._attach(load_torrent(data, self.items))
+        store.set_ref(torrent_ref(self.key), digest, exclusive=True)   # made alike anywhere
         return True
 
 

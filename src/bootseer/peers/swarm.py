@@ -105,16 +105,30 @@ class Swarm:
             params.flags |= lt.torrent_flags.seed_mode
         return self.session.add_torrent(params)
 
+    def ban(self, ip: str, why: str) -> None:
+        """Block ``ip`` for this node's lifetime (the IP filter drops its connections)."""
+        with self._lock:
+            if ip in self.banned:
+                return
+            self.banned.add(ip)
+            self._apply_filter()
+        log.warning("peers: banned %s: %s", ip, why)
+
+    def check_peers(self, handle) -> None:
+        """Ban every peer of ``handle`` that took part in a piece that failed its hash.
+        libtorrent bans by its own rules too, but may first ask for block hashes and
+        take seconds; a peer that shared a failed piece with a liar is banned with it
+        (it only costs its bytes, which the origin then serves)."""
+        for p in handle.get_peer_info():
+            if p.num_hashfails > 0:
+                self.ban(p.ip[0], f"sent data that failed its piece hash ({p.num_hashfails})")
+
     def alerts(self) -> list:
         """Pending alerts; bans are noted (and blocked) on the way."""
         out = self.session.pop_alerts()
         for a in out:
             if isinstance(a, lt.peer_ban_alert):
-                ip = a.endpoint[0] if hasattr(a, "endpoint") else a.ip[0]
-                log.warning("peer %s sent data that failed its piece hash: banned", ip)
-                with self._lock:
-                    self.banned.add(ip)
-                    self._apply_filter()
+                self.ban(a.endpoint[0], "libtorrent banned it (corrupt pieces)")
             elif isinstance(a, lt.hash_failed_alert):
                 self.hash_failures += 1
             elif isinstance(a, (lt.peer_disconnected_alert, lt.peer_error_alert)):
