@@ -22,6 +22,16 @@ def register(sub) -> None:
                    help="bytes per content-addressed chunk of a file")
     add_json_arg(v, "the tree's digest, size (bytes of file data) and chunk count")
     v.set_defaults(func=_convert)
+    v = verbs.add_parser("ls", help="images converted into the store (name, tree)")
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_json_arg(v, "the images (name, tree)")
+    v.set_defaults(func=_ls)
+    v = verbs.add_parser("inspect", help="a converted image: size, files, chunks, packs, "
+                         "source metadata, hot-block profile coverage")
+    v.add_argument("ref", help=IMAGE_REF_HELP)
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_json_arg(v, "the figures")
+    v.set_defaults(func=_inspect)
     v = verbs.add_parser("mount", help="mount an image read-only and lazily (foreground)")
     v.add_argument("ref", help=IMAGE_REF_HELP)
     v.add_argument("mountpoint", help="empty directory to mount the image's root at")
@@ -101,15 +111,70 @@ def _convert(args) -> int:
     return 0
 
 
-def _tree_figures(store, tree: str) -> dict:
-    """Bytes of file data and chunks of a converted tree, from its table of contents."""
+def _toc(store, tree: str) -> dict:
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.reader import load_toc
     with Fetcher() as f:
-        toc = load_toc(store, tree, f)
-    files = [e for e in toc["entries"] if e["type"] == "f"]
+        return load_toc(store, tree, f)
+
+
+def _tree_figures(store, tree: str, toc: dict | None = None) -> dict:
+    """Bytes of file data and chunks of a converted tree, from its table of contents."""
+    files = [e for e in (toc or _toc(store, tree))["entries"] if e["type"] == "f"]
     return {"size": sum(e["size"] for e in files),
             "chunks": sum(len(e.get("chunks") or ()) for e in files)}
+
+
+IMAGE_REFS = "images/by-name/"
+
+
+def _ls(args) -> int:
+    from bootseer.store import open_store
+    store = open_store(args.store, _config(args.store))
+    images = [{"name": n[len(IMAGE_REFS):], "tree": store.get_ref(n)}
+              for n in store.list_refs(IMAGE_REFS)]
+    if args.json:
+        print_json({"store": store.url, "images": images})
+    else:
+        for i in images:
+            print(f"{i['name']}\t{i['tree']}")
+    return 0
+
+
+def _inspect(args) -> int:
+    from bootseer.image import convert
+    from bootseer.store import open_store
+    from bootseer.tree import profile as prof
+    store = open_store(args.store, _config(args.store))
+    tree = convert.resolve(args.ref, store)
+    toc = _toc(store, tree)
+    figures = _tree_figures(store, tree, toc)
+    packed = sum(store.stat(p) for p in toc["packs"])
+    p = prof.latest(store, tree)
+    hot = None if p is None else {
+        "chunks": len(p["chunks"]), "bytes": sum(r[4] for r in p["chunks"]), "runs": p["runs"],
+        "coverage": round(sum(r[4] for r in p["chunks"]) / figures["size"], 4)
+        if figures["size"] else 0.0}
+    doc = {"tree": tree, **figures, "files": sum(e["type"] == "f" for e in toc["entries"]),
+           "entries": len(toc["entries"]), "chunk_size": toc["chunk_size"],
+           "packs": len(toc["packs"]), "packed_bytes": packed, "meta": toc.get("meta") or {},
+           "profile": hot}
+    if args.json:
+        print_json(doc)
+        return 0
+    from bootseer.cli._status import size
+    print(f"tree        {tree}")
+    print(f"data        {size(figures['size'])} in {doc['files']} files "
+          f"({doc['entries']} entries), {figures['chunks']} chunks of "
+          f"{toc['chunk_size'] // 1024} KiB")
+    print(f"stored      {size(packed)} in {doc['packs']} pack(s)")
+    for key in ("source", "manifest", "entrypoint", "cmd", "workdir"):
+        if doc["meta"].get(key):
+            print(f"{key:<11} {doc['meta'][key]}")
+    print("profile     " + ("none recorded" if hot is None else
+                            f"{hot['chunks']} hot chunks, {size(hot['bytes'])} "
+                            f"({hot['coverage']:.1%} of the data), {hot['runs']} run(s)"))
+    return 0
 
 
 def _mount(args) -> int:
