@@ -103,3 +103,26 @@ def test_readme_command_table_names_every_command():
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)
     assert commands - listed == set(), "commands missing from README's Commands table"
+
+
+def test_every_command_that_uses_a_store_takes_store_after_its_verb():
+    uses_store = {("run",), ("image", "convert"), ("image", "mount"), ("image", "prefetch"),
+                  ("image", "run"), ("image", "ls"), ("image", "inspect"),
+                  ("image", "profile", "push"), ("image", "profile", "show"),
+                  ("deps", "ensure"), ("deps", "ls"), ("deps", "verify"), ("ckpt", "mount"),
+                  ("ckpt", "prefetch"), ("store", "ls"), ("store", "put"), ("store", "gc"),
+                  ("store", "ref", "set")}
+    found = {path for path, p in _commands(build_parser())
+             if any("--store" in a.option_strings for a in p._actions)}
+    assert uses_store <= found, uses_store - found
+
+
+def test_ckpt_prefetch_takes_store(world):
+    ckpt = world.root / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "w.bin").write_bytes(b"w" * 1000)
+    r = world.run("ckpt", "prefetch", f"file://{ckpt}", "--store", "profiles",
+                  env={"BOOTSEER_STORE_URL": ""})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["failed"] == 0
+    assert (world.root / "profiles" / "refs").is_dir()        # the store it was given

@@ -8,6 +8,9 @@ import sys
 
 from bootseer.cli import add_gc_verb
 
+STORE_HELP = ("bootseer store of the access profiles recorded at each load (default: "
+              "BOOTSEER_STORE_URL, else the embedded default directory)")
+
 PLAN_NAMES = {"profile": "access profile recorded at the previous load",
               "dcp": "DCP .metadata", "safetensors": "safetensors headers",
               "files": "file list (no metadata, no recorded profile)"}
@@ -27,6 +30,7 @@ def register(sub) -> None:
                    help="single: one sequential stream per file (the fuse-dfs baseline)")
     v.add_argument("--no-prefetch", action="store_true", help="do not stream files in at mount")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="stream a checkpoint into this node's staging area")
     v.add_argument("url", help="checkpoint directory (as for mount)")
@@ -36,6 +40,7 @@ def register(sub) -> None:
                         "copy is fetched once, in parallel")
     v.add_argument("--world", type=int, help="number of such processes on this node")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
     v.set_defaults(func=_prefetch)
     add_gc_verb(verbs, "staged checkpoint files", _gc)
 
@@ -46,7 +51,7 @@ def _mount(args) -> int:
     from bootseer.config import BootseerConfig
     from bootseer.mount.fuse import run_foreground
     from bootseer.cli._errors import reaching
-    config = BootseerConfig.from_env()
+    config = BootseerConfig.from_env(overrides={"store": {"url": args.store}})
     with reaching(args.url, "checkpoint"):   # a wrong URL or missing driver fails here
         RemoteDir(args.url, mirrors=args.mirror).check_root()
     factory = functools.partial(build_view, args.url, config, mode=args.mode,
@@ -67,7 +72,7 @@ def _prefetch(args) -> int:
     if args.world is not None and not 0 <= args.rank < args.world:
         raise UsageError(f"ckpt prefetch: --rank {args.rank} is not in "
                          f"[0, --world {args.world})")
-    config = BootseerConfig.from_env()
+    config = BootseerConfig.from_env(overrides={"store": {"url": args.store}})
     with Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config)),
                 store_url=config.store.url) as engine:
         with reaching(args.url, "checkpoint"):
