@@ -166,7 +166,7 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
             left = S.sweep_nodes(job)
             if left:
                 say("  processes left after the start, killed: "
-                    + ", ".join(f"{k}: {v}" for k, v in left.items()))
+                    + "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items()))
             S.cleanup_nodes(nodes_dir, start)
             S.keep_logs(results, out / "logs" / start.name)
             ready = [r.ready_s for r in results if r.ready_s is not None]

@@ -207,16 +207,27 @@ def stop(proc: subprocess.Popen, grace_s: float = 15) -> int:
     return proc.wait()
 
 
-def sweep_nodes(job: Job) -> dict[str, int]:
-    """Kill (by PID) whatever is still running on a node after its start; return how many
-    processes each node had left (none, when everything shut down as it should)."""
+def sweep_nodes(job: Job, grace_s: float = 5) -> dict[str, list[str]]:
+    """Kill (by PID) whatever is still running on a node after its start, once processes
+    still exiting had ``grace_s`` to go; return each node's survivors (their commands)."""
+    deadline = time.monotonic() + grace_s
+    while any(processes_in(h.netns) for h in job.nodes) and time.monotonic() < deadline:
+        time.sleep(0.2)
     left = {}
     for host in job.nodes:
-        pids = processes_in(host.netns)
-        if pids:
-            left[host.name] = len(pids)
+        names = [_command(pid) for pid in processes_in(host.netns)]
+        if names:
+            left[host.name] = names
             kill_processes_in(host.netns)
     return left
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except OSError:
+        return f"pid {pid}"
 
 
 def explain_failure(results: list[NodeResult]) -> str | None:
