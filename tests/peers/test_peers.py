@@ -44,15 +44,16 @@ def tree(tmp_path):
 
 class Node:
     def __init__(self, tmp_path, store, tree_digest, profile, n, *, stall_s=3.0, wait_s=30.0,
-                 upload_cap=0):
+                 upload_cap=0, job=JOB):
         self.name = f"node{n}"
+        tmp_path = tmp_path / job
         self.cache = NodeCache(CacheConfig(dir=str(tmp_path / self.name / "cache"),
                                            budget_bytes=1 << 30))
         self.reader = TreeReader(store, tree_digest, Fetcher(FetchConfig(max_inflight=8)),
                                  self.cache)
         swarm = Swarm(f"127.0.0.{n + 1}", port_min=21000 + 10 * n, port_max=21009 + 10 * n,
                       upload_cap=upload_cap)
-        self.share = PeerShare(store, swarm, JOB, self.name, str(tmp_path / self.name / "peers"),
+        self.share = PeerShare(store, swarm, job, self.name, str(tmp_path / self.name / "peers"),
                                stall_s=stall_s, wait_s=wait_s, refresh_s=0.2)
         self.prefetcher = Prefetcher(self.reader, profile, peers=self.share)
 
@@ -136,6 +137,22 @@ def test_peer_gone_mid_transfer_rest_from_origin(tree, nodes):
     assert 0 < stats["origin_bytes"] < set_bytes, stats
 
 
+def test_restarted_job_finds_the_torrent_but_no_seed_and_still_shares(tree, nodes):
+    """A torrent published by an earlier job says nothing about who has the bytes now: the
+    new job's maker takes the set from the origin and seeds each chunk as it arrives."""
+    _, _, _, set_bytes = tree
+    earlier = nodes(1, job="earlier").run()
+    earlier.wait()
+    earlier.close()
+    group = [nodes(n, job="restarted") for n in (2, 3)]
+    for node in group:
+        node.run()
+    stats = [node.wait() for node in group]
+    assert all(node.has_all() for node in group)
+    assert sum(s["origin_bytes"] for s in stats) < 1.5 * set_bytes, stats
+    assert sorted(n.share.stats["role"] for n in group) == ["maker", "peer"]
+
+
 def _corrupt_in_place(node: Node) -> int:
     """Flip bytes inside every file the node seeds (same size, same inode: libtorrent
     serves them as they are now)."""
@@ -179,7 +196,9 @@ def test_torrent_that_lies_is_caught_by_the_digest(tree, nodes, tmp_path):
     store.write(sha256_digest(data), data)
     store.set_ref(torrent_ref(set_key(items)), sha256_digest(data))
     liar = nodes(1)
-    # the liar seeds the wrong bytes under the published torrent
+    # the liar is the job's maker and seeds the wrong bytes under the published torrent
+    assert store.set_ref(f"peers/{JOB}/maker/{set_key(items)}", liar.share.announcement,
+                         exclusive=True)
     liar.share.swarm.add(load_torrent(data, items), str(bad))
     liar.share.handles.append(liar.share.swarm.session.get_torrents()[0])
     victim = nodes(2, stall_s=2.0).run()

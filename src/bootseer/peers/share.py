@@ -138,9 +138,15 @@ class SetTransfer:
         share, stats = self.share, self.share.stats
         t0 = time.monotonic()
         try:
-            if share.store.get_ref(torrent_ref(self.key)) is None and share.store.set_ref(
-                    self._maker_ref(), share.announcement, exclusive=True):
+            # One node per job takes the set from the origin and seeds it. A torrent from
+            # an earlier job says nothing about who has the bytes now; but with it, the
+            # maker seeds each chunk as it arrives instead of after the whole set.
+            if share.store.set_ref(self._maker_ref(), share.announcement, exclusive=True):
                 stats["role"] = "maker"
+                ti = self._torrent(0)
+                if ti is not None:
+                    self._attach(ti)
+                    self.handle.prioritize_files([0] * len(self._names))   # offer() feeds it
                 return list(self.refs.values())
             ti = self._torrent(share.wait_s)
             if ti is None:
