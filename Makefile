@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Both set up everything first.
 # Benchmarks (one command each, see the README's results table): make bench-<name>.
-.PHONY: setup demo test check bench-fetch bench-store bench-trace bench-image bench-deps bench-ckpt bench-e2e
+.PHONY: setup demo test check bench-fetch bench-store bench-trace bench-image bench-deps bench-ckpt bench-e2e bench-scale
 
 setup:
 	@bash scripts/setup.sh
@@ -34,3 +34,6 @@ bench-ckpt: setup
 
 bench-e2e: setup
 	.venv/bin/python bench/e2e/run.py
+
+bench-scale: setup
+	.venv/bin/python bench/scale/run.py

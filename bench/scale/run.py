@@ -1,0 +1,204 @@
+"""bench/scale: a hot set prefetched by N nodes at once, with and without peers.
+
+One storage host (the Debian docker-registry as the bootseer store) whose link is shaped to
+``--rate`` (1 Gbit/s) for everything it sends, and N node network namespaces on one bridge
+(node-to-node traffic at bridge speed), each with its own address and node cache. All nodes
+start together and prefetch the same hot set (``--mib`` of incompressible chunks): from the
+origin only, or with peers (libtorrent among the job's nodes, docs/peers.md).
+
+Per N and mode: origin egress (bytes the storage host sent, from its interface counters,
+and as a multiple of the set), and time to ready (the slowest node's prefetch, and as a
+multiple of N = 1 in the same mode). Needs root (network namespaces, tc).
+
+    .venv/bin/python bench/scale/run.py [--nodes 1,2,4] [--mib 128] [--rate 1gbit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PREFIX = "bsscale"
+
+
+def _storage_tx(netns: str) -> int:
+    out = subprocess.run(["ip", "-n", netns, "-s", "-j", "link", "show", "eth0"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)[0]["stats64"]["tx"]["bytes"]
+
+
+def _env() -> dict:
+    return {**os.environ, "BOOTSEER_STORE_INSECURE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+# -- in a namespace -----------------------------------------------------------------------------
+def build(store_url: str, mib: int, out: str) -> None:
+    """Runs on the storage host: a tree of ``mib`` MiB of random files and its profile."""
+    from bootseer.config import BootseerConfig
+    from bootseer.store import open_store
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.build import TreeBuilder, add_directory
+    from bootseer.tree.reader import TreeReader
+    config = BootseerConfig.from_env(overrides={"store": {"url": store_url}})
+    store = open_store(store_url, config)
+    with tempfile.TemporaryDirectory() as src:
+        for i in range(mib // 4):
+            Path(src, f"lib{i:03d}.so").write_bytes(os.urandom(4 << 20))
+        b = TreeBuilder(store, chunk_size=1 << 20, pack_size=64 << 20)
+        add_directory(b, src)
+        tree = b.finish()
+    with Fetcher(config.fetch) as f:
+        chunks = TreeReader(store, tree, f).all_chunks()
+    Path(out).write_text(json.dumps({"tree": tree, "set_bytes": sum(c[3] for c in chunks),
+                                     "profile": {"chunks": [[c[0]] for c in chunks]}}))
+
+
+def node(args) -> None:
+    """Runs on a node: prefetch the hot set, write the figures, seed until told to stop."""
+    from bootseer.config import BootseerConfig
+    from bootseer.peers import share_for
+    from bootseer.store import open_store
+    from bootseer.store.cache import NodeCache
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.prefetch import Prefetcher
+    from bootseer.tree.reader import TreeReader
+    import logging
+    logging.basicConfig(level=os.environ.get("BENCH_LOG", "WARNING"),
+                        format=f"{args.name}: %(levelname)s %(name)s: %(message)s")
+    spec = json.loads(Path(args.spec).read_text())
+    config = BootseerConfig.from_env(overrides={
+        "store": {"url": args.store}, "cache": {"dir": args.cache},
+        "trace": {"job_id": args.job, "node": args.name},
+        "peers": {"mode": "auto" if args.peers else "off", "nodes": args.n,
+                  "min_set_bytes": 0, "interface": args.addr, "stall_s": 10.0}})
+    store = open_store(args.store, config)
+    t0 = time.monotonic()
+    reader = TreeReader(store, spec["tree"], Fetcher(config.fetch), NodeCache(config.cache))
+    pre = Prefetcher(reader, spec["profile"], peers=share_for(config, store)).start()
+    pre.wait()
+    stats = {**pre.stats, "ready_s": time.monotonic() - t0}
+    Path(args.out).write_text(json.dumps(stats, default=str))
+    deadline = time.monotonic() + 300
+    while not os.path.exists(args.stop) and time.monotonic() < deadline:
+        time.sleep(0.1)   # peers still fetch from this node
+
+
+# -- the driver ---------------------------------------------------------------------------------
+def run_round(net, storage, hosts, store_url, spec_path, scratch: Path, n: int, peers: bool):
+    job = f"scale{os.getpid()}-{n}-{'p2p' if peers else 'origin'}"
+    work = scratch / job
+    work.mkdir()
+    stop = work / "stop"
+    tx0 = _storage_tx(storage.netns)
+    procs = []
+    for i, h in enumerate(hosts[:n]):
+        argv = [*h.enter(), sys.executable, __file__, "node", "--store", store_url,
+                "--spec", str(spec_path), "--cache", str(work / f"n{i}" / "cache"),
+                "--job", job, "--name", f"n{i}", "--n", str(n), "--addr", h.addr,
+                "--out", str(work / f"n{i}.json"), "--stop", str(stop)]
+        if peers:
+            argv.append("--peers")
+        procs.append(subprocess.Popen(argv, env=_env()))
+    try:
+        outs = [work / f"n{i}.json" for i in range(n)]
+        deadline = time.monotonic() + 600
+        while not all(o.exists() for o in outs):
+            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                raise SystemExit(f"error: a node of round N={n} failed (see its output above)")
+            time.sleep(0.1)
+        tx = _storage_tx(storage.netns) - tx0
+    finally:
+        stop.touch()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    stats = [json.loads(o.read_text()) for o in outs]
+    for i, st in enumerate(stats):
+        print(f"    n{i}: ready {st['ready_s']:.2f}s, role {st.get('peers_role') or '-'}, "
+              f"peer phase {st.get('peers_seconds', 0):.2f}s, "
+              f"from peers {st['peer_bytes'] / 2**20:.0f} MiB, "
+              f"from origin {st['origin_bytes'] / 2**20:.0f} MiB", flush=True)
+    return {"n": n, "peers": peers, "egress": tx, "ready_s": max(s["ready_s"] for s in stats),
+            "peer_bytes": sum(s["peer_bytes"] for s in stats),
+            "origin_bytes": sum(s["origin_bytes"] for s in stats)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd")
+    b = sub.add_parser("build")
+    b.add_argument("--store"), b.add_argument("--mib", type=int), b.add_argument("--out")
+    nd = sub.add_parser("node")
+    for opt in ("--store", "--spec", "--cache", "--job", "--name", "--addr", "--out", "--stop"):
+        nd.add_argument(opt)
+    nd.add_argument("--n", type=int)
+    nd.add_argument("--peers", action="store_true")
+    ap.add_argument("--nodes", default="1,2,4")
+    ap.add_argument("--mib", type=int, default=128)
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--modes", default="origin,p2p", help="origin, p2p or both")
+    args = ap.parse_args()
+    if args.cmd == "build":
+        return build(args.store, args.mib, args.out)
+    if args.cmd == "node":
+        return node(args)
+    if os.geteuid() != 0:
+        raise SystemExit("error: bench/scale needs root (network namespaces, tc)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    from bootseer.testing import servers
+    from bootseer.testing.netns import Network, remove_leftovers
+    remove_leftovers(PREFIX)
+    counts = [int(x) for x in args.nodes.split(",")]
+    scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-", dir="/var/tmp"))
+    rows = []
+    try:
+        with Network(PREFIX, subnet="10.98.0") as net:
+            storage = net.add_host("storage", egress_rate=args.rate)
+            hosts = [net.add_host(f"node{i}") for i in range(max(counts))]
+            reg = servers.start_registry(scratch / "registry", scratch / "registry-run",
+                                         netns=storage.netns, host=storage.addr)
+            try:
+                store_url = f"oci://{storage.addr}:{reg.port}/bootseer"
+                spec = scratch / "spec.json"
+                subprocess.run([*storage.enter(), sys.executable, __file__, "build", "--store",
+                                store_url, "--mib", str(args.mib), "--out", str(spec)],
+                               check=True, env=_env())
+                set_bytes = json.loads(spec.read_text())["set_bytes"]
+                for n in counts:
+                    for peers in [m == "p2p" for m in args.modes.split(",")]:
+                        rows.append(run_round(net, storage, hosts, store_url, spec, scratch,
+                                              n, peers))
+                        print(f"  N={n} {'p2p   ' if peers else 'origin'} "
+                              f"egress {rows[-1]['egress'] / set_bytes:.2f}x the set, "
+                              f"ready {rows[-1]['ready_s']:.2f}s", flush=True)
+            finally:
+                reg.stop()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    results = Path(__file__).resolve().parents[1] / "results" / "scale.json"
+    results.write_text(json.dumps({"set_bytes": set_bytes, "rate": args.rate, "rows": rows},
+                                  indent=1) + "\n")
+    base = {r["peers"]: r["ready_s"] for r in rows if r["n"] == counts[0]}
+    print(f"\nhot set {set_bytes / 2**20:.0f} MiB, storage link {args.rate}, "
+          f"nodes start at once\n")
+    print("| N | mode | origin egress (MiB) | egress / set | time to ready (s) "
+          f"| ready / N={counts[0]} |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['n']} | {'p2p' if r['peers'] else 'origin'} | {r['egress'] / 2**20:.0f} "
+              f"| {r['egress'] / set_bytes:.2f} | {r['ready_s']:.2f} "
+              f"| {r['ready_s'] / base[r['peers']]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
