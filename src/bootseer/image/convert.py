@@ -305,5 +305,5 @@ def resolve(ref: str, store) -> str:
     hint = (f"; its converted tree is announced in another store ({', '.join(elsewhere)}): "
             f"point BOOTSEER_STORE_URL there") if elsewhere else ""
     raise BlobNotFound(f"no converted image for {ref!r} in {store.url}: run "
-                       f"'bootseer image convert {ref} --to {store.url}' first{hint}",
+                       f"'bootseer image convert {ref} --store {store.url}' first{hint}",
                        url=store.url)
