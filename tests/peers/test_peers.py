@@ -5,7 +5,6 @@ origin and the roster."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from bootseer.peers import PeerShare, Swarm, share_for
 from bootseer.peers.torrent import file_name, load_torrent, make_torrent, set_key, torrent_name
 from bootseer.store import open_store
 from bootseer.store.cache import NodeCache
+from bootseer.store.digest import sha256_digest
 from bootseer.store.fetch import Fetcher
 from bootseer.tree.build import TreeBuilder, add_directory
 from bootseer.tree.prefetch import Prefetcher
@@ -92,7 +92,6 @@ def test_torrent_is_the_same_on_every_node_and_checked(tmp_path):
     items = []
     for i in range(3):
         data = os.urandom(40000 + i)
-        from bootseer.store.digest import sha256_digest
         items.append((sha256_digest(data), len(data), data))
     sets = [(d, n) for d, n, _ in items]
     out = []
@@ -191,7 +190,6 @@ def test_torrent_that_lies_is_caught_by_the_digest(tree, nodes, tmp_path):
     for d, size in items:
         (files / file_name(d)).write_bytes(os.urandom(size))
     from bootseer.peers.share import torrent_ref
-    from bootseer.store.digest import sha256_digest
     data = make_torrent(str(bad), items)
     store.write(sha256_digest(data), data)
     store.set_ref(torrent_ref(set_key(items)), sha256_digest(data))
@@ -271,3 +269,10 @@ def test_tree_session_prefetch_uses_peers_and_traces_the_bytes(tree, tmp_path):
             s.finish()
         for key in [k for k in _shares if k[0] == "job-seam"]:
             _shares.pop(key).close()
+
+
+def test_node_address_from_an_address_a_device_or_the_route_to_the_store():
+    from bootseer.peers.share import node_ip
+    assert node_ip("127.0.0.7", "/tmp/store") == "127.0.0.7"
+    assert node_ip("lo", "/tmp/store") == "127.0.0.1"
+    assert node_ip(None, "oci://127.0.0.1:5000/bootseer") == "127.0.0.1"
