@@ -44,11 +44,11 @@ def tree(tmp_path):
 
 class Node:
     def __init__(self, tmp_path, store, tree_digest, profile, n, *, stall_s=3.0, wait_s=30.0,
-                 upload_cap=0, job=JOB):
+                 upload_cap=0, job=JOB, cache_budget=1 << 30):
         self.name = f"node{n}"
         tmp_path = tmp_path / job
         self.cache = NodeCache(CacheConfig(dir=str(tmp_path / self.name / "cache"),
-                                           budget_bytes=1 << 30))
+                                           budget_bytes=cache_budget))
         self.reader = TreeReader(store, tree_digest, Fetcher(FetchConfig(max_inflight=8)),
                                  self.cache)
         swarm = Swarm(f"127.0.0.{n + 1}", port_min=21000 + 10 * n, port_max=21009 + 10 * n,
@@ -150,6 +150,19 @@ def test_restarted_job_finds_the_torrent_but_no_seed_and_still_shares(tree, node
     assert all(node.has_all() for node in group)
     assert sum(s["origin_bytes"] for s in stats) < 1.5 * set_bytes, stats
     assert sorted(n.share.stats["role"] for n in group) == ["maker", "peer"]
+
+
+def test_node_cache_full_while_seeding(tree, nodes):
+    """A node whose cache holds almost nothing still gets the set (verified) and seeds it:
+    what peers fetch from it is its own copy for seeding, not its node cache."""
+    _, _, _, set_bytes = tree
+    maker = nodes(1, cache_budget=1 << 20).run()
+    maker.wait()
+    assert not maker.has_all()                     # most of the set did not fit
+    joiner = nodes(2).run()
+    stats = joiner.wait()
+    assert joiner.has_all()
+    assert stats["peer_bytes"] >= set_bytes and stats["origin_bytes"] == 0, stats
 
 
 def _corrupt_in_place(node: Node) -> int:
