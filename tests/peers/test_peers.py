@@ -289,3 +289,19 @@ def test_node_address_from_an_address_a_device_or_the_route_to_the_store():
     assert node_ip("127.0.0.7", "/tmp/store") == "127.0.0.7"
     assert node_ip("lo", "/tmp/store") == "127.0.0.1"
     assert node_ip(None, "oci://127.0.0.1:5000/bootseer") == "127.0.0.1"
+
+
+def test_seed_copies_no_process_holds_are_removed(tmp_path):
+    from bootseer.peers.share import hold_set, remove_unused_sets
+    held, dropped = tmp_path / "a", tmp_path / "b"
+    for d in (held, dropped):
+        d.mkdir()
+        (d / "chunk").write_bytes(b"x")
+    lock = hold_set(held)
+    hold_set(dropped).close()          # its process is gone
+    try:
+        remove_unused_sets(tmp_path)
+        assert (held / "chunk").exists()
+        assert not dropped.exists()
+    finally:
+        lock.close()

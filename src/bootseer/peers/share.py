@@ -16,6 +16,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import shutil
 import socket
 import struct
 import threading
@@ -44,6 +45,7 @@ class PeerShare:
                  stall_s: float = 5.0, wait_s: float = 120.0, refresh_s: float = 1.0):
         self.store, self.swarm, self.job, self.node = store, swarm, job, node
         self.work_dir = Path(work_dir)
+        remove_unused_sets(self.work_dir)
         self.stall_s, self.wait_s, self.refresh_s = stall_s, wait_s, refresh_s
         self.announcement = roster.announce(store, job, node, swarm.addr)
         self.handles: list = []
@@ -102,6 +104,7 @@ class SetTransfer:
         self.items = sorted({(r[0], r[3]) for r in refs})
         self.key = set_key(self.items)
         self.dir = share.work_dir / self.key
+        self._lock = hold_set(self.dir)   # while this process lives, nobody removes it
         self.files = self.dir / torrent_name(self.key)
         self.handle = None
         self.ti = None
@@ -280,6 +283,31 @@ class SetTransfer:
         store.write(digest, data)
         store.set_ref(torrent_ref(self.key), digest, exclusive=True)   # made alike anywhere
         return True
+
+
+# -- the node's copies for seeding ------------------------------------------------------------
+# A copy lives as long as a process seeds it: each holds a shared lock on ``<key>.lock``
+# beside it (released when the process dies, however), and a new share removes the copies
+# nobody holds, so the disk holds the sets in use and no more.
+def hold_set(directory: Path):
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    f = open(f"{directory}.lock", "a")
+    fcntl.flock(f, fcntl.LOCK_SH)
+    return f
+
+
+def remove_unused_sets(work_dir: Path) -> None:
+    if not work_dir.is_dir():
+        return
+    for lock in work_dir.glob("*.lock"):
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue   # seeded by a live process
+            # the lock file stays (a few bytes): unlinked, a process blocked on it
+            # would hold a lock nobody else sees
+            shutil.rmtree(lock.with_suffix(""), ignore_errors=True)
 
 
 # -- this node's address ----------------------------------------------------------------------
