@@ -111,6 +111,7 @@ class SetTransfer:
         self._names: list[str] = []
         self.layout: dict[str, tuple[int, int]] = {}
         self.delivered: set[str] = set()
+        self._stop = threading.Event()
 
     def summary(self) -> dict:
         """Flat figures for the trace (prefetch attributes of ``image.window``)."""
@@ -131,13 +132,14 @@ class SetTransfer:
                 data = store.read(digest)
                 verify(digest, data, source=getattr(store, "url", ""))
                 return load_torrent(data, self.items)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self._stop.wait(0.1):
                 return None
-            time.sleep(0.1)
 
-    def fetch(self, deliver) -> list[list]:
+    def fetch(self, deliver, stop: threading.Event | None = None) -> list[list]:
         """Bring the set from peers; ``deliver(ref, raw)`` verifies and caches one chunk
-        (raises on a bad one). Returns the refs left for the origin."""
+        (raises on a bad one); ``stop`` ends it early. Returns the refs left for the
+        origin."""
+        self._stop = stop or self._stop
         share, stats = self.share, self.share.stats
         t0 = time.monotonic()
         try:
@@ -199,7 +201,7 @@ class SetTransfer:
         got: dict[int, bytes] = {}
         asked: set[int] = set()
         last_done, last_progress, last_roster = -1, time.monotonic(), time.monotonic()
-        while len(self.delivered) < len(self.refs):
+        while len(self.delivered) < len(self.refs) and not self._stop.is_set():
             share.swarm.check_peers(h)
             for a in share.swarm.alerts():   # also notes bans
                 if isinstance(a, lt.read_piece_alert) and a.handle == h:

@@ -52,7 +52,7 @@ class Prefetcher:
                 # Peers first (each chunk verified as from the store); the origin gets what
                 # they did not deliver. Demand reads go to the store meanwhile.
                 self._transfer = self.peers.open_set(self.plan)
-                left = {r[0] for r in self._transfer.fetch(self._from_peer)}
+                left = {r[0] for r in self._transfer.fetch(self._from_peer, self._stop)}
                 self.stats.update(self._transfer.summary())
                 plan = [r for r in self.plan if r[0] in left]
             # Batches of the plan in recorded order, each submitted in pack order: the
