@@ -165,6 +165,19 @@ def test_node_cache_full_while_seeding(tree, nodes):
     assert stats["peer_bytes"] >= set_bytes and stats["origin_bytes"] == 0, stats
 
 
+def test_upload_cap_holds_on_a_private_network(tree, nodes):
+    """libtorrent exempts local networks from rate limits by default; a job's network is
+    one, so the cap must be made to apply there."""
+    _, _, _, set_bytes = tree
+    seeder = nodes(1, upload_cap=2 << 20).run()
+    seeder.wait()
+    t0 = time.monotonic()
+    joiner = nodes(2, stall_s=5.0).run()
+    stats = joiner.wait()
+    assert stats["peer_bytes"] >= set_bytes, stats
+    assert time.monotonic() - t0 >= 0.75 * set_bytes / (2 << 20)
+
+
 def _corrupt_in_place(node: Node) -> int:
     """Flip bytes inside every file the node seeds (same size, same inode: libtorrent
     serves them as they are now)."""
