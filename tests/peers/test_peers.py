@@ -10,7 +10,9 @@ import time
 import pytest
 
 from bootseer.config import BootseerConfig, CacheConfig, FetchConfig
-from bootseer.peers import PeerShare, Swarm, share_for
+from bootseer.peers import share_for
+from bootseer.peers.share import PeerShare
+from bootseer.peers.swarm import Swarm
 from bootseer.peers.torrent import file_name, load_torrent, make_torrent, set_key, torrent_name
 from bootseer.store import open_store
 from bootseer.store.cache import NodeCache

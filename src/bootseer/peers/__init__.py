@@ -14,19 +14,17 @@ import socket
 import threading
 from pathlib import Path
 
-from bootseer.peers.share import PeerShare, SetTransfer, node_ip
-from bootseer.peers.swarm import Swarm
-
-__all__ = ["PeerShare", "SetTransfer", "Swarm", "share_for"]
+__all__ = ["share_for"]
 
 log = logging.getLogger(__name__)
-_shares: dict[tuple, PeerShare] = {}
+_shares: dict[tuple, object] = {}
 _lock = threading.Lock()
 
 
-def share_for(config, store) -> PeerShare | None:
-    """This process's share for the configured job, or None when peers are off: mode
-    ``off``, ``auto`` with fewer than 2 nodes, no job id, or a store that takes no refs."""
+def share_for(config, store):
+    """This process's :class:`~bootseer.peers.share.PeerShare` for the configured job, or
+    None when peers are off: mode ``off``, ``auto`` with fewer than 2 nodes, no job id, a
+    store that takes no refs, or no libtorrent (imported only when peers are wanted)."""
     p = config.peers
     if p.mode == "off" or (p.mode == "auto" and p.nodes < 2):
         return None
@@ -45,12 +43,14 @@ def share_for(config, store) -> PeerShare | None:
         share = _shares.get(key)
         if share is None:
             try:
+                from bootseer.peers.share import PeerShare, node_ip
+                from bootseer.peers.swarm import Swarm
                 swarm = Swarm(node_ip(p.interface, store.url), port_min=p.port_min,
                               port_max=p.port_max, upload_cap=p.upload_cap_bytes)
                 share = PeerShare(store, swarm, job, node,
                                   str(Path(config.cache.dir).parent / "peers"),
                                   stall_s=p.stall_s, wait_s=p.wait_s)
-            except Exception as e:  # noqa: BLE001 - peers only cost time
+            except Exception as e:  # noqa: BLE001 - peers only cost time (ImportError too)
                 log.warning("peers: off for this node: %s", e)
                 return None
             share.min_set_bytes = 0 if p.mode == "on" else p.min_set_bytes
