@@ -46,7 +46,7 @@ def tree(tmp_path):
 
 class Node:
     def __init__(self, tmp_path, store, tree_digest, profile, n, *, stall_s=3.0, wait_s=30.0,
-                 upload_cap=0, job=JOB, cache_budget=1 << 30):
+                 upload_cap=0, job=JOB, cache_budget=1 << 30, attempt=0):
         self.name = f"node{n}"
         tmp_path = tmp_path / job
         self.cache = NodeCache(CacheConfig(dir=str(tmp_path / self.name / "cache"),
@@ -56,7 +56,8 @@ class Node:
         swarm = Swarm(f"127.0.0.{n + 1}", port_min=21000 + 10 * n, port_max=21009 + 10 * n,
                       upload_cap=upload_cap)
         self.share = PeerShare(store, swarm, job, self.name, str(tmp_path / self.name / "peers"),
-                               stall_s=stall_s, wait_s=wait_s, refresh_s=0.2)
+                               stall_s=stall_s, wait_s=wait_s, refresh_s=0.2,
+                               attempt=attempt)
         self.prefetcher = Prefetcher(self.reader, profile, peers=self.share)
 
     def run(self) -> "Node":
@@ -180,6 +181,21 @@ def test_upload_cap_holds_on_a_private_network(tree, nodes):
     assert time.monotonic() - t0 >= 0.75 * set_bytes / (2 << 20)
 
 
+def test_a_restart_of_the_same_job_has_its_own_maker(tree, nodes):
+    """Attempt 0's maker is gone; attempt 1 must not wait for it."""
+    _, _, _, set_bytes = tree
+    first = nodes(1, job="same").run()
+    first.wait()
+    first.close()
+    group = [nodes(n, job="same", attempt=1, stall_s=30.0) for n in (2, 3)]
+    for node in group:
+        node.run()
+    stats = [node.wait() for node in group]
+    assert all(node.has_all() for node in group)
+    assert sum(s["origin_bytes"] for s in stats) < 1.5 * set_bytes, stats
+    assert sorted(n.share.stats["role"] for n in group) == ["maker", "peer"]
+
+
 def _corrupt_in_place(node: Node) -> int:
     """Flip bytes inside every file the node seeds (same size, same inode: libtorrent
     serves them as they are now)."""
@@ -223,7 +239,7 @@ def test_torrent_that_lies_is_caught_by_the_digest(tree, nodes, tmp_path):
     store.set_ref(torrent_ref(set_key(items)), sha256_digest(data))
     liar = nodes(1)
     # the liar is the job's maker and seeds the wrong bytes under the published torrent
-    assert store.set_ref(f"peers/{JOB}/maker/{set_key(items)}", liar.share.announcement,
+    assert store.set_ref(f"peers/{JOB}/maker/0/{set_key(items)}", liar.share.announcement,
                          exclusive=True)
     liar.share.swarm.add(load_torrent(data, items), str(bad))
     liar.share.handles.append(liar.share.swarm.session.get_torrents()[0])

@@ -49,7 +49,8 @@ def share_for(config, store):
                               port_max=p.port_max, upload_cap=p.upload_cap_bytes)
                 share = PeerShare(store, swarm, job, node,
                                   str(Path(config.cache.dir).parent / "peers"),
-                                  stall_s=p.stall_s, wait_s=p.wait_s)
+                                  stall_s=p.stall_s, wait_s=p.wait_s,
+                                  attempt=config.trace.attempt)
             except Exception as e:  # noqa: BLE001 - peers only cost time (ImportError too)
                 log.warning("peers: off for this node: %s", e)
                 return None

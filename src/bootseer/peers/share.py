@@ -42,8 +42,10 @@ class PeerShare:
     """Peers for hot sets on this node: one swarm, refreshed from the job's roster."""
 
     def __init__(self, store, swarm: Swarm, job: str, node: str, work_dir: str, *,
-                 stall_s: float = 5.0, wait_s: float = 120.0, refresh_s: float = 1.0):
+                 stall_s: float = 5.0, wait_s: float = 120.0, refresh_s: float = 1.0,
+                 attempt: int = 0):
         self.store, self.swarm, self.job, self.node = store, swarm, job, node
+        self.attempt = attempt   # a restart of the job has its own maker
         self.work_dir = Path(work_dir)
         remove_unused_sets(self.work_dir)
         self.stall_s, self.wait_s, self.refresh_s = stall_s, wait_s, refresh_s
@@ -121,7 +123,7 @@ class SetTransfer:
                 "peers_seconds": round(st["seconds"], 3)}
 
     def _maker_ref(self) -> str:
-        return f"peers/{self.share.job}/maker/{self.key}"
+        return f"peers/{self.share.job}/maker/{self.share.attempt}/{self.key}"
 
     def _torrent(self, wait_s: float):
         store = self.share.store
