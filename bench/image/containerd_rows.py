@@ -13,39 +13,13 @@ Goals: (6) <= 0.25 x (5) and <= 1.2 x bootseer image run's (3).
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
-from bootseer.testing.containerd import Node
+from bootseer.testing.containerd import Node, push_pause
 from bootseer.testing.cri.pods import CriClient
 
 READY_FILE = "/tmp/bootseer-ready"
-
-
-def push_pause(netns: str | None, registry_host: str, scratch: Path) -> str:
-    """A pod sandbox image (busybox sleeping) in the benchmark's registry."""
-    ref = f"{registry_host}/bench/pause:1"
-    root = scratch / "pause-rootfs"
-    (root / "bin").mkdir(parents=True)
-    shutil.copy2(shutil.which("busybox") or "/bin/busybox", root / "bin/busybox")
-    (root / "bin/sleep").symlink_to("busybox")
-    state = f"/tmp/bsbp-{scratch.name[-6:]}"
-    b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
-    ns = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
-    try:
-        c = subprocess.run([*b, "from", "scratch"], capture_output=True, text=True,
-                           check=True).stdout.strip()
-        subprocess.run([*b, "copy", c, f"{root}/", "/"], check=True, capture_output=True)
-        subprocess.run([*b, "config", "--cmd", '["/bin/sleep", "86400"]', c], check=True,
-                       capture_output=True)
-        subprocess.run([*b, "commit", "-q", c, "pause"], check=True, capture_output=True)
-        subprocess.run([*ns, *b, "push", "-q", "--tls-verify=false", "pause", f"docker://{ref}"],
-                       check=True, capture_output=True)
-    finally:
-        subprocess.run(["umount", "-R", "-l", f"{state}/r"], capture_output=True)
-        shutil.rmtree(state, ignore_errors=True)
-    return ref
 
 
 def _pod_start(node: Node, ref: str, argv: list[str], logs: Path) -> float:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from bootseer.testing.containerd import push_pause
 from tests.conftest import need
 from tests.snapshotter.test_containerd import push_two_layers
 
@@ -19,31 +20,11 @@ JOB = ["sh", "-c", "cat /data/b.txt /data/keep.txt; test -e /data/a.txt && echo 
                    f"wc -c < /data/payload.bin; touch {READY}"]
 
 
-def push_pause(registry, busybox_rootfs, tmp_path) -> str:
-    """The pod sandbox's image: busybox sleeping (the CRI stops it with a signal)."""
-    ref = f"127.0.0.1:{registry.port}/test/pause:1"
-    state = f"/tmp/bsp-{tmp_path.name[-6:]}"
-    b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
-    try:
-        c = subprocess.run([*b, "from", "scratch"], capture_output=True, text=True,
-                           check=True).stdout.strip()
-        subprocess.run([*b, "copy", c, f"{busybox_rootfs}/", "/"], check=True, capture_output=True)
-        subprocess.run([*b, "config", "--cmd", '["/bin/sleep", "3600"]', c], check=True,
-                       capture_output=True)
-        subprocess.run([*b, "commit", "-q", c, "pause"], check=True, capture_output=True)
-        subprocess.run([*b, "push", "-q", "--tls-verify=false", "pause", f"docker://{ref}"],
-                       check=True, capture_output=True)
-    finally:
-        subprocess.run(["umount", "-R", "-l", f"{state}/r"], capture_output=True)
-        shutil.rmtree(state, ignore_errors=True)
-    return ref
-
-
 @pytest.fixture
 def converted(registry, busybox_rootfs, tmp_path):
     """(image, pause image, store, tree): the layered image converted into a local store."""
     need(shutil.which("buildah") is not None, "buildah is not installed")
-    pause = push_pause(registry, busybox_rootfs, tmp_path)
+    pause = push_pause(None, f"127.0.0.1:{registry.port}", tmp_path)
     (busybox_rootfs / "data").mkdir(exist_ok=True)
     (busybox_rootfs / "data/payload.bin").write_bytes(os.urandom(3 << 20))
     image = push_two_layers(registry, busybox_rootfs, tmp_path)

@@ -161,3 +161,29 @@ class Node:
             finally:
                 unmount_below(self.base)
                 shutil.rmtree(self.base, ignore_errors=True)
+
+
+def push_pause(netns: str | None, registry_host: str, scratch: Path) -> str:
+    """A pod sandbox image (busybox-static sleeping: the CRI stops it with a signal),
+    pushed to the plain-http registry at ``registry_host``; ``scratch`` holds its rootfs."""
+    ref = f"{registry_host}/test/pause:1"
+    root = scratch / "pause-rootfs"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2(shutil.which("busybox") or "/bin/busybox", root / "bin/busybox")
+    (root / "bin/sleep").symlink_to("busybox")
+    state = f"/tmp/bsbp-{os.getpid()}"
+    b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
+    ns = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
+    try:
+        c = subprocess.run([*b, "from", "scratch"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+        subprocess.run([*b, "copy", c, f"{root}/", "/"], check=True, capture_output=True)
+        subprocess.run([*b, "config", "--cmd", '["/bin/sleep", "86400"]', c], check=True,
+                       capture_output=True)
+        subprocess.run([*b, "commit", "-q", c, "pause"], check=True, capture_output=True)
+        subprocess.run([*ns, *b, "push", "-q", "--tls-verify=false", "pause", f"docker://{ref}"],
+                       check=True, capture_output=True)
+    finally:
+        subprocess.run(["umount", "-R", "-l", f"{state}/r"], capture_output=True)
+        shutil.rmtree(state, ignore_errors=True)
+    return ref
