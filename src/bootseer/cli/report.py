@@ -8,8 +8,12 @@ def register(sub) -> None:
                        "and phase, stragglers, GPU-seconds lost",
                        description="Read a job's trace (a directory of .jsonl files) and print "
                                    "the per-phase breakdown, critical path and stragglers.")
-    p.add_argument("trace", help="trace directory (or one .jsonl file), or a URL of one "
-                   "(s3://bucket/traces/job, any fsspec location)")
+    p.add_argument("trace", help="trace directory (or one .jsonl file), a store that "
+                   "'bootseer run --trace URL' uploaded to (oci://, s3://, http(s)://, "
+                   "file:///dir; URL/JOB or --job), or a URL of a trace directory (any "
+                   "fsspec location)")
+    p.add_argument("--job", metavar="ID", help="the job to report from a store holding "
+                   "several")
     p.add_argument("--baseline", metavar="TRACE", help="compare with this trace")
     p.add_argument("--attempt", type=int, help="only this attempt")
     p.add_argument("-k", type=float, default=3.0, help="straggler rule: median + k*MAD (3)")
@@ -53,23 +57,54 @@ def _copied(url: str, into: str) -> str:
     return into
 
 
-def build(path: str, k: float, attempt: int | None):
+def _from_store(url: str, job: str | None, into: str) -> str | None:
+    """Job ``job``'s traces uploaded by ``bootseer run --trace URL`` (or under ``URL/JOB``)
+    into ``into``; None when neither store holds traces."""
+    import os
+
+    from bootseer.store import open_store
+    from bootseer.trace import remote
+    tries = [(url, job)]
+    parent, _, last = url.rstrip("/").rpartition("/")
+    if job is None and last and not parent.endswith(":/"):
+        tries.append((parent, last))
+    for store_url, job_id in tries:
+        local = store_url[len("file://"):] if store_url.startswith("file://") else None
+        if local is not None and not os.path.isdir(os.path.join(local, "refs")):
+            continue   # opening a local store would create it
+        try:
+            store = open_store(store_url)
+        except (OSError, ValueError):
+            continue
+        try:
+            if remote.holds_traces(store):
+                return remote.download(store, url, job_id, into)
+        except remote.TraceError:
+            raise
+        except (OSError, ValueError):   # not a store (or not one that lists): next try
+            continue
+        finally:
+            store.close()
+    return None
+
+
+def build(path: str, k: float, attempt: int | None, job: str | None = None):
     import gc
     gc.disable()   # 10,000s of small acyclic dicts: the cyclic collector would only cost time
     try:
-        return _build(path, k, attempt)
+        return _build(path, k, attempt, job)
     finally:
         gc.enable()
 
 
-def _build(path: str, k: float, attempt: int | None):
+def _build(path: str, k: float, attempt: int | None, job: str | None = None):
     import tempfile
 
     from bootseer.errors import TraceError
     from bootseer.trace import analysis, load
     if "://" in path:
         with tempfile.TemporaryDirectory(prefix="bootseer-trace-") as tmp:
-            t = load.load(_copied(path, tmp))
+            t = load.load(_from_store(path, job, tmp) or _copied(path, tmp))
     else:
         t = load.load(path)
     jobs = sorted({str(e["job"]) for e in t.events})
@@ -103,7 +138,7 @@ def _run(args) -> int:
             outputs.check(path)   # before the work, not after it
     # the text report goes to stderr when stdout carries a machine-readable output
     text_out = sys.stderr if "-" in files else sys.stdout
-    t, views, sums = build(args.trace, args.k, args.attempt)
+    t, views, sums = build(args.trace, args.k, args.attempt, args.job)
     report = render.text(sums, t.skipped_lines, t.problems)
     print(report, file=text_out)
     base = None

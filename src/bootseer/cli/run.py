@@ -65,13 +65,18 @@ def register(sub) -> None:
     add_fallback_arg(g)
     g.add_argument("--baseline", action="store_true",
                    help="the conventional start: --pull --no-snapshot --no-stripe")
-    g.add_argument("--trace", metavar="LOCATION", help="trace location (dir or store URL)")
+    g.add_argument("--trace", metavar="LOCATION", help="trace location: a directory, or a store URL "
+                   "(oci://, s3://, file:///dir, ...) the trace files are uploaded to as "
+                   "refs traces/JOB/ATTEMPT/FILE; read with 'bootseer report URL --job JOB'")
     g.add_argument("--job-id", help="job id shared by every node (trace)")
     g.add_argument("--attempt", default="auto", metavar="N|auto",
                    help="restart number (trace); auto (default): SLURM_RESTART_COUNT, "
                         "TORCHELASTIC_RESTART_COUNT or BOOTSEER_RESTART_COUNT, else this "
                         "node's start counter for the job in the store")
     g.add_argument("--node", help="node name (trace; default: host name)")
+    g.add_argument("--nodes", metavar="N",
+                   help="nodes in the job, for peers (default: torchrun's --nnodes, Slurm, "
+                        "WORLD_SIZE/LOCAL_WORLD_SIZE, BOOTSEER_JOB_COMPLETIONS; docs/peers.md)")
     g.add_argument("--store", metavar="URL", help="bootseer store (default: settings)")
     g.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:rw]",
                    help="extra bind mount into the container (repeatable)")
@@ -189,10 +194,15 @@ def _run(args) -> int:
                            "attempt": None if asked == "auto" else int(asked),
                            "node": args.node}}
     config = BootseerConfig.from_env(overrides=overrides)
+    config = _with_job(config, spec.argv, _nodes_arg(args.nodes))
     if config.trace.location:
         config = _with_attempt(config, asked)
-    _export_trace_settings(config)
-    return run_node(spec, config)
+    import os
+    from bootseer.trace import remote
+    # a store URL: record to a local spool, uploaded while the job runs and at its end
+    with remote.recording(config, os.environ.get("BOOTSEER_TRACE_START") or "run") as config:
+        _export_trace_settings(config)
+        return run_node(spec, config)
 
 
 def run_node(spec, config) -> int:
@@ -202,6 +212,27 @@ def run_node(spec, config) -> int:
     node = NodeRun(spec, config)
     node.on_prepared = _status.on_prepared
     return node.run()
+
+
+def _nodes_arg(text: str | None) -> int | None:
+    from bootseer.errors import ConfigError
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError("--nodes", f"{text!r} is not a node count (1 or more)")
+    return int(text)
+
+
+def _with_job(config, argv, nodes_flag):
+    """The job's node count and id from the launcher (peers turn on by themselves for
+    N >= 2), also exported for the processes this run starts."""
+    import os
+    from bootseer.peers.job import with_job
+    config = with_job(config, argv, os.environ, nodes_flag)
+    os.environ["BOOTSEER_PEERS_NODES"] = str(config.peers.nodes)
+    if config.peers.job_id:
+        os.environ["BOOTSEER_PEERS_JOB_ID"] = config.peers.job_id
+    return config
 
 
 def _with_attempt(config, asked: str):

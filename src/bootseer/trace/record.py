@@ -45,8 +45,8 @@ def location_problem(location: str) -> str | None:
     line by line to files: a URL (s3://...) would become a local ``./s3:`` directory."""
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", location):
         from bootseer import redact
-        return (f"trace location {redact.url(location)} is a URL: events are recorded to a "
-                f"directory (local or a shared filesystem); 'bootseer report' reads URLs")
+        return (f"trace location {redact.url(location)} is a URL: a process records to "
+                f"files; 'bootseer run --trace URL' records to a spool and uploads them")
     return None
 
 
