@@ -19,6 +19,8 @@ OTHER_VARIABLES = frozenset({
     # read by the deployment hooks and manifests in deploy/
     "BOOTSEER_PROLOG_LOG", "BOOTSEER_PROLOG_TIMEOUT", "BOOTSEER_NODE_KEEP",
     "BOOTSEER_IMAGE", "BOOTSEER_CKPT",
+    # a Kubernetes Indexed Job's spec.completions, for peers (bootseer.peers.job)
+    "BOOTSEER_JOB_COMPLETIONS",
 })
 """``BOOTSEER_*`` variables that are not ``<SECTION>_<FIELD>`` settings."""
 
