@@ -49,6 +49,9 @@ def test_a_directory_store_gets_refs_and_report_reads_them(tmp_path):
         assert "NOT READY" not in r.stdout
     r = _bootseer("report", url, "--job", "other")
     assert r.returncode == 1 and "no trace of job other (jobs: j1)" in r.stderr
+    r = _bootseer("analyze", url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("1 jobs, 2 attempts") and "1 job(s) restarted" in r.stdout
 
 
 def test_a_registry_store(registry, tmp_path):

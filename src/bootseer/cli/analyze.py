@@ -8,7 +8,8 @@ def register(sub) -> None:
                        "size, phase shares, restarts over many jobs",
                        description="Read a simulator's output (cluster.jsonl) or a directory "
                                    "of job traces and characterize the cluster.")
-    p.add_argument("dir", help="simulator output directory / cluster.jsonl / traces directory")
+    p.add_argument("dir", help="simulator output directory / cluster.jsonl / traces directory "
+                   "/ a store that 'bootseer run --trace URL' uploaded to")
     p.add_argument("--baseline", metavar="DIR", help="compare with this cluster")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--json", metavar="FILE", help="write a JSON summary")

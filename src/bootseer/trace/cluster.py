@@ -17,13 +17,16 @@ from bootseer.trace.simulate import BIN_NAMES, bin_of
 
 
 def read_attempts(path: str | Path) -> tuple[list[dict], list[str]]:
-    """Attempt records from a compact file, or summarized from a traces directory."""
+    """Attempt records from a compact file, or summarized from a traces directory or from
+    the traces uploaded to a store (``bootseer run --trace URL``)."""
+    notes: list[str] = []
+    if "://" in str(path):
+        return _from_store(str(path), notes), notes
     p = Path(path)
     if not p.exists():
         raise TraceError(f"no cluster trace at {p}: give a simulator output directory "
                          f"(cluster.jsonl) or a directory of job traces")
     compact = p / "cluster.jsonl" if p.is_dir() else p
-    notes: list[str] = []
     if compact.is_file():
         from bootseer.trace import load   # regular files only, lines capped, numbers finite
         fd = load.open_regular(compact, follow=compact == p)
@@ -47,6 +50,28 @@ def read_attempts(path: str | Path) -> tuple[list[dict], list[str]]:
             raise TraceError(f"{compact} holds no job attempts")
         return recs, notes
     return _from_traces(p, notes), notes
+
+
+def _from_store(url: str, notes: list[str]) -> list[dict]:
+    """Every job's traces under the store's ``traces/`` refs, summarized."""
+    import tempfile
+    from bootseer import redact
+    from bootseer.store import open_store
+    from bootseer.trace import remote
+    local = url[len("file://"):] if url.startswith("file://") else None
+    if local is not None and not (Path(local) / "refs").is_dir():   # opening would create it
+        raise TraceError(f"no store at {url}")
+    with tempfile.TemporaryDirectory(prefix="bootseer-analyze-") as tmp:
+        store = open_store(url)
+        try:
+            parts = remote.jobs(store)
+            if not parts:
+                raise TraceError(f"{redact.url(url)} holds no traces (refs traces/<job>/...)")
+            for part in parts:
+                remote.download(store, url, part, str(Path(tmp) / part))
+        finally:
+            store.close()
+        return _from_traces(Path(tmp), notes)
 
 
 def _from_traces(p: Path, notes: list[str]) -> list[dict]:
