@@ -75,5 +75,6 @@ def demo_node(root: Path, node: str, *, image_s: float = 4.0, deps_s: float = 2.
     t.mark("ready", done + 3.0, pid=200, rank=rank)
     t.mark("ready", done + 3.02)
     t.mark("image.window", done + 3.05, coverage=0.97, precision=0.9, stall_s=0.2,
-           store_bytes=120_000_000)
+           store_bytes=120_000_000, prefetch_peer_bytes=80_000_000,
+           prefetch_planned_chunks=40, prefetch_already_local=10)
     return t

@@ -132,28 +132,39 @@ def _check_otlp(body: dict) -> None:
         {"ready", "rendezvous"} <= {e["name"] for e in node_span["events"]}
 
 
-PROM_LINE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*\{([a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*",?)*\} '
-                       r'[-+]?(\d+(\.\d*)?([eE][-+]?\d+)?|Inf)$')
+def _prom_families(text: str) -> dict:
+    """The textfile as Prometheus reads it: prometheus_client's parser (the exposition
+    format's reference implementation) raises on a malformed line."""
+    from prometheus_client.parser import text_string_to_metric_families
+    families = {}
+    for f in text_string_to_metric_families(text):
+        assert f.name not in families, f.name      # one block per metric
+        families[f.name] = f
+    return families
 
 
 def test_prometheus_textfile(two_attempts, tmp_path):
     r = _report(two_attempts, "--prom", tmp_path / "startup.prom")
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "startup.prom").read_text()
-    declared, seen = {}, []
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split()
-            assert name not in declared       # one block per metric
-            declared[name] = kind
-        elif not line.startswith("# HELP "):
-            assert PROM_LINE.match(line), line
-            seen.append(line)
+    families = _prom_families(text)
+    declared = {name: f.type for name, f in families.items()}
+    seen = [s for f in families.values() for s in f.samples]
+    assert len(seen) == len([x for x in text.splitlines() if not x.startswith("#")])
     assert declared["bootseer_startup_node_ready_seconds"] == "histogram"
-    buckets = [float(line.rsplit(" ", 1)[1]) for line in seen
-               if line.startswith('bootseer_startup_node_ready_seconds_bucket{job_id="job",'
-                                  'attempt="0",gpus_bin="10-100"')]
+    buckets = [x.value for x in seen if x.name == "bootseer_startup_node_ready_seconds_bucket"
+               and x.labels["attempt"] == "0" and x.labels["gpus_bin"] == "10-100"]
     assert buckets == sorted(buckets) and buckets[-1] == 3.0       # cumulative; +Inf = count
+    # node metrics: cache hit ratio, prefetch coverage, bytes from store and peers, stalls
+    node = {(x.name, x.labels.get("source") or x.labels.get("technique")): x.value
+            for x in seen if x.name.startswith("bootseer_node_")
+            and x.labels["attempt"] == "1" and x.labels["node"] == "n2"}
+    assert node == {("bootseer_node_cache_hit_ratio", None): 0.25,
+                    ("bootseer_node_prefetch_coverage", None): 0.97,
+                    ("bootseer_node_fetched_bytes", "store"): 120e6,
+                    ("bootseer_node_fetched_bytes", "peers"): 80e6,
+                    ("bootseer_node_stall_seconds", "image"): 0.2,
+                    ("bootseer_node_stall_seconds", "ckpt"): 0.1}
     assert re.search(r'bootseer_startup_critical_path_seconds\{job_id="job",attempt="0",'
                      r'gpus_bin="10-100",pipeline="image"\} 5\.99', text)
     assert re.search(r'bootseer_startup_technique\{job_id="job",attempt="1",gpus_bin="10-100",'

@@ -12,7 +12,15 @@ Metrics (all gauges but the histogram):
 - ``bootseer_startup_gpu_seconds_lost``, ``bootseer_startup_stragglers``,
   ``bootseer_startup_nodes``, ``bootseer_startup_restarts`` (per job);
 - ``bootseer_startup_technique{technique,figure}``: image coverage, checkpoint MB/s...;
-- ``bootseer_startup_gpus``.
+- ``bootseer_startup_gpus``;
+
+and per node (label ``node``), from what the node's image start and checkpoint load
+recorded (``image.window``, ``ckpt.load``):
+
+- ``bootseer_node_cache_hit_ratio``: share of the hot set's chunks already in the node cache;
+- ``bootseer_node_prefetch_coverage``: share of the bytes read in the window prefetched;
+- ``bootseer_node_fetched_bytes{source=store|peers}``: bytes from the store and from peers;
+- ``bootseer_node_stall_seconds{technique=image|ckpt}``: time reads waited on the network.
 
 Labels: ``job_id`` (not ``job``, which Prometheus sets to the scrape job: a textfile's own
 ``job`` would be renamed ``exported_job``), ``attempt``. Every per-attempt sample also has
@@ -104,7 +112,45 @@ def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
                          "checkpoint MB/s, deps restore s...")
                 w.sample("bootseer_startup_technique",
                          {**base, "technique": technique, "figure": figure}, value)
+        _node_metrics(w, base, v)
     return _grouped(w.lines)
+
+
+def _number(v) -> float | None:
+    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
+
+
+def _node_metrics(w: _Writer, base: dict, view: AttemptView) -> None:
+    for n in view.nodes:
+        labels = {**base, "node": n.node}
+        window = next((m["attrs"] for m in n.marks if m["phase"] == "image.window"), {})
+        planned = _number(window.get("prefetch_planned_chunks"))
+        local = _number(window.get("prefetch_already_local"))
+        if planned and local is not None:
+            w.metric("bootseer_node_cache_hit_ratio", "gauge",
+                     "Share of the hot set's chunks already in the node cache.")
+            w.sample("bootseer_node_cache_hit_ratio", labels, local / planned)
+        coverage = _number(window.get("coverage"))
+        if coverage is not None:
+            w.metric("bootseer_node_prefetch_coverage", "gauge",
+                     "Share of the bytes read during the image's window that were prefetched.")
+            w.sample("bootseer_node_prefetch_coverage", labels, coverage)
+        for source, key in (("store", "store_bytes"), ("peers", "prefetch_peer_bytes")):
+            value = _number(window.get(key))
+            if value is not None:
+                w.metric("bootseer_node_fetched_bytes", "gauge",
+                         "Bytes the node's image start fetched, by source.")
+                w.sample("bootseer_node_fetched_bytes", {**labels, "source": source}, value)
+        stalls = {"image": _number(window.get("stall_s"))}
+        ckpt = [_number(x["attrs"].get("stall_s")) for x in n.spans if x["phase"] == "ckpt.load"]
+        if any(x is not None for x in ckpt):
+            stalls["ckpt"] = sum(x for x in ckpt if x is not None)
+        for technique, value in stalls.items():
+            if value is not None:
+                w.metric("bootseer_node_stall_seconds", "gauge",
+                         "Seconds the node's reads waited on the network, by technique.")
+                w.sample("bootseer_node_stall_seconds", {**labels, "technique": technique},
+                         value)
 
 
 def _grouped(lines: list[str]) -> str:
