@@ -207,7 +207,7 @@ def run_demo(args) -> int:
         print(f"bootseer demo: error: {e}", file=sys.stderr)
         return 1
     print()
-    print(tables.render(done))
+    print(tables.render(done, _trace_events(Path(args.out).resolve() / "trace")))
     print()
     _report(Path(args.out).resolve() / "trace", Path(args.out).resolve(), say)
     return 0 if all(r.rc == 0 for _, rs in done for r in rs) else 1
@@ -215,6 +215,16 @@ def run_demo(args) -> int:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _trace_events(trace_dir: Path) -> list[dict] | None:
+    """The run's trace events (None: no trace), for where each start's hot set came from."""
+    from bootseer.errors import BootseerError
+    from bootseer.trace import load as trace_load
+    try:
+        return trace_load.load(trace_dir).events
+    except (BootseerError, OSError):
+        return None
 
 
 def _report(trace_dir: Path, out: Path, say) -> None:

@@ -55,10 +55,48 @@ def fmt(v: float | None, unit: str = "s") -> str:
     return f"{v:.2f}" if unit == "x" else f"{v:.1f}"
 
 
-def render(starts: list[tuple[str, list[NodeResult]]]) -> str:
-    """One row per start: slowest node per pipeline (they overlap), time to ready, ratio."""
+def _window(events: list[dict], r: NodeResult) -> dict | None:
+    """The node's ``image.window`` mark of this start: its node, inside the run's span."""
+    t0 = r.summary.get("t0")
+    if t0 is None:
+        return None
+    end = t0 + max((p["end"] for p in r.summary.get("phases", {}).values()), default=0) + 5
+    for e in events:
+        if e.get("phase") == "image.window" and e.get("node") == r.node \
+                and t0 <= e.get("start", 0) <= end:
+            return e.get("attrs") or {}
+    return None
+
+
+def hot_set_sources(events: list[dict], results: list[NodeResult]) -> tuple[int, int] | None:
+    """(bytes from the origin, bytes from peers) of a start's hot-set prefetch, summed
+    over its nodes from their trace (None: nothing was prefetched through the set's
+    sources, e.g. a conventional start or a first start that records)."""
+    origin = peers = 0
+    seen = False
+    for r in results:
+        attrs = _window(events, r) or {}
+        if "prefetch_origin_bytes" in attrs:
+            seen = True
+            origin += attrs["prefetch_origin_bytes"] or 0
+            peers += attrs.get("prefetch_peer_bytes") or 0
+    return (origin, peers) if seen else None
+
+
+def fmt_sources(sources: tuple[int, int] | None) -> str:
+    if sources is None:
+        return "-"
+    return f"{sources[0] / 2**20:.0f} / {sources[1] / 2**20:.0f}"
+
+
+def render(starts: list[tuple[str, list[NodeResult]]], events: list[dict] | None = None) -> str:
+    """One row per start: slowest node per pipeline (they overlap), time to ready, ratio;
+    with the trace's ``events``, also where the hot set came from (origin / peers, MiB
+    stored, all nodes together)."""
     head = ["start", "image s", "deps s", "ckpt s", "job->ready s", "ready (max) s",
             "vs first", "slowest/median", "gated by"]
+    if events is not None:
+        head.insert(2, "hot set MiB origin / peers")
     rows = []
     base = None
     for name, results in starts:
@@ -66,8 +104,11 @@ def render(starts: list[tuple[str, list[NodeResult]]]) -> str:
         if base is None:
             base = c["ready"]
         ratio = (c["ready"] / base) if (c["ready"] and base) else None
-        rows.append([name, fmt(c["image"]), fmt(c["deps"]), fmt(c["ckpt"]), fmt(c["job"]),
-                     fmt(c["ready"]), fmt(ratio, "x"), fmt(c["spread"], "x"), gating(results)])
+        row = [name, fmt(c["image"]), fmt(c["deps"]), fmt(c["ckpt"]), fmt(c["job"]),
+               fmt(c["ready"]), fmt(ratio, "x"), fmt(c["spread"], "x"), gating(results)]
+        if events is not None:
+            row.insert(2, fmt_sources(hot_set_sources(events, results)))
+        rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
