@@ -74,17 +74,21 @@ def test_otlp_json_file_and_a_receiver(two_attempts, tmp_path):
     body = json.loads((tmp_path / "spans.json").read_text())
     _check_otlp(body)
 
-    received, auth = [], []
+    received, auth, decoded = [], [], []
 
     class Receiver(http.server.BaseHTTPRequestHandler):
+        """An OTLP/HTTP JSON receiver built from the protocol's own classes
+        (opentelemetry-proto), decoding as the collector does."""
+
         def do_POST(self):
             data = self.rfile.read(int(self.headers["Content-Length"]))
             received.append((self.path, self.headers["Content-Type"], json.loads(data)))
             auth.append(self.headers.get("Authorization"))
+            decoded.append(_otlp_decode(data))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(b"{}")
+            self.wfile.write(_otlp_response())
 
         def log_message(self, *a):
             pass
@@ -96,12 +100,60 @@ def test_otlp_json_file_and_a_receiver(two_attempts, tmp_path):
         assert r.returncode == 0, r.stderr
         ((path, ctype, sent),) = received
         assert path == "/v1/traces" and ctype == "application/json" and sent == body
+        _check_otlp_proto(decoded[0], body)
         assert auth == ["Basic dXNlcjpzM2NyZXQ="]      # user:s3cret, as a header
         r = _report(two_attempts, "--otlp", url.replace(str(server.server_port), "9"))
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and "OTLP" in r.stderr
         assert "s3cret" not in r.stderr
     finally:
         server.shutdown()
+
+
+_OTLP_IDS = ("traceId", "spanId", "parentSpanId")
+
+
+def _otlp_decode(data: bytes):
+    """The request as an ``ExportTraceServiceRequest``. OTLP/JSON is proto3's JSON mapping
+    but for ids, which are hex, not base64 (the collector's decoder does this too); any
+    other departure (an unknown field, a wrong type) fails ``ParseDict``."""
+    import base64
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest)
+
+    def ids_as_base64(x):
+        if isinstance(x, dict):
+            return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in _OTLP_IDS and v
+                    else ids_as_base64(v) for k, v in x.items()}
+        return [ids_as_base64(v) for v in x] if isinstance(x, list) else x
+    return json_format.ParseDict(ids_as_base64(json.loads(data)), ExportTraceServiceRequest())
+
+
+def _otlp_response() -> bytes:
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceResponse)
+    return json_format.MessageToJson(ExportTraceServiceResponse()).encode()
+
+
+def _check_otlp_proto(req, body: dict) -> None:
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+    spans = [(rs, s) for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert len(spans) == sum(len(ss["spans"]) for rs in body["resourceSpans"]
+                             for ss in rs["scopeSpans"])
+    ids = {s.span_id for _, s in spans}
+    for rs, s in spans:
+        assert len(s.trace_id) == 16 and len(s.span_id) == 8
+        assert not s.parent_span_id or s.parent_span_id in ids
+        assert s.kind == Span.SPAN_KIND_INTERNAL and s.end_time_unix_nano >= s.start_time_unix_nano
+        assert s.status.code in (Status.STATUS_CODE_UNSET, Status.STATUS_CODE_OK,
+                                 Status.STATUS_CODE_ERROR)
+        assert {"bootseer.job", "bootseer.attempt"} <= {a.key for a in rs.resource.attributes}
+    nodes = {a.value.string_value for rs in req.resource_spans for a in rs.resource.attributes
+             if a.key == "bootseer.node"}
+    assert nodes == {"n0", "n1", "n2"}
+    assert {s.name for _, s in spans} >= {"startup", "image.lazy", "ckpt.load"}
 
 
 def _check_otlp(body: dict) -> None:
