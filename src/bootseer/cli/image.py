@@ -15,11 +15,13 @@ def register(sub) -> None:
     v = verbs.add_parser("convert", help="convert an image (registry ref, OCI layout dir, "
                          "docker-archive tar) into a tree in the store; print its digest")
     v.add_argument("src", help="registry reference (host:port/repo:tag), OCI image layout "
-                               "directory, or docker-archive tar")
+                               "directory, image tar, or a skopeo transport (docker://REF, "
+                               "oci:DIR:TAG, containers-storage:REF, oci-archive:TAR, ...)")
     v.add_argument("--store", metavar="URL", help="store URL (default: settings)")
     v.add_argument("--to", dest="store", help=argparse.SUPPRESS)   # its first spelling
     v.add_argument("--chunk-size", default="1MiB", metavar="SIZE",
                    help="bytes per content-addressed chunk of a file")
+    _add_registry_args(v)
     add_json_arg(v, "the tree's digest, size (bytes of file data) and chunk count")
     v.set_defaults(func=_convert)
     v = verbs.add_parser("ls", help="images converted into the store (name, tree)")
@@ -94,16 +96,37 @@ def _config(url):
     return BootseerConfig.from_env(overrides={"store": {"url": url}})
 
 
+def _add_registry_args(v) -> None:
+    """skopeo's and podman's spellings for what a registry pull needs."""
+    v.add_argument("--authfile", metavar="PATH",
+                   help="registry logins (auth.json); default: $REGISTRY_AUTH_FILE, "
+                        "containers/auth.json, ~/.docker/config.json, as skopeo looks")
+    v.add_argument("--creds", metavar="USER:PASS",
+                   help="registry login (never printed; passed to skopeo in a private file)")
+    v.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=None,
+                   help="verify the registry's TLS certificate and require https (default: "
+                        "yes, except for a registry on loopback)")
+    v.add_argument("--platform", default="linux/amd64", metavar="OS/ARCH",
+                   help="which image of a multi-platform index to convert, e.g. linux/arm64")
+    v.add_argument("--no-referrer", dest="referrer", action="store_false",
+                   help="do not push the referrer artifact that announces the tree into the "
+                        "source repository (default: push it when the registry allows)")
+
+
 def _convert(args) -> int:
     from tqdm import tqdm
     from bootseer.config import parse_size
     from bootseer.image.convert import convert
+    from bootseer.image.registry import RegistryOptions
     from bootseer.store import open_store
+    registry = RegistryOptions(authfile=args.authfile, creds=args.creds,
+                               tls_verify=args.tls_verify, platform=args.platform,
+                               referrer=args.referrer)
     store = open_store(args.store, _config(args.store))
     from bootseer.cli._status import show_progress
     with tqdm(unit="B", unit_scale=True, desc="convert", disable=not show_progress()) as bar:
         digest = convert(args.src, store, chunk_size=parse_size(args.chunk_size, "--chunk-size"),
-                         progress=bar.update)
+                         progress=bar.update, registry=registry)
     if args.json:
         print_json({"digest": digest, **_tree_figures(store, digest)})
     else:

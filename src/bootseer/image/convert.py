@@ -22,10 +22,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from bootseer import alive
+from bootseer import alive, redact
 from bootseer import proc as procs
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
+from bootseer.image.registry import TRANSPORTS, RegistryOptions, registry_host
 from bootseer.store.digest import VerifyingReader, parse, parse_oci
 from bootseer.tree.build import TreeBuilder, TreeBuildError
 
@@ -43,14 +44,18 @@ def ref_name(image: str) -> str:
     return f"images/by-name/{clean}"
 
 
-def _skopeo_to_layout(src: str, dest: str) -> None:
-    host = src.removeprefix("docker://").split("/", 1)[0]
-    tls = ["--src-tls-verify=false"] if host.startswith(("127.", "localhost")) else []
-    transport = src if src.startswith(("docker://", "docker-archive:", "oci-archive:")) else f"docker://{src}"
-    proc = subprocess.run(["skopeo", "copy", "-q", *tls, transport, f"oci:{dest}:src"],
+def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions) -> None:
+    """Copy ``src`` (a transport skopeo knows, or a bare registry reference) into the OCI
+    layout ``dest``: the platform ``registry`` names, with its credentials and TLS."""
+    transport = src if src.startswith(TRANSPORTS) else f"docker://{src}"
+    host = registry_host(transport)
+    source = registry.skopeo_source_args(host, dest.parent) if host else []
+    proc = subprocess.run(["skopeo", *registry.skopeo_global_args(), "copy", "-q", *source,
+                           transport, f"oci:{dest}:src"],
                           capture_output=True, text=True, preexec_fn=procs.preexec())
     if proc.returncode != 0:
-        raise ConvertError(f"cannot read image {src}: {proc.stderr.strip()[-500:]}")
+        raise ConvertError(f"cannot read image {redact.text(src)}: "
+                           f"{redact.text(proc.stderr.strip()[-500:])}")
 
 
 class Layer:
@@ -61,27 +66,40 @@ class Layer:
         self.name = digest.split(":", 1)[1]
 
 
-def _layout_layers(layout: Path) -> tuple[str, list[Layer], dict]:
-    """(manifest digest, layers, config) of the layout's image. Every digest is checked
-    before it names a file, and every blob read is verified against it (layers as they
-    are applied)."""
+def _layout_layers(layout: Path, registry: RegistryOptions) -> tuple[str, list[Layer], dict]:
+    """(manifest digest, layers, config) of the layout's image for ``registry``'s platform.
+    Every digest is checked before it names a file, and every blob read is verified against
+    it (layers as they are applied)."""
     try:
         index = json.loads((layout / "index.json").read_text())
         mdesc = index["manifests"][0]
         manifest = json.loads(_read_blob(layout, mdesc))
         media = manifest.get("mediaType", mdesc.get("mediaType", ""))
         if media.endswith("index.v1+json") or "manifests" in manifest:
-            mdesc = next(m for m in manifest["manifests"]
-                         if m.get("platform", {}).get("architecture", "amd64") == "amd64")
+            offered = manifest["manifests"]
+            mdesc = next((m for m in offered if registry.matches(m.get("platform") or {})), None)
+            if mdesc is None:
+                raise ConvertError(_no_platform(layout, registry.platform, offered))
             manifest = json.loads(_read_blob(layout, mdesc))
         layers = [Layer(_blob(layout, desc["digest"]), desc["digest"], _size(desc))
                   for desc in manifest["layers"]]
         config = json.loads(_read_blob(layout, manifest["config"]))
+        if not registry.matches(config):
+            raise ConvertError(_no_platform(layout, registry.platform, [{"platform": config}]))
     except (DigestMismatch, InvalidDigest) as e:
         raise ConvertError(f"{layout}: {e}; refusing the image") from e
     except (OSError, KeyError, TypeError, ValueError, StopIteration) as e:
         raise ConvertError(f"{layout} is not a readable OCI image layout: {e}") from e
     return mdesc["digest"], layers, config
+
+
+def _no_platform(layout: Path, wanted: str, offered: list[dict]) -> str:
+    have = sorted({"/".join(filter(None, ((m.get("platform") or {}).get("os"),
+                                          (m.get("platform") or {}).get("architecture"),
+                                          (m.get("platform") or {}).get("variant"))))
+                   for m in offered} - {""})
+    return (f"{layout}: the image has no {wanted} variant (it has: {', '.join(have) or '?'}); "
+            f"pass --platform with one of those")
 
 
 def _size(desc: dict) -> int | None:
@@ -238,8 +256,10 @@ def _archive_kind(path: Path) -> str:
 
 
 def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
-            progress=None) -> str:
-    """Convert ``src`` and publish it; return the tree digest."""
+            progress=None, registry: RegistryOptions | None = None) -> str:
+    """Convert ``src`` and publish it; return the tree digest. ``registry``: credentials,
+    TLS, platform and referrer of a registry source (default: ``RegistryOptions()``)."""
+    registry = registry or RegistryOptions()
     tmp = state = None
     path = Path(src)
     try:
@@ -250,9 +270,9 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
             tmp = tempfile.mkdtemp(prefix="bsconv-", dir=os.environ.get("TMPDIR", "/var/tmp"))
             state.note_dir(tmp)
             spec = f"{_archive_kind(path)}:{src}" if path.is_file() else src
-            _skopeo_to_layout(spec, tmp)
-            layout = Path(tmp)
-        manifest_digest, layers, config = _layout_layers(layout)
+            layout = Path(tmp) / "layout"   # next to it, --creds' private auth file
+            _skopeo_to_layout(spec, layout, registry)
+        manifest_digest, layers, config = _layout_layers(layout, registry)
         builder = TreeBuilder(store, chunk_size=chunk_size, pack_size=pack_size)
         for layer in layers:
             apply_layer(builder, layer, progress)
@@ -271,10 +291,28 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
     if store.writable:
         store.set_ref(ref_name(src), digest)
         store.set_ref(f"images/by-manifest/{manifest_digest.replace(':', '-')}", digest)
-    from bootseer.image import referrer
-    if referrer.registry_ref(src) is not None:   # announce the tree next to its source
-        referrer.publish(src, digest, store.read(digest), store.url)
+    if registry.referrer and not src.startswith(TRANSPORTS[1:]):
+        _announce(src, digest, store, registry)
     return digest
+
+
+def _announce(src: str, digest: str, store, registry: RegistryOptions) -> None:
+    """Push the referrer next to a registry source, with the login and TLS the pull used."""
+    import dataclasses
+    from bootseer.config import BootseerConfig
+    from bootseer.image import referrer
+    where = referrer.registry_ref(src)
+    if where is None:
+        return
+    host = where[0].removeprefix("oci://").split("/", 1)[0]
+    config = BootseerConfig.from_env()
+    login = registry.login_for(host)
+    store_cfg = dataclasses.replace(
+        config.store, username=login[0] if login else config.store.username,
+        password=login[1] if login else config.store.password,
+        insecure=config.store.insecure or registry.tls_verify is False)
+    referrer.publish(src, digest, store.read(digest), store.url,
+                     dataclasses.replace(config, store=store_cfg))
 
 
 def resolve(ref: str, store) -> str:
