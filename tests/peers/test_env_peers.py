@@ -63,9 +63,14 @@ def test_second_node_restores_the_snapshot_from_the_first(tmp_path, monkeypatch)
 
 def test_peers_apply_to_an_environment_only_when_worth_it(tmp_path):
     store = open_store(str(tmp_path / "store"))
-    assert whole_tree.wanted(node_config(tmp_path, store, 1), 1 << 20)
-    assert not whole_tree.wanted(node_config(tmp_path, store, 1, nodes=1), 1 << 20)
-    assert not whole_tree.wanted(node_config(tmp_path, store, 1, mode="off"), 1 << 20)
-    assert not whole_tree.wanted(node_config(tmp_path, store, 1, min_set_bytes=2 << 20), 1 << 20)
-    big = node_config(tmp_path, store, 1).replace(cache={"budget_bytes": 1 << 20})
-    assert not whole_tree.wanted(big, 1 << 20)   # would not stay in the node cache
+    mib = 1 << 20
+    assert whole_tree.wanted(node_config(tmp_path, store, 1), mib, 3 * mib)
+    assert not whole_tree.wanted(node_config(tmp_path, store, 1, nodes=1), mib, 3 * mib)
+    assert not whole_tree.wanted(node_config(tmp_path, store, 1, mode="off"), mib, 3 * mib)
+    # the threshold counts the bytes on the wire (compressed), not the extracted size
+    small = node_config(tmp_path, store, 1, min_set_bytes=2 * mib)
+    assert not whole_tree.wanted(small, mib, 3 * mib)
+    assert whole_tree.wanted(node_config(tmp_path, store, 1, mode="on", min_set_bytes=2 * mib),
+                             mib, 3 * mib)
+    tight = node_config(tmp_path, store, 1).replace(cache={"budget_bytes": 4 * mib})
+    assert not whole_tree.wanted(tight, mib, 3 * mib)   # would not stay in the node cache

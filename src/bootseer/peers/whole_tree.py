@@ -18,17 +18,18 @@ ROSTER_SUFFIX = "-env"
 FIGURES = ("origin_bytes", "peer_bytes", "peers_role", "peers_seen", "peers_banned")
 
 
-def wanted(config, set_bytes: int) -> bool:
-    """Whether peers apply to a tree of ``set_bytes`` (before any swarm is made): the
-    settings want them, and the set is worth a torrent and fits the node cache (the
-    chunks wait there for the extract; an evicted one would be fetched twice)."""
+def wanted(config, stored_bytes: int, cache_bytes: int) -> bool:
+    """Whether peers apply to a tree (before any swarm is made): the settings want them,
+    the bytes that would cross the network (``stored_bytes``, compressed) are worth a
+    torrent, and the tree fits the node cache (``cache_bytes``, as the cache holds it:
+    the chunks wait there for the extract; one evicted would be fetched twice)."""
     p = config.peers
-    if p.mode == "off" or (p.mode == "auto" and (p.nodes < 2 or set_bytes < p.min_set_bytes)):
+    if p.mode == "off" or (p.mode == "auto" and (p.nodes < 2 or stored_bytes < p.min_set_bytes)):
         return False
     budget = config.cache.budget_bytes
-    if budget and set_bytes > budget // 2:
+    if budget and cache_bytes > budget // 2:
         log.info("peers: the environment (%d bytes) is over half the node cache budget: "
-                 "origin only", set_bytes)
+                 "origin only", cache_bytes)
         return False
     return True
 
@@ -41,7 +42,7 @@ def fetch_tree(config, store, reader) -> dict | None:
     from bootseer.peers import share_for
     from bootseer.tree.prefetch import Prefetcher
     chunks = reader.all_chunks()
-    if not wanted(config, sum(c[4] for c in chunks)):
+    if not wanted(config, sum(c[3] for c in chunks), sum(c[4] for c in chunks)):
         return None
     job = config.peers.job_id or config.trace.job_id
     if not job:
