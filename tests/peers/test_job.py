@@ -59,3 +59,11 @@ def test_explicit_settings_win_and_the_job_id_is_kept():
     named = BootseerConfig.from_dict({"trace": {"job_id": "t"}})
     assert with_job(named, ["true"], {"SLURM_JOB_ID": "s"}).peers.job_id == "t"
     assert with_job(base, ["true"], {"SLURM_JOB_ID": "s"}).peers.job_id == "s"
+
+
+def test_run_refuses_a_node_count_below_one():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "bootseer", "run", "--nodes", "0", "--", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--nodes" in r.stderr and "Traceback" not in r.stderr
