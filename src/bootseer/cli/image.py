@@ -34,6 +34,14 @@ def register(sub) -> None:
     v.add_argument("--store", metavar="URL", help=STORE_HELP)
     add_json_arg(v, "the figures")
     v.set_defaults(func=_inspect)
+    v = verbs.add_parser("rm", help="remove converted images from the store: their names "
+                         "(refs), not their blobs; `bootseer store gc` reclaims those")
+    v.add_argument("refs", nargs="+", metavar="REF",
+                   help="the image as converted (SRC), its name in `image ls`, or a tree "
+                        "digest (every name of that tree)")
+    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_json_arg(v, "the refs removed")
+    v.set_defaults(func=_rm)
     v = verbs.add_parser("mount", help="mount an image read-only and lazily (foreground)")
     v.add_argument("ref", help=IMAGE_REF_HELP)
     v.add_argument("mountpoint", help="empty directory to mount the image's root at")
@@ -161,6 +169,45 @@ def _ls(args) -> int:
     else:
         for i in images:
             print(f"{i['name']}\t{i['tree']}")
+    return 0
+
+
+def _rm(args) -> int:
+    from bootseer.errors import BlobNotFound
+    from bootseer.image.convert import ref_name
+    from bootseer.store import open_store
+    from bootseer.tree import profile as prof
+    store = open_store(args.store, _config(args.store))
+    names = {n: store.get_ref(n) for n in store.list_refs(IMAGE_REFS)}
+    chosen: list[str] = []
+    for ref in args.refs:   # every REF is checked before anything is removed
+        found = ([n for n, tree in names.items() if tree == ref] if ref.startswith("sha256:")
+                 else [n for n in (IMAGE_REFS + ref, ref_name(ref)) if n in names][:1])
+        if not found:
+            raise BlobNotFound(f"no converted image {ref!r} in {store.url} (see `bootseer "
+                               f"image ls`)", url=store.url)
+        chosen += [n for n in found if n not in chosen]
+    trees = {names[n] for n in chosen}
+    removed = list(chosen)
+    for n in chosen:
+        store.delete_ref(n)
+    # a tree no name reaches any more: its manifest refs and profile go too, so gc can
+    # reclaim it (a tree another name still has keeps them)
+    still_named = {tree for n, tree in names.items() if n not in chosen}
+    for tree in sorted(trees - still_named):
+        extra = [n for n in store.list_refs("images/by-manifest/") if store.get_ref(n) == tree]
+        if store.get_ref(prof.ref_for(tree)) is not None:
+            extra.append(prof.ref_for(tree))
+        for n in extra:
+            store.delete_ref(n)
+        removed += extra
+    if args.json:
+        print_json({"store": store.url, "removed": removed})
+    else:
+        for n in removed:
+            print(f"removed {n}")
+        from bootseer.cli._status import say
+        say("blobs stay until `bootseer store gc` removes those no ref reaches")
     return 0
 
 
