@@ -139,6 +139,8 @@ def _run(args) -> int:
     # the text report goes to stderr when stdout carries a machine-readable output
     text_out = sys.stderr if "-" in files else sys.stdout
     t, views, sums = build(args.trace, args.k, args.attempt, args.job)
+    import gc
+    gc.freeze()   # the loaded trace lives to the end: collections while rendering skip it
     report = render.text(sums, t.skipped_lines, t.problems)
     print(report, file=text_out)
     base = None

@@ -164,6 +164,7 @@ def _lane_labels(keys: set, ranks: dict) -> dict:
     return labels
 
 
+@functools.lru_cache(maxsize=4096)   # the same few labels on every node
 def _lane_sort_key(label: str):
     pipeline = label.split(" ", 1)[0]
     order = PIPELINE_ORDER.index(pipeline) if pipeline in PIPELINE_ORDER else len(PIPELINE_ORDER)
@@ -215,46 +216,55 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
         # a rank that wrote events but no ready mark was killed or failed first. Keyed by
         # rank, not process: helpers started for a rank (a mount's server reporting its
         # load) carry the rank's RANK and never mark ready themselves.
+        # one pass over the node's events (a 10,000-node report makes 70,000 of them)
         readies: dict = {}
+        ranks: set = set()
+        parents: dict = {}
+        pid_rank: dict = {}
+        gpus = 0
         for e, t in zip(evs, times[n]):
-            if e.get("kind") == "mark" and e["phase"] == "ready":
-                who = e["rank"] if e.get("rank") is not None else ("pid", e.get("pid"))
+            rank, pid = e.get("rank"), e.get("pid")
+            if rank is not None:
+                ranks.add(rank)
+                pid_rank[pid] = rank
+            gpus = max(gpus, int(e.get("gpus") or 0))
+            if e.get("kind") != "mark":
+                parents[(pid, e["phase"])] = e.get("parent")
+            elif e["phase"] == "ready":
+                who = rank if rank is not None else ("pid", pid)
                 readies[who] = max(readies.get(who, float("-inf")), t[0] + off)
-        ranks = {e["rank"] for e in evs if e.get("rank") is not None}
         missing = [r for r in ranks if r not in readies]
         ready = max(readies.values()) if readies and not missing else None
         last = max(readies, key=readies.get) if readies else None
-        view = NodeView(node=n, gpus=max(int(e.get("gpus") or 0) for e in evs),
+        view = NodeView(node=n, gpus=gpus,
                         start=min(t[0] for t in times[n]) + off, ready=ready,
                         last_rank=last if last in ranks else None,
                         missing_ranks=sorted(missing, key=str))
-        parents = {(e.get("pid"), e["phase"]): e.get("parent") for e in evs
-                   if e.get("kind") != "mark"}
-        pid_rank = {e.get("pid"): e.get("rank") for e in evs if e.get("rank") is not None}
         lane_keys = [_lane_of(e, parents) for e in evs]
         labels = _lane_labels(set(lane_keys), pid_rank)
         per_pid: dict[str, dict] = {}
         for e, (s, en), key in zip(evs, times[n], lane_keys):
             s, en = s + off, en + off
-            lane = labels[key]
-            if e.get("kind") == "mark":
-                view.marks.append({"phase": e["phase"], "t": s, "lane": lane,
-                                   "rank": e.get("rank"), "pid": e.get("pid"),
-                                   "attrs": e.get("attrs") or {}})
+            get = e.get
+            phase, pid, parent = e["phase"], get("pid"), get("parent")
+            if get("kind") == "mark":
+                view.marks.append({"phase": phase, "t": s, "lane": labels[key],
+                                   "rank": get("rank"), "pid": pid,
+                                   "attrs": get("attrs") or {}})
                 continue
-            view.spans.append({"phase": e["phase"], "start": s, "end": en,
-                               "status": e.get("status", "ok"), "parent": e.get("parent"),
-                               "pid": e.get("pid"), "rank": e.get("rank"), "lane": lane,
-                               "attrs": e.get("attrs") or {}})
-            if e.get("status") == "failed":
-                view.failed.append(e["phase"])
-            if not e.get("parent"):
+            status = get("status", "ok")
+            view.spans.append({"phase": phase, "start": s, "end": en,
+                               "status": status, "parent": parent,
+                               "pid": pid, "rank": get("rank"), "lane": labels[key],
+                               "attrs": get("attrs") or {}})
+            if status == "failed":
+                view.failed.append(phase)
+            if not parent:
                 # the breakdown explains the time to ready: what a phase spends after the
                 # node is ready (the job itself, a mount reporting at unmount) is not startup
                 took = (min(en, ready) - s) if ready is not None else en - s
                 if ready is None or s < ready:
-                    per_pid.setdefault(e["phase"], {}).setdefault(e.get("pid"), []).append(
-                        max(0.0, took))
+                    per_pid.setdefault(phase, {}).setdefault(pid, []).append(max(0.0, took))
         by_lane: dict[str, list[dict]] = {}
         for x in view.spans:
             by_lane.setdefault(x["lane"], []).append(x)
