@@ -47,7 +47,7 @@ def test_missing_driver_gives_an_install_hint():
         pytest.skip("s3fs is installed here")
     except ImportError:
         pass
-    with pytest.raises(ConfigError, match="pip install s3fs"):
+    with pytest.raises(ConfigError, match=r"pip install 'bootseer\[s3\]'"):
         open_store("s3://bucket/store")
 
 

@@ -19,9 +19,9 @@ FAILURE = 1
 # module that fsspec (or bootseer) imports for a URL scheme -> how to get it
 _EXTRAS = {
     "s3fs": "pip install 'bootseer[s3]'",
-    "gcsfs": "pip install gcsfs",
-    "pyarrow": "pip install pyarrow (hdfs:// goes through pyarrow's libhdfs)",
-    "requests": "pip install requests",
+    "gcsfs": "pip install 'bootseer[gcs]'",
+    "pyarrow": "pip install 'bootseer[hdfs]' (hdfs:// goes through pyarrow's libhdfs)",
+    "requests": "pip install 'bootseer[webhdfs]'",
     "adlfs": "pip install adlfs",
     "torch": "pip install torch",
     "grpc": "pip install 'bootseer[containerd]'",

@@ -12,8 +12,9 @@ from __future__ import annotations
 from bootseer.config import BootseerConfig
 from bootseer.errors import ConfigError
 
-_HINTS = {"s3": "pip install s3fs", "s3a": "pip install s3fs", "gs": "pip install gcsfs",
-          "gcs": "pip install gcsfs", "hdfs": "pip install pyarrow (and a Hadoop client)",
+_HINTS = {"s3": "pip install 'bootseer[s3]' (s3fs)", "s3a": "pip install 'bootseer[s3]' (s3fs)",
+          "gs": "pip install 'bootseer[gcs]' (gcsfs)", "gcs": "pip install 'bootseer[gcs]' (gcsfs)",
+          "hdfs": "pip install 'bootseer[hdfs]' (and a Hadoop client)",
           "abfs": "pip install adlfs", "az": "pip install adlfs"}
 
 
