@@ -110,3 +110,22 @@ def spawn(start: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     done: Future = Future()
     _requests.put((start, args, kwargs, done))
     return done.result()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists. A child of ours that exited is reaped here first:
+    a zombie looks alive to kill(pid, 0) until its parent waits for it."""
+    if pid <= 0:
+        return False
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return False
+    except ChildProcessError:
+        pass   # not our child: its parent (or init) reaps it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True   # someone else's, but there
+    return True

@@ -276,11 +276,11 @@ def test_a_server_this_process_started_is_seen_gone_once_it_exits():
     """``deps umount`` / a key change wait for the lazy mount's server to exit; when this
     process started it (ensure --mount in-process), the exited server is a zombie until
     reaped, which kill(pid, 0) reports alive: the wait ran into its 20 s timeout."""
-    from bootseer.deps.mounted import _alive
+    from bootseer.proc import pid_alive
     p = subprocess.Popen(["true"])
     deadline = time.time() + 10
     while not os.path.exists(f"/proc/{p.pid}/stat") or \
             open(f"/proc/{p.pid}/stat").read().split()[2] != "Z":
         assert time.time() < deadline
         time.sleep(0.01)
-    assert not _alive(p.pid)
+    assert not pid_alive(p.pid)

@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.proc import pid_alive
 from bootseer.run.container import unmount_under
 from bootseer.testing.netns import Host, Network, remove_leftovers as remove_leftover_netns
 
@@ -46,16 +47,6 @@ def scratch_prefix() -> str:
     return f"{PREFIX}-{os.getpid()}-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def remove_leftovers() -> list[str]:
     """Remove the namespaces (and processes in them) and scratch tmpfs of earlier demos whose
     process is gone; return what was removed."""
@@ -63,7 +54,7 @@ def remove_leftovers() -> list[str]:
     pattern = re.compile(rf"{PREFIX}-(\d+)-")
     for path in sorted(SCRATCH_ROOT.glob(f"{PREFIX}-*")):
         m = pattern.match(path.name)
-        if m and path.is_dir() and not _alive(int(m.group(1))):
+        if m and path.is_dir() and not pid_alive(int(m.group(1))):
             unmount_under(str(path))
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
             shutil.rmtree(path, ignore_errors=True)

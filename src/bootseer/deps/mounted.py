@@ -24,6 +24,7 @@ import time
 
 from bootseer.config import BootseerConfig
 from bootseer.deps.resolve import DepsError
+from bootseer.proc import pid_alive
 
 
 def sidecar(prefix: str) -> str:
@@ -32,21 +33,6 @@ def sidecar(prefix: str) -> str:
 
 def state_dir(prefix: str) -> str:
     return f"{prefix}.mount-state"
-
-
-def _alive(pid: int) -> bool:
-    try:  # a server this process started stays a zombie, "alive" to kill(0), until reaped
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return False
-    except ChildProcessError:
-        pass  # not our child: its parent (or init) reaps it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def is_mount_point(path: str) -> bool:
@@ -75,7 +61,7 @@ def mounted_info(prefix: str) -> dict | None:
         return None
     if not isinstance(info, dict):
         return None
-    if is_mount_point(prefix) and _alive(int(info.get("pid", 0))):
+    if is_mount_point(prefix) and pid_alive(int(info.get("pid", 0))):
         return info
     return None
 
@@ -126,9 +112,9 @@ def unmount(prefix: str, timeout_s: float = 20.0) -> bool:
     pid = int(info["pid"])
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while (_alive(pid) or is_mount_point(prefix)) and time.monotonic() < deadline:
+    while (pid_alive(pid) or is_mount_point(prefix)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
     if is_mount_point(prefix):
         subprocess.run(["fusermount3", "-u", "-z", prefix], capture_output=True)

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.proc import pid_alive
+
 NETNS_DIR = Path("/run/netns")
 UNITS = {"k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -156,16 +158,6 @@ def kill_processes_in(netns: str, grace_s: float = 5.0) -> None:
             time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_leftovers(prefix: str) -> list[str]:
     """Delete the namespaces named ``<prefix><pid>-*`` whose creating process is gone (and
     the processes left in them); return their names."""
@@ -175,7 +167,7 @@ def remove_leftovers(prefix: str) -> list[str]:
     pattern = re.compile(rf"{re.escape(prefix)}(\d+)-")
     for entry in sorted(NETNS_DIR.iterdir()):
         m = pattern.match(entry.name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             kill_processes_in(entry.name)
             subprocess.run(["ip", "netns", "delete", entry.name], capture_output=True)
             removed.append(entry.name)
