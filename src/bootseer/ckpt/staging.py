@@ -34,6 +34,7 @@ import re
 import shutil
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 from bootseer import alive
@@ -56,6 +57,10 @@ class StagingArea:
         if mode == "private":
             os.chmod(self.dir, 0o700)
         self._owned = owned
+        # an owned directory goes with its area even when nobody calls close (an engine a
+        # caller dropped): at garbage collection or interpreter exit
+        self._remove = (weakref.finalize(self, shutil.rmtree, str(self.dir), True)
+                        if owned else None)
         self._mark: alive.Mark | None = None
         self._gc_fd: int | None = None
         self._gc_lock = threading.Lock()   # POSIX locks are per process: one taker at a time
@@ -101,8 +106,8 @@ class StagingArea:
         return self.dir / staged_name(key)
 
     def close(self) -> None:
-        if self._owned:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if self._remove is not None:
+            self._remove()
         if self._gc_fd is not None:
             os.close(self._gc_fd)
             self._gc_fd = None
