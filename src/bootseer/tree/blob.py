@@ -220,22 +220,32 @@ def all_local(layout: BlobLayout, cache) -> bool:
 def assemble(layout: BlobLayout, cache, dest: str) -> None:
     """Write the complete blob from the node cache's chunks (each verified as it is
     read) to ``dest``, atomically. A chunk missing or bad raises FileNotFoundError."""
+    def from_cache():
+        for i, ref in enumerate(layout.refs):
+            data = cache.get(ref[0], ref[4])   # verified; None if missing or bad
+            if data is None:
+                raise FileNotFoundError(f"chunk {ref[0]} is not (or no longer) in the "
+                                        "node cache")
+            yield i, data
     d = os.path.dirname(dest)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-blob-")
     try:
         with os.fdopen(fd, "wb") as f:
-            for off, ref in zip(layout.offsets, layout.refs):
-                data = cache.get(ref[0], ref[4])   # verified; None if missing or bad
-                if data is None:
-                    raise FileNotFoundError(f"chunk {ref[0]} is not (or no longer) in the "
-                                            "node cache")
-                f.seek(off)
-                f.write(data)
-            f.truncate(layout.size)
+            fill_blob(layout, f, from_cache())
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def fill_blob(layout: BlobLayout, f, pieces) -> None:
+    """Write ``pieces`` (slot index, the chunk's verified bytes), in any order, at their
+    places in the open blob file ``f``, and size it to the layout (the padding reads as
+    zeros). The caller supplies every slot once and verifies each chunk."""
+    for i, data in pieces:
+        f.seek(layout.offsets[i])
+        f.write(data)
+    f.truncate(layout.size)
 
 
 def verify_blob(layout: BlobLayout, path: str) -> None:

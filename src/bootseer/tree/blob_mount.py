@@ -157,8 +157,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 META_FORMAT = b"bootseer.erofs-meta.v1"
 
 
-def _metadata_image(config: BootseerConfig, tree: str, toc: dict, layout: BlobLayout,
-                    state: Path) -> Path:
+def metadata_image(config: BootseerConfig, tree: str, toc: dict, layout: BlobLayout,
+                   state: Path) -> Path:
     """The tree's metadata image for this blob layout, kept in ``<cache dir>/erofs`` with
     its sha256 beside it (writing one costs some tens of microseconds per file; a node
     mounts the same tree again and again). A copy that no longer matches its sum is
@@ -220,7 +220,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     state.mkdir(parents=True, exist_ok=True)
     hot = [row[0] for row in profile["chunks"]] if profile else []
     layout = BlobLayout(toc, hot)
-    meta = _metadata_image(config, tree, toc, layout, state)
+    meta = metadata_image(config, tree, toc, layout, state)
 
     local = _local_blob(config, layout)
     if local is not None:
