@@ -1,14 +1,19 @@
 """A remote checkpoint directory: its entries (size, mtime) and one range source per file.
 
-Listings come from nginx's JSON autoindex for ``http(s)://`` and from ``fs.ls`` for any
-other fsspec URL (``hdfs://``, ``webhdfs://``, ``s3://``, ``file://``, ``memory://``).
-Each directory is listed once, when first needed (a mount of 1,000 files costs one
-request, not 1,000 HEADs), and its entries are the identity every later read is checked
-against. nginx's autoindex hides dot files, so DCP's ``.metadata`` is probed by name.
+Listings of ``http(s)://`` directories come from nginx's JSON autoindex (one request: sizes
+and times in it), from an HTML index page (nginx's default autoindex, Apache's,
+``python -m http.server``: the page's links, then a HEAD per file for its size and time), or,
+from a server that lists nothing (403/404 on the directory), from the checkpoint's own
+metadata: DCP's ``.metadata`` or ``model.safetensors.index.json`` name the data files
+(ckpt/named_files.py). Any other fsspec URL (``hdfs://``, ``webhdfs://``, ``s3://``,
+``file://``, ``memory://``) is listed with ``fs.ls``. Each directory is listed once, when
+first needed, and its entries are the identity every later read is checked against.
+nginx's autoindex hides dot files, so DCP's ``.metadata`` is probed by name.
 """
 
 from __future__ import annotations
 
+import html.parser
 import json
 import logging
 import os
@@ -17,9 +22,10 @@ import stat
 import threading
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 from bootseer import redact
-from bootseer.ckpt import credentials
+from bootseer.ckpt import credentials, named_files
 from bootseer.ckpt.replicas import Replicas, ReplicaMismatch, check_same
 from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
 from bootseer.errors import BlobNotFound, FetchError, StoreError, UsageError
@@ -185,13 +191,39 @@ class RemoteDir:
     def _list_http(self, rel: str) -> dict[str, Attr | None]:
         from bootseer.store.http import request
         url = self.url_of(rel) + "/"
-        status, _h, body = request("GET", url, headers=credentials.auth_headers(url))
-        if status == 404:
-            raise BlobNotFound(f"no checkpoint directory at {url} (404)", url=url)
+        status, headers, body = request("GET", url, headers=credentials.auth_headers(url))
+        if status in (403, 404):   # no listing: the checkpoint's metadata may name its files
+            named = self._list_named(rel)
+            if named is not None:
+                return named
+            if status == 404:
+                raise BlobNotFound(f"no checkpoint directory at {url} (404)", url=url)
+            raise FetchError(f"listing {url} returned HTTP 403 and the directory has no "
+                             f"{' or '.join(named_files.PROBED)} naming its files: turn the "
+                             f"server's directory listing on (nginx: autoindex on;)", url=url)
         if status != 200:
             raise FetchError(f"listing {url} returned HTTP {status}", url=url)
+        kind = headers.get("content-type", "").lower()
+        start = body.lstrip()[:1]
+        if "json" in kind or start == b"[":
+            return self._from_json_index(url, body)
+        if "html" in kind or start == b"<":
+            links = html_links(body.decode("utf-8", "replace"))
+            out: dict[str, Attr | None] = {name: Attr(mode=DIR_MODE, size=0, mtime=0.0, nlink=2)
+                                           for name, is_dir in links if is_dir}
+            files = [name for name, is_dir in links if not is_dir]
+            found = self._head_all([f"{rel}/{n}" if rel else n for n in files])
+            out.update((n, a) for n, a in zip(files, found.values()) if a is not None)
+            return out
+        raise StoreError(f"listing {url} is neither a JSON autoindex nor an HTML index page "
+                         f"(Content-Type {kind or 'none'})", url=url)
+
+    @staticmethod
+    def _from_json_index(url: str, body: bytes) -> dict[str, Attr | None]:
         try:
             items = json.loads(body)
+            if not isinstance(items, list):
+                raise ValueError("not a list")
         except ValueError as e:
             raise StoreError(f"listing {url} is not a JSON autoindex (nginx: autoindex on; "
                              "autoindex_format json;)", url=url) from e
@@ -203,6 +235,64 @@ class RemoteDir:
             elif it.get("type") == "file":
                 out[it["name"]] = Attr(mode=FILE_MODE, size=int(it.get("size", 0)), mtime=mtime)
         return out
+
+    def _list_named(self, rel: str) -> dict[str, Attr | None] | None:
+        """The entries of ``rel`` as its checkpoint metadata names them (subdirectories it
+        names are filled in too), or None when it holds no such metadata."""
+        base = f"{rel}/" if rel else ""
+        probed = self._head_all([base + n for n in named_files.PROBED])
+        present = {p[len(base):]: a for p, a in probed.items() if a is not None}
+        if not present:
+            return None
+        named: set[str] = set()
+        for name, a in present.items():
+            if name == named_files.SAFETENSORS_SINGLE:
+                continue
+            if a.size > named_files.MAX_METADATA_BYTES:
+                raise StoreError(f"{self.url_of(base + name)}: {a.size} bytes of metadata, "
+                                 f"more than bootseer reads to name a checkpoint's files")
+            data = self._get(base + name)
+            try:
+                named.update(clean(n) for n in named_files.named_by(name, data))
+            except (named_files.NotCheckpointMetadata, PathOutsideRoot) as e:
+                raise StoreError(f"{self.url_of(base + name)}: {e}",
+                                 url=self.url_of(base + name)) from None
+        found = self._head_all([base + n for n in sorted(named - set(present))])
+        for path, a in found.items():
+            if a is None:
+                log.warning("%s names %s, which the server does not have",
+                            redact.url(self.url_of(rel)), redact.url(self.url_of(path)))
+        files = {p[len(base):]: a for p, a in found.items() if a is not None} | present
+        dirs: dict[str, dict[str, Attr | None]] = {rel: {}}
+        for path, a in files.items():
+            parts = path.split("/")
+            for depth in range(len(parts)):
+                where = "/".join(filter(None, [rel, *parts[:depth]]))
+                entry = a if depth == len(parts) - 1 else Attr(mode=DIR_MODE, size=0,
+                                                                mtime=0.0, nlink=2)
+                dirs.setdefault(where, {})[parts[depth]] = entry
+        with self._lock:
+            for where, entries in dirs.items():
+                if where != rel:
+                    self._dirs.setdefault(where, entries)
+        return dirs[rel]
+
+    def _get(self, rel: str) -> bytes:
+        from bootseer.store.http import request
+        url = self.url_of(rel)
+        status, _h, body = request("GET", url, headers=credentials.auth_headers(url))
+        if status != 200:
+            raise FetchError(f"reading {url} returned HTTP {status}", url=url)
+        return body
+
+    def _head_all(self, paths: list[str]) -> dict[str, Attr | None]:
+        """``_probe`` of each path (relative), 16 at a time: an HTML listing or metadata
+        gives names, the server's HEAD the size and time every read is checked against."""
+        if len(paths) <= 1:
+            return {p: self._probe(p) for p in paths}
+        with ThreadPoolExecutor(max_workers=min(16, len(paths)),
+                                thread_name_prefix="bootseer-ckpt-head") as pool:
+            return dict(zip(paths, pool.map(self._probe, paths)))
 
     def _list_fsspec(self, rel: str) -> dict[str, Attr | None]:
         path = posixpath.join(self.root, rel) if rel else self.root
@@ -232,3 +322,36 @@ class RemoteDir:
             return None
         return Attr(mode=FILE_MODE, size=int(h.get("content-length", 0)),
                     mtime=http_date(h.get("last-modified")) or 0.0)
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            href = dict(attrs).get("href")
+            if href:
+                self.hrefs.append(href)
+
+
+def html_links(page: str) -> list[tuple[str, bool]]:
+    """(name, is a directory) of the entries an HTML index page links to: relative links
+    to direct children only (not ``../``, sort links such as Apache's ``?C=N;O=D``, absolute
+    paths or other hosts); ``name/`` is a directory."""
+    parser = _Links()
+    parser.feed(page)
+    out: dict[str, bool] = {}
+    for href in parser.hrefs:
+        u = urllib.parse.urlsplit(href)
+        if u.scheme or u.netloc or u.query or u.fragment or href.startswith("/"):
+            continue
+        is_dir = u.path.endswith("/")
+        name = urllib.parse.unquote(u.path.rstrip("/"))
+        while name.startswith("./"):
+            name = name[2:]
+        if not name or "/" in name or name in (".", ".."):
+            continue
+        out.setdefault(name, is_dir)
+    return list(out.items())

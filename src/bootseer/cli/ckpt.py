@@ -24,7 +24,9 @@ def register(sub) -> None:
     p = sub.add_parser("ckpt", help="striped checkpoint reads: mount, prefetch, gc")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("mount", help="mount a remote checkpoint directory read-only (foreground)")
-    v.add_argument("url", help="fsspec URL: http(s):// (JSON listing), hdfs://, webhdfs://, s3://, file://")
+    v.add_argument("url", help="fsspec URL: http(s):// (a JSON or HTML directory listing, or "
+                   "none when DCP/safetensors metadata names the files), hdfs://, "
+                   "webhdfs://, s3://, file://")
     v.add_argument("mountpoint", help="empty directory to mount the checkpoint at")
     v.add_argument("--mode", choices=("striped", "single"), default="striped",
                    help="single: one sequential stream per file (the fuse-dfs baseline)")

@@ -1,0 +1,104 @@
+"""The files a checkpoint's own metadata names, for servers that give no directory listing.
+
+* DCP: ``.metadata`` (a pickle of torch's ``Metadata``) holds a ``_StorageInfo`` per stored
+  item whose ``relative_path`` is a data file (``__0_0.distcp``, ...).
+* safetensors: ``model.safetensors.index.json``'s ``weight_map`` names the shards.
+
+The pickle is read without torch and without running any of it: every class it names is
+replaced by an inert stand-in that only keeps its arguments and state, so a hostile
+``.metadata`` can name files (each still checked to stay inside the directory) but cannot
+execute code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+DCP_METADATA = ".metadata"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_SINGLE = "model.safetensors"
+PROBED = (DCP_METADATA, SAFETENSORS_INDEX, SAFETENSORS_SINGLE)
+"""Names looked up (HEAD) in a directory the server will not list."""
+
+MAX_METADATA_BYTES = 512 << 20
+
+
+class NotCheckpointMetadata(ValueError):
+    """The metadata file cannot be read as what its name says."""
+
+
+class _Inert:
+    """Stands in for any class a pickle names: keeps what it was built from, runs nothing."""
+
+    def __init__(self, *args, **kw):
+        self.args, self.state = args, kw
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __call__(self, *args, **kw):   # a pickled function (REDUCE) yields another stand-in
+        return _Inert(*args, **kw)
+
+
+class _InertUnpickler(pickle.Unpickler):
+    _SAFE = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset,
+             ("collections", "OrderedDict"): dict}
+
+    def find_class(self, module, name):
+        safe = self._SAFE.get((module, name))
+        if safe is not None:
+            return safe
+        return type(name, (_Inert,), {"__module__": "bootseer.inert." + module})
+
+
+def dcp_files(data: bytes) -> list[str]:
+    """The data files a DCP ``.metadata`` names (its ``relative_path`` values), sorted."""
+    try:
+        meta = _InertUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # noqa: BLE001 - any unpickling failure: not DCP metadata
+        raise NotCheckpointMetadata(f"not a DCP metadata file ({type(e).__name__}: {e})") \
+            from None
+    storage = _state(meta).get("storage_data")
+    if not isinstance(storage, dict):
+        raise NotCheckpointMetadata("no storage_data (not a torch DCP checkpoint?)")
+    names = {_state(info).get("relative_path") for info in storage.values()}
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise NotCheckpointMetadata("storage_data names no data files")
+    return sorted(names)
+
+
+def _state(obj) -> dict:
+    """The attributes a stand-in was built with (dataclasses pickle a dict, or with
+    ``__slots__`` a ``(None, slots)`` pair)."""
+    state = getattr(obj, "state", None)
+    if isinstance(state, tuple) and len(state) == 2:
+        merged = {}
+        for part in state:
+            if isinstance(part, dict):
+                merged.update(part)
+        return merged
+    return state if isinstance(state, dict) else {}
+
+
+def safetensors_files(data: bytes) -> list[str]:
+    """The shards a ``model.safetensors.index.json`` names, sorted."""
+    try:
+        weight_map = json.loads(data)["weight_map"]
+        names = set(weight_map.values())
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise NotCheckpointMetadata(f"not a safetensors index ({type(e).__name__}: {e})") \
+            from None
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise NotCheckpointMetadata("its weight_map names no files")
+    return sorted(names)
+
+
+def named_by(name: str, data: bytes) -> list[str]:
+    """The files the metadata file ``name`` (one of :data:`PROBED`) names."""
+    if name == DCP_METADATA:
+        return dcp_files(data)
+    if name == SAFETENSORS_INDEX:
+        return safetensors_files(data)
+    return []
