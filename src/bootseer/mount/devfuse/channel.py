@@ -1,0 +1,147 @@
+"""One FUSE connection: ``/dev/fuse`` opened, mounted with ``mount(2)`` (no fusermount3,
+no libfuse), requests read and answers written, backing files registered for passthrough.
+
+Needs CAP_SYS_ADMIN (the mount itself and FUSE_DEV_IOC_BACKING_OPEN); the node agent is
+root. The descriptor is non-blocking so that worker threads can wait in ``poll`` next to
+a stop pipe: a thread blocked in ``read`` on /dev/fuse would keep the connection alive
+after its owner wants it gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+
+from bootseer.mount.devfuse import protocol as p
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MNT_DETACH = 2
+MAX_READ = 1 << 20
+"""The kernel's limit here (/proc/sys/fs/fuse/max_pages_limit = 256 pages)."""
+BUFFER_BYTES = MAX_READ + 64 * 1024
+"""A request buffer: the kernel refuses reads of /dev/fuse into less than max_write plus
+headers, and a read-only server sets max_write to 4 KiB, so this is plenty."""
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount_fd(mountpoint: str, name: str) -> int:
+    """Open /dev/fuse and mount it read-only, nosuid, nodev at ``mountpoint`` (type
+    ``fuse.bootseer``, source ``name``); return the descriptor."""
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        data = (f"fd={fd},rootmode=40000,user_id=0,group_id=0,default_permissions,"
+                f"allow_other,max_read={MAX_READ}")
+        _check(_libc.mount(name.encode(), os.fsencode(mountpoint), b"fuse.bootseer",
+                           MS_RDONLY | MS_NOSUID | MS_NODEV, data.encode()),
+               f"mount {mountpoint}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unmount(mountpoint: str) -> bool:
+    """Unmount; a mount still in use (files held open) is detached instead: the name goes
+    now, open files keep working until closed. False when nothing was mounted there."""
+    path = os.fsencode(mountpoint)
+    if _libc.umount2(path, 0) == 0:
+        return True
+    if ctypes.get_errno() == errno.EBUSY and _libc.umount2(path, MNT_DETACH) == 0:
+        return True
+    return False
+
+
+class Channel:
+    """The request/answer side of one connection; safe to use from many threads (each
+    request is read whole by one ``read`` and answered by one ``writev``)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self.stopping = False
+
+    def receive(self, buf: bytearray) -> int:
+        """Wait for one request and read it into ``buf``; its length, or 0 when the
+        connection ended (unmounted, aborted) or :meth:`stop` was called."""
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while not self.stopping:
+            events = dict(poller.poll())
+            if self._stop_r in events:
+                return 0
+            try:
+                return os.readv(self.fd, [buf])
+            except BlockingIOError:   # another worker took it
+                continue
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno == errno.ENOENT:   # the request was interrupted meanwhile
+                    continue
+                if e.errno in (errno.ENODEV, errno.ECONNABORTED, errno.EBADF):
+                    return 0
+                raise
+        return 0
+
+    def reply(self, unique: int, error: int = 0, *payload) -> bool:
+        """Answer request ``unique``: ``error`` a positive errno, or 0 and the payload.
+        False when nobody waits for the answer any more."""
+        size = p.OUT_HEADER.size + sum(len(x) for x in payload)
+        try:
+            os.writev(self.fd, [p.OUT_HEADER.pack(size, -error, unique), *payload])
+        except OSError as e:
+            # ENOENT: the caller was interrupted and gave up; ENODEV: unmounted meanwhile
+            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+                raise
+            return False
+        return True
+
+    def backing_open(self, path: str) -> int:
+        """Register ``path`` (a complete local file) as a backing file; its id for
+        FOPEN_PASSTHROUGH. The kernel holds the file from now on, not our descriptor."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:   # the id is ioctl's return value, which fcntl.ioctl does not hand back
+            arg = ctypes.create_string_buffer(p.BACKING_MAP.pack(fd, 0, 0))
+            backing_id = _libc.ioctl(self.fd, p.DEV_IOC_BACKING_OPEN, arg)
+            if backing_id < 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"FUSE_DEV_IOC_BACKING_OPEN {path}: {os.strerror(err)}")
+            return backing_id
+        finally:
+            os.close(fd)
+
+    def backing_close(self, backing_id: int) -> None:
+        # an error means the connection is gone, and the kernel dropped the file with it
+        _libc.ioctl(self.fd, p.DEV_IOC_BACKING_CLOSE, ctypes.byref(ctypes.c_uint32(backing_id)))
+
+    def stop(self) -> None:
+        """Wake every thread waiting in :meth:`receive`; they return 0."""
+        self.stopping = True
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Close the device (aborts the connection once no thread reads it any more)."""
+        for fd in (self.fd, self._stop_r, self._stop_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fd = -1
