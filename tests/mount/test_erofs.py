@@ -164,6 +164,72 @@ def test_erofs_on_fuse_blob_serves_the_tree_and_records_chunks(tmp_path, src, tr
         handle.unmount()
 
 
+def _read_like_a_job(mp) -> bytes:
+    """Parts of large files (a header, a slice in the middle, not chunk-aligned) and a few
+    small files: the reads a start makes of a model's shards and its packages."""
+    out = []
+    for name in ("shard-0.bin", "shard-1.bin"):
+        with open(mp / "data" / name, "rb") as f:
+            for offset, size in ((0, 64 << 10), (3 * MiB + 100, 2 * MiB)):
+                f.seek(offset)
+                out.append(f.read(size))
+    out += [(mp / "pkg" / f"m{i}.py").read_bytes() for i in range(0, 30, 3)]
+    return b"".join(out)
+
+
+def _close_window(handle, state) -> dict:
+    (state / "close-window").touch()
+    deadline = time.time() + 10
+    while not (state / "figures.json").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    handle.unmount()
+    return json.loads((state / "figures.json").read_text())
+
+
+def test_profile_recorded_on_the_kernel_path_prefetched_then_replayed_needs_no_store(
+        tmp_path, need_root):
+    """Record a start on the kernel path, publish its profile, start again on a fresh node
+    cache: once the hot chunks are prefetched and pre-read, the same reads wait for no
+    chunk from the store, and the pre-read itself made the job read nothing more (its
+    read-ahead ran into the next, cold chunk of a file: fetched on demand, a stall)."""
+    src = tmp_path / "src"
+    (src / "data").mkdir(parents=True)
+    (src / "pkg").mkdir()
+    for i in range(2):
+        (src / "data" / f"shard-{i}.bin").write_bytes(os.urandom(10 * MiB))
+    for i in range(30):
+        (src / "pkg" / f"m{i}.py").write_bytes(os.urandom(3000 + 200 * i))
+    store = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(store, chunk_size=MiB, pack_size=4 * MiB)
+    add_directory(b, src)
+    digest = b.finish()
+    want = _read_like_a_job(src)
+
+    handle, mp, state = _mount(_config(tmp_path), digest, tmp_path, "record")
+    assert handle.backend == "erofs-fuse-blob"
+    assert _read_like_a_job(mp) == want
+    recorded = _close_window(handle, state)
+    assert recorded["demand_chunks"] > 0   # a fresh node: nothing was local
+    profile = json.loads((state / "profile.json").read_text())
+    from bootseer.tree import profile as prof
+    from bootseer.tree.blob_mount import PREREAD
+    prof.push(store, profile)
+
+    handle, mp, state = _mount(_config(tmp_path, cache="fresh-node"), digest, tmp_path,
+                               "replay")
+    deadline = time.time() + 20
+    while not (state / PREREAD).exists() and time.time() < deadline:
+        time.sleep(0.02)
+    assert (state / PREREAD).exists()
+    assert _read_like_a_job(mp) == want
+    replayed = _close_window(handle, state)
+    assert replayed["demand_chunks"] == 0 and replayed["stall_s"] == 0
+    assert replayed["coverage"] == 1.0
+    # no chunk beyond the recorded ones was read (nor will be in the next profile)
+    again = json.loads((state / "profile.json").read_text())
+    assert {r[0] for r in again["chunks"]} == {r[0] for r in profile["chunks"]}
+
+
 def test_local_blob_when_every_chunk_is_local(tmp_path, src, tree):
     store, digest, _ = tree
     config = _config(tmp_path)

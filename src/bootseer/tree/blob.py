@@ -80,15 +80,6 @@ class BlobLayout:
         """Index of the chunk slot holding blob byte ``offset``."""
         return bisect.bisect_right(self.offsets, offset) - 1
 
-    def hot_files(self) -> list[tuple[str, int, int]]:
-        """Where the hot chunks are read in the tree, in profile order: (path, offset,
-        length) of one file holding each."""
-        out = []
-        for c in self.refs[:self.hot_count]:
-            path, i = self.where[c[0]]
-            out.append((path, i * self.chunk_size, c[4]))
-        return out
-
 
 def _xattrs(e: dict) -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in (e.get("xattrs") or {}).items()}

@@ -10,8 +10,9 @@ the data blob as its device.
   (``directio``): the server sees only the range reads EROFS makes for files, in the
   sizes it makes them; no read-ahead of the blob runs into other files' chunks (which
   would fetch and record what the job never reads), and the data is cached once, in
-  EROFS's page cache. Once the prefetch is done, the hot chunks are read through the
-  EROFS files that hold them, so that page cache holds them before the job reads them.
+  EROFS's page cache. As the prefetch makes each hot chunk local, it is read through the
+  EROFS file that holds it (bootseer.tree.preread), so that page cache holds it before the
+  job reads it.
 
 The metadata image (about 100 bytes per file plus directories) is written once per tree
 and blob layout into ``<cache>/erofs`` on local disk (the kernel reads it in 4 KiB
@@ -37,10 +38,10 @@ from bootseer.mount.erofs.writer import write_image
 from bootseer.store.cache import NodeCache
 from bootseer.tree.blob import (BLOB_NAME, BlobLayout, BlobView, all_local, assemble,
                                 erofs_root, verify_blob)
+from bootseer.tree.preread import hot_ranges, preread
 
 log = logging.getLogger(__name__)
 PREREAD = "preread"           # created in the state dir once the hot head was pre-read
-PREREAD_PIECE = 1 << 20
 
 
 class _NoServer:
@@ -230,7 +231,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
         _write_atomic(state / "figures.json", json.dumps({
             "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
             "read_chunks": 0, "read_bytes": 0, "coverage": 1.0, "precision": None,
-            "stall_s": 0.0, "store_bytes": 0, "store_requests": 0,
+            "stall_s": 0.0, "demand_chunks": 0, "store_bytes": 0, "store_requests": 0,
             "prefetch": None}).encode())
         for marker in (PREFETCHED, PREREAD):
             (state / marker).touch()
@@ -250,39 +251,11 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
         server.unmount()
         raise
     handle = ErofsTreeHandle(mountpoint, server, backend="erofs-fuse-blob")
-    threading.Thread(target=_preread, daemon=True, name="bootseer-preread",
-                     args=(os.path.abspath(mountpoint), layout.hot_files(), state / PREFETCHED,
-                           state / PREREAD, handle._stop)).start()
+    # the hot chunks into the page cache, each as soon as the prefetch made it local
+    is_local = NodeCache(config.cache).contains
+    threading.Thread(target=preread, daemon=True, name="bootseer-preread",
+                     args=(os.path.abspath(mountpoint), hot_ranges(layout), is_local,
+                           state / PREFETCHED, state / PREREAD, handle._stop)).start()
     log.info("%s: EROFS at %s on the FUSE-served blob (%d bytes, hot head %d)", tree[:19],
              mountpoint, layout.size, layout.hot_bytes)
     return handle
-
-
-def _preread(mountpoint: str, hot: list[tuple[str, int, int]], prefetched: Path,
-             done: Path, stop: threading.Event, wait_s: float = 600.0) -> None:
-    """Once the hot chunks are local, read them through the EROFS files that hold them,
-    so the kernel's page cache holds them (the job's reads of them then reach no Python).
-    Never fails anything: an error only costs the warm-up."""
-    waited = 0.0
-    while not prefetched.exists():
-        if stop.wait(0.05):
-            return
-        waited += 0.05
-        if waited > wait_s:
-            break
-    for path, offset, length in hot:
-        if stop.is_set():
-            return
-        try:
-            fd = os.open(mountpoint + path, os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                while length > 0:
-                    n = len(os.pread(fd, min(PREREAD_PIECE, length), offset))
-                    if not n:
-                        break
-                    offset, length = offset + n, length - n
-            finally:
-                os.close(fd)
-        except OSError as e:   # a chunk that cannot be fetched: the job will say so
-            log.info("pre-read of %s stopped: %s", path, e)
-    done.touch()

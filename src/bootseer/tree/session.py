@@ -81,6 +81,8 @@ class TreeSession:
                 "read_bytes": rec.first_bytes, "coverage": rec.coverage,
                 "precision": (used / pre_bytes) if pre_bytes else None,
                 "stall_s": round(self.reader.counters["stall_s"], 3),
+                # chunks a read had to wait for from the store (the stalls' count)
+                "demand_chunks": self.reader.counters["chunks_fetched"],
                 "store_bytes": fc["bytes"], "store_requests": fc["requests"],
                 "prefetch": pre.stats if pre else None}
 

@@ -1,0 +1,94 @@
+"""The pre-read of a kernel-path mount (EROFS on a FUSE-served blob): the profile's hot
+chunks are read through the EROFS files that hold them, each as soon as the prefetch has
+made it local, so the kernel's page cache holds them and the job's reads of them reach no
+Python.
+
+Two things keep the pre-read from costing the job anything:
+
+* it reads exactly the hot chunks' bytes: the file is opened with ``POSIX_FADV_RANDOM``, so
+  the kernel's read-ahead never runs past a hot range into the file's next chunk (a cold
+  one: it would be fetched on demand, a stall on the link the job shares, and recorded
+  into the next profile as if the job had read it);
+* it never makes a chunk come from the store: it follows the prefetch in profile order,
+  and a chunk still not local once the prefetch is done is left to the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from bootseer.tree.blob import BlobLayout
+
+log = logging.getLogger(__name__)
+PIECE = 1 << 20
+POLL_S = 0.01
+
+
+def hot_ranges(layout: BlobLayout) -> list[tuple[str, str, int, int]]:
+    """(digest, path, offset, length) of each hot chunk in profile order: where one file
+    of the tree holds it."""
+    out = []
+    for ref in layout.refs[:layout.hot_count]:
+        path, i = layout.where[ref[0]]
+        out.append((ref[0], path, i * layout.chunk_size, ref[4]))
+    return out
+
+
+def preread(mountpoint: str, hot: list[tuple[str, str, int, int]], is_local, prefetched: Path,
+            done: Path, stop: threading.Event, wait_s: float = 600.0) -> dict:
+    """Read each hot range through ``mountpoint`` once ``is_local(digest)`` says its chunk
+    is in the node cache; after ``prefetched`` appears (or ``wait_s``), chunks still not
+    local are skipped. Creates ``done`` at the end. Never raises: an error only costs the
+    warm-up. Returns counts (read and skipped chunks and bytes)."""
+    stats = {"chunks": 0, "bytes": 0, "skipped_chunks": 0, "skipped_bytes": 0}
+    current: tuple[str, int] | None = None   # the file open now (path, fd)
+    waited, given_up = 0.0, False
+    try:
+        for digest, path, offset, length in hot:
+            while not given_up and not is_local(digest):
+                if prefetched.exists() or waited > wait_s:
+                    given_up = True   # the prefetch is over: what is not local stays so
+                    break
+                if stop.wait(POLL_S):
+                    return stats
+                waited += POLL_S
+            if stop.is_set():
+                return stats
+            if given_up and not is_local(digest):
+                stats["skipped_chunks"] += 1
+                stats["skipped_bytes"] += length
+                continue
+            try:
+                if current is None or current[0] != path:
+                    if current is not None:
+                        os.close(current[1])
+                        current = None
+                    fd = os.open(mountpoint + path, os.O_RDONLY | os.O_NOFOLLOW)
+                    current = (path, fd)
+                    # read exactly the hot ranges: no read-ahead into the next (cold) chunk
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                stats["bytes"] += _read_range(current[1], offset, length)
+                stats["chunks"] += 1
+            except OSError as e:   # a chunk that cannot be served: the job will say so
+                log.info("pre-read of %s at %d stopped: %s", path, offset, e)
+        return stats
+    finally:
+        if current is not None:
+            os.close(current[1])
+        try:
+            done.touch()
+        except OSError:   # the state directory is gone: the mount is going away
+            pass
+
+
+def _read_range(fd: int, offset: int, length: int) -> int:
+    got = 0
+    while length > 0:
+        n = len(os.pread(fd, min(PIECE, length), offset))
+        if not n:
+            break
+        offset, length, got = offset + n, length - n, got + n
+    return got
