@@ -308,8 +308,8 @@ def _announce(src: str, digest: str, store, registry: RegistryOptions) -> None:
     config = BootseerConfig.from_env()
     login = registry.login_for(host)
     store_cfg = dataclasses.replace(
-        config.store, username=login[0] if login else config.store.username,
-        password=login[1] if login else config.store.password,
+        config.store, username=login.username if login else config.store.username,
+        password=login.password if login else config.store.password,
         insecure=config.store.insecure or registry.tls_verify is False)
     referrer.publish(src, digest, store.read(digest), store.url,
                      dataclasses.replace(config, store=store_cfg))

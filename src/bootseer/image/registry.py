@@ -1,14 +1,16 @@
 """How ``image convert`` talks to a registry, the way skopeo and podman users expect:
-credentials (``--creds``, ``--authfile``, else the standard auth files), TLS verification,
+credentials (``--creds``, ``--authfile``, else the standard auth files and credential
+helpers: store/logins.py), TLS verification,
 the platform picked from a multi-platform index, and whether the converted tree is
 announced next to its source (the referrer).
 
-Credentials never reach a command line (``ps`` shows those to every user): ``--creds`` is
-written to a private auth file that skopeo reads, removed with the convert's state."""
+Credentials never reach a command line (``ps`` shows those to every user): the login
+bootseer resolved (``--creds``, or what an auth file or credential helper gives) is written
+to a private auth file that skopeo reads, removed with the convert's state; so skopeo pulls
+with the very login the referrer push uses, credential helpers included."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootseer.errors import UsageError
+from bootseer.store import logins
 
 # skopeo transports passed through as typed; anything else that is not a file or a
 # directory is a registry reference (docker://)
@@ -40,39 +43,6 @@ def parse_creds(text: str) -> tuple[str, str]:
         # skopeo would prompt for the password; a convert in a pipeline cannot answer
         raise UsageError("--creds expects USER:PASSWORD (the password may be a token)")
     return user, password
-
-
-def standard_authfiles() -> list[Path]:
-    """Where podman, skopeo and docker keep registry logins, in the order they look."""
-    env = os.environ
-    out = []
-    if env.get("REGISTRY_AUTH_FILE"):
-        out.append(Path(env["REGISTRY_AUTH_FILE"]))
-    if env.get("XDG_RUNTIME_DIR"):
-        out.append(Path(env["XDG_RUNTIME_DIR"]) / "containers/auth.json")
-    home = Path(env.get("HOME") or Path.home())
-    out.append(home / ".config/containers/auth.json")
-    out.append(Path(env["DOCKER_CONFIG"]) / "config.json" if env.get("DOCKER_CONFIG")
-               else home / ".docker/config.json")
-    return out
-
-
-def login_in(authfile: Path, host: str) -> tuple[str, str] | None:
-    """The (user, password) an auth file holds for ``host``, or None (no file, no entry,
-    or a credential helper that only the container tools run)."""
-    try:
-        auths = json.loads(Path(authfile).read_text()).get("auths") or {}
-    except (OSError, ValueError, AttributeError):
-        return None
-    for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/"):
-        entry = auths.get(key)
-        if isinstance(entry, dict) and isinstance(entry.get("auth"), str):
-            try:
-                user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
-            except (ValueError, UnicodeDecodeError):
-                return None
-            return (user, password) if sep else None
-    return None
 
 
 @dataclass(frozen=True)
@@ -104,33 +74,27 @@ class RegistryOptions:
 
     def skopeo_source_args(self, host: str, private_dir: Path) -> list[str]:
         """Credential and TLS options of ``skopeo copy`` for a registry source on ``host``;
-        ``--creds`` goes into an auth file in ``private_dir`` (0600)."""
+        the login goes into an auth file in ``private_dir`` (0600)."""
         args = []
         verify = self.tls_verify if self.tls_verify is not None else not _is_loopback(host)
         args.append(f"--src-tls-verify={'true' if verify else 'false'}")
-        if self.creds is not None:
-            user, password = parse_creds(self.creds)
+        login = self.login_for(host)
+        if login is not None:
             path = private_dir / "auth.json"
-            token = base64.b64encode(f"{user}:{password}".encode()).decode()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"auths": {host: {"auth": token}}}, f)
+                json.dump({"auths": {host: login.auth_entry()}}, f)
             args.append(f"--src-authfile={path}")
         elif self.authfile is not None:
             args.append(f"--src-authfile={self.authfile}")
         return args
 
-    def login_for(self, host: str) -> tuple[str, str] | None:
-        """The login the referrer push uses: ``--creds``, else ``--authfile``'s entry for
-        ``host``, else the standard auth files'."""
+    def login_for(self, host: str) -> logins.Login | None:
+        """The login for ``host``: ``--creds``, else ``--authfile``'s, else the standard
+        auth files' (credential helpers included)."""
         if self.creds is not None:
-            return parse_creds(self.creds)
-        files = [Path(self.authfile)] if self.authfile else standard_authfiles()
-        for f in files:
-            found = login_in(f, host)
-            if found:
-                return found
-        return None
+            return logins.Login(*parse_creds(self.creds))
+        return logins.find(host, self.authfile)
 
     def matches(self, platform: dict) -> bool:
         """Whether an index entry's (or a config's) ``os``/``architecture``/``variant`` is

@@ -18,10 +18,12 @@
   invisible); and it has no atomic create, so ``set_ref(exclusive=True)`` is check-then-put
   (two racing writers may both succeed; lease logic on top must re-read the ref and
   tolerate that).
-* Auth: anonymous, basic (``store.username`` / ``store.password``), and bearer tokens (a
-  401 with ``WWW-Authenticate: Bearer realm=..,service=..,scope=..`` fetches a token from
-  the realm, with basic credentials if configured; tokens are cached per scope). Secrets
-  never appear in ``url``, ``repr``, errors or logs.
+* Auth: anonymous, basic (``store.username`` / ``store.password``, else at the first 401
+  the login ``podman login``/``docker login`` left for the host: auth files and credential
+  helpers, store/logins.py), and bearer tokens (a 401 with ``WWW-Authenticate: Bearer
+  realm=..,service=..,scope=..`` fetches a token from the realm, with basic credentials if
+  any; tokens are cached per scope). Secrets never appear in ``url``, ``repr``, errors or
+  logs.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class OciBackend:
         self._tokens: dict[str, str] = {}  # scope -> bearer token
         self._last_token: str | None = None
         self._lock = threading.Lock()
+        self._standard_login_tried = self.username is not None
 
     def __repr__(self) -> str:
         return f"OciBackend({self.url!r}, user={self.username!r})"
@@ -119,8 +122,9 @@ class OciBackend:
     def _challenge(self, headers: dict) -> bool:
         """Handle a 401: fetch a bearer token if challenged for one. True if worth retrying."""
         chal = headers.get("www-authenticate", "")
+        found = self._standard_login()
         if not chal.lower().startswith("bearer"):
-            return False
+            return found
         params = dict(re.findall(r'(\w+)="([^"]*)"', chal))
         scope = params.get("scope", "")
         with self._lock:
@@ -156,9 +160,26 @@ class OciBackend:
             self._last_token = token
         return True
 
+    def _standard_login(self) -> bool:
+        """Once, when no login is configured: the one the container tools keep for this
+        host. True if one was found (worth retrying with it)."""
+        with self._lock:
+            if self._standard_login_tried:
+                return False
+            self._standard_login_tried = True
+        from bootseer.store import logins
+        login = logins.find(self.host)
+        if login is None or login.identity_token:
+            return False
+        with self._lock:
+            self.username, self._password = login.username, login.password
+        return True
+
     def _denied(self, status: int) -> StoreError:
-        how = ("check store.username / store.password" if self.username is not None
-               else "the registry needs credentials: set BOOTSEER_STORE_USERNAME / _PASSWORD")
+        how = ("check store.username / store.password (or the registry login in your auth "
+               "file)" if self.username is not None
+               else "the registry needs credentials: `podman login` / `docker login` to it, "
+                    "or set BOOTSEER_STORE_USERNAME / _PASSWORD")
         return StoreError(f"registry {self.host} refused access to {self.repo} (HTTP {status}):"
                           f" {how}", url=self.url)
 

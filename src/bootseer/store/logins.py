@@ -1,0 +1,163 @@
+"""Registry logins from where podman, skopeo and docker keep them, for everything of
+bootseer that reads or writes a registry (``image convert``'s pull and referrer push, the
+``oci://`` store).
+
+Files, first found wins (as podman and skopeo look): ``--authfile``, else
+``$REGISTRY_AUTH_FILE``, ``$XDG_RUNTIME_DIR/containers/auth.json``,
+``~/.config/containers/auth.json``, ``$DOCKER_CONFIG/config.json`` or
+``~/.docker/config.json``. In a file, as docker does: a per-registry credential helper
+(``credHelpers``), else the global one (``credsStore``), else the inline ``auths`` entry
+(base64 ``user:password`` in ``auth``). A helper is ``docker-credential-NAME`` on PATH, run
+as ``docker-credential-NAME get`` with the server on standard input; it answers
+``{"ServerURL", "Username", "Secret"}`` (user ``<token>``: the secret is an identity token).
+
+The secret is never logged, shown in an error, or put on a command line.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootseer import redact
+from bootseer.errors import BootseerError
+
+HELPER_TIMEOUT_S = 30.0
+IDENTITY_TOKEN_USER = "<token>"
+_DOCKER_HUB = {"docker.io", "index.docker.io", "registry-1.docker.io"}
+
+
+class CredentialHelperError(BootseerError):
+    """A credential helper named in an auth file is missing or failed."""
+
+
+@dataclass(frozen=True)
+class Login:
+    username: str
+    password: str = field(repr=False)
+
+    @property
+    def identity_token(self) -> bool:
+        """An OAuth refresh token (docker's ``identitytoken``), not a password."""
+        return self.username == IDENTITY_TOKEN_USER
+
+    def auth_entry(self) -> dict:
+        """This login as an ``auths`` entry of an auth.json file."""
+        if self.identity_token:
+            return {"identitytoken": self.password}
+        return {"auth": base64.b64encode(f"{self.username}:{self.password}".encode()).decode()}
+
+
+def standard_authfiles() -> list[Path]:
+    """Where podman, skopeo and docker keep registry logins, in the order they look."""
+    env = os.environ
+    out = []
+    if env.get("REGISTRY_AUTH_FILE"):
+        out.append(Path(env["REGISTRY_AUTH_FILE"]))
+    if env.get("XDG_RUNTIME_DIR"):
+        out.append(Path(env["XDG_RUNTIME_DIR"]) / "containers/auth.json")
+    home = Path(env.get("HOME") or Path.home())
+    out.append(home / ".config/containers/auth.json")
+    out.append(Path(env["DOCKER_CONFIG"]) / "config.json" if env.get("DOCKER_CONFIG")
+               else home / ".docker/config.json")
+    return out
+
+
+def find(host: str, authfile: str | os.PathLike | None = None) -> Login | None:
+    """The login for registry ``host`` (``name[:port]``): from ``authfile`` only when given,
+    else from the first standard file that has one; None when nobody has one."""
+    files = [Path(authfile)] if authfile else standard_authfiles()
+    for path in files:
+        login = login_in(path, host)
+        if login is not None:
+            return login
+    return None
+
+
+def login_in(path: Path, host: str) -> Login | None:
+    """The login one auth file gives ``host``, or None (no file, no entry for it)."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    helper = _entry(config.get("credHelpers"), host)
+    if isinstance(helper, str) and helper:
+        return run_helper(helper, host, path)
+    store = config.get("credsStore")
+    if isinstance(store, str) and store:
+        login = run_helper(store, host, path)
+        if login is not None:
+            return login
+    entry = _entry(config.get("auths"), host)
+    return _inline(entry) if isinstance(entry, dict) else None
+
+
+def _same_registry(key: str, host: str) -> bool:
+    """Whether an auth file's key (``host``, ``https://host/v1/``, ...) names ``host``."""
+    name = key.split("://", 1)[-1].split("/", 1)[0].lower()
+    host = host.lower()
+    return name == host or (name in _DOCKER_HUB and host in _DOCKER_HUB)
+
+
+def _entry(table, host: str):
+    if not isinstance(table, dict):
+        return None
+    if host in table:
+        return table[host]
+    return next((v for k, v in table.items() if isinstance(k, str) and _same_registry(k, host)),
+                None)
+
+
+def _inline(entry: dict) -> Login | None:
+    if isinstance(entry.get("identitytoken"), str) and entry["identitytoken"]:
+        return Login(IDENTITY_TOKEN_USER, entry["identitytoken"])
+    if not isinstance(entry.get("auth"), str) or not entry["auth"]:
+        return None
+    try:
+        user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return Login(user, password) if sep and user else None
+
+
+def run_helper(name: str, host: str, named_in: Path) -> Login | None:
+    """``docker-credential-NAME get`` for ``host``; None when it has no login for it."""
+    program = f"docker-credential-{name}"
+    path = shutil.which(program)
+    if path is None:
+        raise CredentialHelperError(f"{named_in} names the credential helper {name!r} for "
+                                    f"{host}, but {program} is not on PATH: install it, or "
+                                    f"pass --authfile/--creds")
+    try:
+        proc = subprocess.run([path, "get"], input=host, capture_output=True, text=True,
+                              timeout=HELPER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise CredentialHelperError(f"credential helper {program} did not answer for {host} "
+                                    f"within {HELPER_TIMEOUT_S:g} s") from None
+    except OSError as e:
+        raise CredentialHelperError(f"cannot run credential helper {program}: "
+                                    f"{e.strerror}") from None
+    said = (proc.stdout.strip() or proc.stderr.strip())
+    if proc.returncode != 0:
+        if "credentials not found" in said.lower():   # docker's helpers' own wording
+            return None
+        first = redact.text(said.splitlines()[0][:200]) if said else "no message"
+        raise CredentialHelperError(f"credential helper {program} failed for {host} "
+                                    f"(exit {proc.returncode}): {first}")
+    try:
+        answer = json.loads(proc.stdout)
+        user, secret = answer["Username"], answer["Secret"]
+        if not isinstance(user, str) or not isinstance(secret, str):
+            raise TypeError("Username and Secret must be strings")
+    except (ValueError, KeyError, TypeError):   # its output may hold the secret: not shown
+        raise CredentialHelperError(f"credential helper {program} answered {host} with "
+                                    f"something other than its JSON "
+                                    f"{{\"Username\", \"Secret\"}}") from None
+    return Login(user, secret) if user or secret else None
