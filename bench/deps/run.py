@@ -1,41 +1,58 @@
 """bench/deps: installing a training stack vs restoring its snapshot, on an emulated link.
 
-    .venv/bin/python bench/deps/run.py [--rate 1gbit] [--per-connection 250m] [--nodes 4]
-                                       [--with-torch] [--reps 1]
+    .venv/bin/python bench/deps/run.py [--stack large|small] [--rate 1gbit]
+                                       [--per-connection 250m] [--nodes N] [--with-torch]
 
-The stack (numpy, scipy, pandas, pyarrow, safetensors, tokenizers, tqdm, PyYAML; torch CPU
-too with --with-torch) is downloaded once as wheels into the kept assets directory and served
-by nginx as a PEP 503 index inside a network namespace whose loopback is shaped to --rate
-(nginx caps each connection at --per-connection); the bootseer store is the Debian
-docker-registry in the same namespace. Every variant runs on a fresh node: a private mount
-namespace with its own empty caches and the same prefix path, all on a tmpfs.
+Stacks (bench/deps/stacks.py): ``large`` (default; issue #14) is 73 exact pins, the closure
+of numpy, scipy, pandas, pyarrow, polars, scikit-learn, transformers, datasets, matplotlib,
+sympy, networkx, pillow, statsmodels, ... (CPU-only CPython 3.11 manylinux wheels, about
+330 MB; 1.2 GB and 30k files installed with bytecode); ``small`` is issue #5's 8 packages
+(numpy, scipy, pandas, pyarrow, safetensors, tokenizers, tqdm, PyYAML; torch CPU too with
+--with-torch). The wheels are downloaded once into a persistent cache outside the repository
+(--wheel-cache/<stack>-<pin set digest>) and served by nginx as a PEP 503 index inside a
+network namespace whose loopback is shaped to --rate (nginx caps each connection at
+--per-connection); the bootseer store is the Debian docker-registry in the same namespace.
 
-  pip install           python -m venv + pip install --no-cache-dir
-  uv cold               uv venv + uv pip install --compile-bytecode, empty uv cache
-  uv warm               the same with the uv cache of 'uv cold' (a node that installed before)
+A node is a directory on disk (its caches and environment: the kernel's file-backed EROFS
+cannot mount files on tmpfs) and a private mount namespace that lives until the node is
+done, with the same prefix path on every node: a mount made by one command (an EROFS
+restore, a lazy mount) is still there for the next, as on a machine. Every variant starts
+on a fresh node (cold: empty caches):
+
+  pip install           python -m venv + pip install --no-cache-dir          (small stack)
+  uv cold               uv venv + uv pip install --compile-bytecode, empty uv cache: the
+                        baseline
+  uv warm               the same with the uv cache of 'uv cold'               (small stack)
   bootseer build        bootseer deps ensure, empty store: builds once and publishes
-  bootseer restore      bootseer deps ensure --key on a fresh node (the snapshot is published)
+  bootseer restore      bootseer deps ensure --key on a fresh node (the snapshot is
+                        published); its backend (directory, erofs, ...) read from --json or
+                        the node's mount table
   bootseer warm         the same node again (prefix present, marker valid)
-  bootseer mount        deps ensure --mount on a fresh node: the snapshot served lazily, so
-                        the import fetches what it reads (first mount: no profile; it
-                        records and publishes the start's hot blocks)
+  bootseer mount        deps ensure --mount on a fresh node: the snapshot served lazily, the
+                        import fetches what it reads (no profile yet: it records the start's
+                        hot blocks and publishes them at 'deps umount')
   bootseer mount+prof   the same on another fresh node, prefetching the recorded profile
-Then N nodes at once on an empty store: N x uv cold vs N x bootseer deps ensure --key (the
-key resolved once for the job, as `bootseer run --deps-key` does: one node resolves and
-builds under the lease, the others wait for the publish and restore).
-Each variant also reports the first `import` of the main packages in its result and the
-requests the package index served (nginx access log).
-Goals (issue #5): cold restore <= 0.2 x uv cold and <= 0.1 x pip (bytecode compiled in
-all); warm node <= 0.1 s; import of a restored environment <= 1.1 x a pip-installed one;
-with N nodes the index sees one build's requests, not N.
+Each variant's first `import` of the main packages is timed right after it (ready =
+variant + first import) with the requests the package index served (nginx access log).
+Then the hot import (median of 3, interleaved) in uv cold's local environment, the restored
+one and through the lazy mount. With --nodes N (small stack: 4): N nodes at once on an empty
+store, N x uv cold vs N x bootseer deps ensure --key.
+Goals: issue #14: restore + import <= 0.5 x uv cold + import; warm <= 0.1 s; hot import
+through the mount <= 1.1 x local. Issue #5 (small stack): restore <= 0.2 x uv cold and
+<= 0.1 x pip; import of the restored environment <= 1.1 x local; N nodes: one build's
+index requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
+import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -43,84 +60,158 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bootseer.demo.assets import write_simple_index  # noqa: E402
-from bootseer.demo.main import scratch_tmpfs, shaped_link  # noqa: E402
+from bootseer.demo.main import node_disks, scratch_tmpfs, shaped_link  # noqa: E402
 from bootseer.testing import servers  # noqa: E402
+from stacks import (PYTHON_VERSION, STACKS, TORCH, Stack, env_backend,  # noqa: E402
+                    ensure_json, parse_marks, ratio_line, wheelhouse_name)
 
-STACK = ["numpy==2.2.6", "scipy==1.15.3", "pandas==2.2.3", "pyarrow==20.0.0",
-         "safetensors==0.5.3", "tokenizers==0.21.1", "tqdm==4.67.1", "PyYAML==6.0.2"]
-TORCH = "torch==2.13.0"
-IMPORTS = "numpy, scipy.linalg, pandas, pyarrow, safetensors, tokenizers, yaml"
-PYTHON = "/usr/bin/python3.11"
+PYTHON = f"/usr/bin/python{PYTHON_VERSION}"
 LOG = ROOT / "bench/results/deps.log"
 NODE_ROOT = "/opt/bsbench-deps"    # same path on every node, private per node
 PREFIX = f"{NODE_ROOT}/env"
+WHEEL_CACHE = "/var/cache/bootseer-bench/wheels"
+HOT_ROUNDS = 3
 
 
-def wheelhouse(assets: Path, reqs: list[str]) -> Path:
-    """Download the stack's wheels once (kept between runs) and write the simple index."""
-    tag = "torch" if any(r.startswith("torch") for r in reqs) else "cpu"
-    root = assets / f"pypi-{tag}"
-    if not (root / "simple" / "index.html").exists():
-        print(f"downloading the wheelhouse into {root} (once)", flush=True)
-        wheels = root / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q",
-                        "--disable-pip-version-check", "--only-binary=:all:",
-                        "--python-version", "3.11", "-d", str(wheels), *reqs], check=True)
-        write_simple_index(root)
+def wheelhouse(cache: Path, stack: str, reqs: list[str]) -> Path:
+    """The pin set's wheels, downloaded once into ``cache/<stack>-<pin set digest>``
+    (kept between runs), and their simple index. Built beside and renamed into place, so
+    an interrupted download is never taken for a complete wheelhouse."""
+    root = cache / wheelhouse_name(stack, reqs)
+    if (root / "simple" / "index.html").exists():
+        return root
+    print(f"downloading the wheelhouse into {root} (once)", flush=True)
+    part = root.with_name(root.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    (part / "wheels").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q",
+                    "--disable-pip-version-check", "--only-binary=:all:",
+                    "--python-version", PYTHON_VERSION, "-d", str(part / "wheels"), *reqs],
+                   check=True)
+    write_simple_index(part)
+    part.rename(root)
     return root
 
 
-class Bench:
-    def __init__(self, scratch: Path, netns: str | None, index_url: str, store_url: str,
-                 spec: Path):
-        self.scratch, self.netns, self.index_url = scratch, netns, index_url
-        self.store_url, self.spec = store_url, spec
-        self.nodes = 0
+class Node:
+    """A node: its own directory (caches, environment) and a mount namespace held open by
+    a sleeping process until :meth:`close`, with ``opt/`` bound at NODE_ROOT."""
 
-    def log(self, text: str) -> None:
+    def __init__(self, path: Path, netns: str | None):
+        self.path, self.netns = path, netns
+        (path / "opt").mkdir(parents=True)
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             f"mount --bind {path}/opt {NODE_ROOT} && echo up && exec sleep infinity"],
+            stdout=subprocess.PIPE, text=True)
+        if self.holder.stdout.readline().strip() != "up":
+            raise SystemExit(f"cannot set up the node {path}")
+        self.ns = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
+        self.closed = False
+
+    def argv(self, script: str) -> list[str]:
+        return ["nsenter", f"--mount=/proc/{self.holder.pid}/ns/mnt",
+                *([f"--net=/run/netns/{self.netns}"] if self.netns else []), "sh", "-c", script]
+
+    def backend(self) -> str:
+        return env_backend(Path(f"/proc/{self.holder.pid}/mountinfo").read_text(), PREFIX,
+                           str(self.path))
+
+    def _members(self) -> list[int]:
+        """Processes in this node's mount namespace other than the holder: ones the
+        benchmark started there (a lazy mount's server)."""
+        pids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit() and int(d) != self.holder.pid:
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{d}/ns/mnt") == self.ns:
+                        pids.append(int(d))
+        return pids
+
+    def close(self) -> None:
+        """Stop what runs in the namespace (its mounts go with it) and remove the
+        directory."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.backend() != "directory":
+            subprocess.run(self.argv(f"{shlex.quote(sys.executable)} -m bootseer deps "
+                                     f"umount {PREFIX}"), capture_output=True)
+        self.holder.terminate()
+        self.holder.wait()
+        deadline = time.monotonic() + 10
+        while (left := self._members()) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM if time.monotonic() < deadline - 5
+                            else signal.SIGKILL)
+            time.sleep(0.2)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Bench:
+    def __init__(self, nodes_dir: Path, netns: str | None, index_url: str, store_url: str,
+                 spec: Path, stack: Stack):
+        self.nodes_dir, self.netns, self.index_url = nodes_dir, netns, index_url
+        self.store_url, self.spec, self.stack = store_url, spec, stack
+        self.count = 0
+        self.made: list[Node] = []
+
+    def log(self, what: str, text: str) -> None:
         """Every variant's output, kept for a look afterwards."""
         with open(LOG, "a") as f:
-            f.write(f"--- {' '.join(self.last)}\n{text}\n")
+            f.write(f"--- {what}\n{text}\n")
 
-    def node(self) -> Path:
-        self.nodes += 1
-        d = self.scratch / "nodes" / f"n{self.nodes}"
-        (d / "opt").mkdir(parents=True)
-        return d
+    def node(self) -> Node:
+        self.count += 1
+        self.made.append(Node(self.nodes_dir / f"n{self.count}", self.netns))
+        return self.made[-1]
 
-    def argv(self, node: Path, script: str) -> list[str]:
-        """``script`` on ``node``: shaped network, private mount namespace, own caches."""
-        env = (f"export BOOTSEER_STORE_URL={shlex.quote(self.store_url)} "
-               f"BOOTSEER_CACHE_DIR={node}/cache UV_CACHE_DIR={node}/uv-cache "
-               f"UV_NO_CONFIG=1 PIP_CONFIG_FILE=/dev/null; ")
-        inner = f"mount --bind {node}/opt {NODE_ROOT} && {env}{script}"
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
-        return (["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []) + argv
+    def close_nodes(self) -> None:
+        """Every node still open (a variant failed halfway)."""
+        for n in self.made:
+            n.close()
 
-    def start(self, node: Path, script: str) -> subprocess.Popen:
-        self.last = [str(node), script]
-        return subprocess.Popen(self.argv(node, script), stdout=subprocess.PIPE,
+    def env(self, node: Node) -> str:
+        return (f"unset PIP_FIND_LINKS; export BOOTSEER_STORE_URL={shlex.quote(self.store_url)} "
+                f"BOOTSEER_CACHE_DIR={node.path}/cache UV_CACHE_DIR={node.path}/uv-cache "
+                f"UV_NO_CONFIG=1 PIP_CONFIG_FILE=/dev/null; ")
+
+    def start(self, node: Node, script: str) -> subprocess.Popen:
+        self.last = f"{node.path}: {script}"
+        return subprocess.Popen(node.argv(self.env(node) + script), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 
-    def timed(self, node: Path, script: str, after: str = "") -> tuple[float, float]:
-        """(seconds for ``script``, seconds of the first import in the result); ``after``
-        runs once the import is timed (not counted). Timed inside the node's shell, so the
-        harness (nsenter, unshare, the bind mount) is not counted."""
-        p = self.start(node, f"s=$(date +%s%N); {script} && e=$(date +%s%N) && "
-                             f"echo \"STEP $(( (e - s) / 1000 ))\" && {PREFIX}/bin/python -c "
-                             f"'import time; t=time.perf_counter(); import {IMPORTS}; "
-                             f"print(\"IMPORT\", time.perf_counter()-t, flush=True)' "
-                             f"2>/dev/null{after}")
+    def run(self, node: Node, script: str) -> str:
+        p = self.start(node, script)
         out, _ = p.communicate()
-        self.log(out)
+        self.log(self.last, out)
         if p.returncode != 0:
             raise SystemExit(f"variant failed (exit {p.returncode}):\n{out[-3000:]}")
-        step = int(next(l for l in out.splitlines() if l.startswith("STEP ")).split()[1]) / 1e6
-        imp = float(next(l for l in out.splitlines() if l.startswith("IMPORT")).split()[1])
-        return step, imp
+        return out
+
+    def import_cmd(self, mark: str) -> str:
+        return (f"{PREFIX}/bin/python -c 'import time; t=time.perf_counter(); "
+                f"import {self.stack.imports}; print(\"{mark}\", time.perf_counter()-t, "
+                f"flush=True)'")
+
+    def timed(self, node: Node, script: str) -> dict:
+        """Seconds for ``script`` and for the first import after it, timed inside the
+        node's shell (nsenter and the shell are not counted), what ``deps ensure --json``
+        said and what serves the prefix afterwards."""
+        out = self.run(node, f"s=$(date +%s%N); {script} && e=$(date +%s%N) && "
+                             f"echo \"STEP $(( (e - s) / 1000 ))\" && {self.import_cmd('IMPORT')}")
+        marks = parse_marks(out)
+        said = ensure_json(out)
+        os.sync()   # the next variant does not pay for this one's writeback
+        return {"seconds": marks["STEP"][0] / 1e6, "import_s": marks["IMPORT"][0],
+                "how": said.get("how"), "backend": said.get("backend") or node.backend()}
+
+    def hot_import(self, node: Node) -> float:
+        return parse_marks(self.run(node, self.import_cmd("HOT")))["HOT"][0]
 
     # -- the scripts ------------------------------------------------------------------
     def pip(self) -> str:
@@ -130,17 +221,18 @@ class Bench:
     def uv(self) -> str:
         uv = shlex.join(_uv())
         return (f"{uv} venv -q --python {PYTHON} {PREFIX} && {uv} pip install -q --python "
-                f"{PREFIX}/bin/python --compile-bytecode --index-url {self.index_url} -r {self.spec}")
+                f"{PREFIX}/bin/python --compile-bytecode --index-url {self.index_url} "
+                f"-r {self.spec}")
 
     def ensure(self, key: str | None = None, mount: bool = False) -> str:
         k = f" --key {key}" if key else ""
         m = " --mount --window 30" if mount else ""
         return (f"{shlex.quote(sys.executable)} -m bootseer deps ensure {self.spec} "
-                f"--prefix {PREFIX} --python {PYTHON} --index-url {self.index_url}{k}{m}")
+                f"--prefix {PREFIX} --python {PYTHON} --index-url {self.index_url}{k}{m} --json")
 
-    def umount(self) -> str:
+    def umount(self, node: Node) -> None:
         """Stop the lazy mount (publishing the profile); its time is not the start's."""
-        return f"; {shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}"
+        self.run(node, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}")
 
     def key(self) -> str:
         p = subprocess.run([*(["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns
@@ -151,12 +243,12 @@ class Bench:
                            env={**os.environ, "BOOTSEER_STORE_URL": self.store_url})
         return p.stdout.strip()
 
-    def parallel(self, scripts: list[tuple[Path, str]]) -> float:
+    def parallel(self, scripts: list[tuple[Node, str]]) -> float:
         t = time.perf_counter()
-        procs = [self.start(n, s) for n, s in scripts]
-        for p in procs:
+        procs = [(self.start(n, s), self.last) for n, s in scripts]
+        for p, what in procs:
             out, _ = p.communicate()
-            self.log(out)
+            self.log(what, out)
             if p.returncode != 0:
                 raise SystemExit(f"a node failed (exit {p.returncode}):\n{out[-3000:]}")
         return time.perf_counter() - t
@@ -167,102 +259,197 @@ def _uv() -> list[str]:
     return uv()
 
 
+def installed_size(prefix: Path) -> tuple[int, int]:
+    """(bytes, files) of an environment on disk."""
+    size = files = 0
+    for d, _, names in os.walk(prefix):
+        for n in names:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(d, n)).st_size
+                files += 1
+    return size, files
+
+
+class Rows:
+    """Prints each row as it comes and counts the index requests since the last one."""
+
+    def __init__(self, access: Path):
+        self.access, self.rows, self.seen = access, {}, 0
+
+    def _requests(self) -> int:
+        if not self.access.exists():
+            return 0
+        with open(self.access, errors="replace") as f:
+            return sum(1 for line in f if "/pypi/" in line)
+
+    def skip_requests(self) -> None:
+        self.seen = self._requests()
+
+    def __call__(self, name: str, r: dict) -> None:
+        n = self._requests() - self.seen
+        self.seen += n
+        r = {**r, "seconds": round(r["seconds"], 3), "index_requests": n}
+        if r.get("import_s") is not None:
+            r["import_s"] = round(r["import_s"], 3)
+        self.rows[name] = r
+        print(f"  {name:<28} {r['seconds']:7.2f} s   index requests {n:4d}"
+              + (f"   first import {r['import_s']:5.2f} s" if "import_s" in r else "")
+              + (f"   {r['how']} [{r['backend']}]" if r.get("how") else ""), flush=True)
+
+
+def run_variants(b: Bench, nodes: int, row: Rows, hot: dict) -> None:
+    """The variants in order; each node is closed as soon as nothing later needs it."""
+    stack, rows = b.stack, row.rows
+    if stack.installers:
+        n = b.node()
+        row("pip install", b.timed(n, b.pip()))
+        n.close()
+    local = b.node()
+    row("uv cold", b.timed(local, b.uv()))
+    size, files = installed_size(local.path / "opt" / "env")
+    rows["uv cold"].update(installed_mb=round(size / 1e6), installed_files=files)
+    print(f"  (installed: {size / 1e6:.0f} MB, {files} files)", flush=True)
+    if stack.installers:
+        subprocess.run(["rm", "-rf", str(local.path / "opt" / "env")], check=True)
+        row("uv warm", b.timed(local, b.uv()))
+    n = b.node()
+    row("bootseer build", b.timed(n, b.ensure()))
+    n.close()
+    key = b.key()
+    row.skip_requests()   # the key's resolution is the launcher's, once per job
+    print(f"  (key {key[:19]}, resolved once per job as bootseer run --deps-key does)")
+    restored = b.node()
+    row("bootseer restore", b.timed(restored, b.ensure(key)))
+    row("bootseer warm", b.timed(restored, b.ensure(key)))
+    n = b.node()
+    row("bootseer mount", b.timed(n, b.ensure(key, mount=True)))
+    b.umount(n)    # publishes the recorded profile
+    n.close()
+    mounted = b.node()
+    row("bootseer mount+prof", b.timed(mounted, b.ensure(key, mount=True)))
+    # Hot imports, interleaved so that a busy moment of the shared machine hits all three.
+    for _ in range(HOT_ROUNDS):
+        for name, n in (("local (uv cold)", local), ("restored", restored),
+                        ("mount+prof", mounted)):
+            hot.setdefault(name, []).append(b.hot_import(n))
+    b.umount(mounted)
+    for n in (local, restored, mounted):
+        n.close()
+    if nodes:
+        row(f"{nodes} nodes uv cold", {"seconds": b.parallel([(b.node(), b.uv())
+                                                              for _ in range(nodes)])})
+        b.store_url += "-n"    # an empty store for the N-node ensure: a new repository
+        row(f"{nodes} nodes bootseer ensure",
+            {"seconds": b.parallel([(b.node(), b.ensure(key)) for _ in range(nodes)])})
+
+
+def report(rows: dict, hot: dict, nodes: int) -> dict:
+    """Ratios against the goals, printed; returned for the JSON."""
+    uv = rows["uv cold"]
+    ready = {k: r["seconds"] + r["import_s"] for k, r in rows.items()
+             if r.get("import_s") is not None}
+    hot_med = {k: statistics.median(v) for k, v in hot.items()}
+    print("\nenvironment ready + main packages imported (the start a job waits for):")
+    for k, v in ready.items():
+        print(f"  {k:<28} {v:7.2f} s  {v / ready['uv cold']:5.2f}x uv cold"
+              + (f"   [{rows[k]['backend']}]" if k.startswith("bootseer") else ""))
+    print("hot import (median of %d): " % HOT_ROUNDS
+          + ", ".join(f"{k} {v:.2f} s" for k, v in hot_med.items()))
+    local = hot_med["local (uv cold)"]
+    goals = {
+        "restore_ready_vs_uv": ready["bootseer restore"] / ready["uv cold"],
+        "warm_s": rows["bootseer warm"]["seconds"],
+        "mount_hot_import_vs_local": hot_med["mount+prof"] / local,
+        "restored_hot_import_vs_local": hot_med["restored"] / local,
+        "mount_prof_ready_vs_uv": ready["bootseer mount+prof"] / ready["uv cold"],
+        "restore_vs_uv_step": rows["bootseer restore"]["seconds"] / uv["seconds"],
+    }
+    lines = [ratio_line("restore + import / uv cold + import", goals["restore_ready_vs_uv"],
+                        0.5),
+             ratio_line("warm ensure", goals["warm_s"], 0.1, " s"),
+             ratio_line("hot import through the mount / local",
+                        goals["mount_hot_import_vs_local"], 1.1),
+             ratio_line("hot import restored / local", goals["restored_hot_import_vs_local"],
+                        1.1),
+             f"mount+prof + import / uv cold + import {goals['mount_prof_ready_vs_uv']:.2f}x "
+             f"(no goal)",
+             ratio_line("restore / uv cold (issue #5)", goals["restore_vs_uv_step"], 0.2)]
+    if "pip install" in rows:
+        goals["restore_vs_pip_step"] = rows["bootseer restore"]["seconds"] / \
+            rows["pip install"]["seconds"]
+        lines.append(ratio_line("restore / pip (issue #5)", goals["restore_vs_pip_step"], 0.1))
+    if nodes:
+        goals["index_requests_n_nodes"] = rows[f"{nodes} nodes bootseer ensure"]["index_requests"]
+        goals["index_requests_one_build"] = rows["bootseer build"]["index_requests"]
+        lines.append(f"index requests, {nodes} nodes ensure {goals['index_requests_n_nodes']}"
+                     f" vs one build {goals['index_requests_one_build']} (goal: equal)")
+    print("goals (restore backend: %s):\n  " % rows["bootseer restore"]["backend"]
+          + "\n  ".join(lines))
+    return {"ready_s": {k: round(v, 3) for k, v in ready.items()},
+            "hot_import_s": {k: [round(x, 3) for x in v] for k, v in hot.items()},
+            "goals": {k: round(v, 3) for k, v in goals.items()}}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stack", choices=sorted(STACKS), default="large",
+                   help="the package set (default large)")
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--per-connection", default="250m", help="nginx limit_rate, bits/s")
-    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--nodes", type=int, help="N nodes at once (default: small 4, large 0)")
     p.add_argument("--with-torch", action="store_true", help="add torch CPU to the stack")
-    p.add_argument("--assets", default="/var/tmp/bootseer-bench/deps")
-    p.add_argument("--out", default=str(ROOT / "bench/results/deps.json"))
+    p.add_argument("--wheel-cache", default=WHEEL_CACHE,
+                   help=f"where wheelhouses are kept between runs (default {WHEEL_CACHE})")
+    p.add_argument("--out", help="default bench/results/deps.json (small: deps-small.json)")
     args = p.parse_args()
-    reqs = STACK + ([TORCH] if args.with_torch else [])
-    index = wheelhouse(Path(args.assets), reqs)
+    if os.geteuid() != 0:
+        print("bench/deps needs root (network namespace, mount namespaces, FUSE)",
+              file=sys.stderr)
+        return 1
+    stack = STACKS[args.stack]
+    nodes = stack.nodes if args.nodes is None else args.nodes
+    out = Path(args.out or ROOT / "bench/results" /
+               ("deps.json" if stack.name == "large" else f"deps-{stack.name}.json"))
+    reqs = list(stack.pins) + ([TORCH] if args.with_torch else [])
+    index = wheelhouse(Path(args.wheel_cache), stack.name, reqs)
     Path(NODE_ROOT).mkdir(parents=True, exist_ok=True)
     from bootseer.demo.link import rate_bits
     limit = str(int(rate_bits(args.per_connection + 'bit') / 8))
-    rows: dict[str, dict] = {}
+    hot: dict[str, list[float]] = {}
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
-    with scratch_tmpfs("12g") as scratch, shaped_link(args.rate) as netns:
+    with scratch_tmpfs("8g") as scratch, node_disks() as nodes_dir, \
+            shaped_link(args.rate) as netns:
         www = scratch / "www"
         www.mkdir()
         (www / "pypi").symlink_to(index)
         web = servers.start_nginx(www, scratch / "nginx-run", netns=netns, limit_rate=limit,
                                   access_log=True)
-        access = scratch / "nginx-run" / "access.log"
-
-        def index_requests() -> int:
-            return sum(1 for line in open(access, errors="replace") if "/pypi/" in line) \
-                if access.exists() else 0
+        row = Rows(scratch / "nginx-run" / "access.log")
         reg = servers.start_registry(scratch / "registry", scratch / "registry-run",
                                      netns=netns)
         try:
             spec = scratch / "requirements.txt"
             spec.write_text("\n".join(reqs) + "\n")
-            store = f"oci://127.0.0.1:{reg.port}/bench"
-            b = Bench(scratch, netns, f"{web.url}/pypi/simple", store, spec)
+            b = Bench(nodes_dir, netns, f"{web.url}/pypi/simple",
+                      f"oci://127.0.0.1:{reg.port}/bench", spec, stack)
             size = sum(f.stat().st_size for f in (index / "wheels").iterdir())
-            print(f"stack: {len(reqs)} requirements, {size / 1e6:.0f} MB of wheels; link "
-                  f"{args.rate}, {args.per_connection}bit/s per connection", flush=True)
-
-            seen = [0]
-
-            def row(name, secs, imp=None):
-                n_req = index_requests() - seen[0]
-                seen[0] += n_req
-                rows[name] = {"seconds": round(secs, 3), "import_s": imp and round(imp, 3),
-                              "index_requests": n_req}
-                print(f"  {name:<28} {secs:7.2f} s   index requests {n_req:4d}"
-                      + (f"   first import {imp:5.2f} s" if imp is not None else ""),
-                      flush=True)
-
-            row("pip install", *b.timed(b.node(), b.pip()))
-            uv_node = b.node()
-            row("uv cold", *b.timed(uv_node, b.uv()))
-            subprocess.run(["rm", "-rf", str(uv_node / "opt" / "env")], check=True)
-            row("uv warm", *b.timed(uv_node, b.uv()))
-            row("bootseer build", *b.timed(b.node(), b.ensure()))
-            key = b.key()
-            seen[0] = index_requests()  # the key's resolution is the launcher's, once per job
-            print(f"  (key {key[:19]}, resolved once per job as bootseer run --deps-key does)")
-            node = b.node()
-            row("bootseer restore", *b.timed(node, b.ensure(key)))
-            row("bootseer warm", *b.timed(node, b.ensure(key)))
-            row("bootseer mount", *b.timed(b.node(), b.ensure(key, mount=True), b.umount()))
-            row("bootseer mount+prof", *b.timed(b.node(), b.ensure(key, mount=True),
-                                                b.umount()))
-            n = args.nodes
-            row(f"{n} nodes uv cold", b.parallel([(b.node(), b.uv()) for _ in range(n)]))
-            # An empty store for the N-node ensure: a new repository name.
-            b.store_url = f"oci://127.0.0.1:{reg.port}/bench-n"
-            row(f"{n} nodes bootseer ensure",
-                b.parallel([(b.node(), b.ensure(key)) for _ in range(n)]))
+            print(f"stack {stack.name}: {len(reqs)} pins, {size / 1e6:.0f} MB of wheels; link "
+                  f"{args.rate}, {args.per_connection}bit/s per connection; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            try:
+                run_variants(b, nodes, row, hot)
+            finally:
+                b.close_nodes()
         finally:
             web.stop()
             reg.stop()
-    uv_cold, pip = rows["uv cold"]["seconds"], rows["pip install"]["seconds"]
-    print("\nratios to uv cold:")
-    for name, r in rows.items():
-        print(f"  {name:<28} {r['seconds'] / uv_cold:6.2f}x")
-    restore = rows["bootseer restore"]
-    n = args.nodes
-    print(f"goals: restore / uv cold {restore['seconds'] / uv_cold:.2f} (<= 0.2), "
-          f"restore / pip {restore['seconds'] / pip:.2f} (<= 0.1), "
-          f"warm {rows['bootseer warm']['seconds']:.2f} s (<= 0.1, includes starting "
-          f"the bootseer process and resolving nothing), import restored / pip "
-          f"{restore['import_s'] / rows['pip install']['import_s']:.2f} (<= 1.1), "
-          f"index requests {n} nodes {rows[f'{n} nodes bootseer ensure']['index_requests']}"
-          f" vs one build {rows['bootseer build']['index_requests']}")
-    ready = {k: rows[k]["seconds"] + rows[k]["import_s"] for k in
-             ("pip install", "uv cold", "bootseer restore", "bootseer mount",
-              "bootseer mount+prof")}
-    print("environment ready and main packages imported (the start a job waits for): "
-          + ", ".join(f"{k} {v:.2f} s ({v / ready['uv cold']:.2f}x uv cold)"
-                      for k, v in ready.items()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    summary = report(row.rows, hot, nodes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "stack": stack.name, "pins": reqs,
+                               "wheels_mb": round(size / 1e6), "rows": row.rows,
+                               "load_after": os.getloadavg()[0], **summary}, indent=1))
     return 0
 
 
