@@ -126,3 +126,39 @@ def test_ckpt_prefetch_takes_store(world):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["failed"] == 0
     assert (world.root / "profiles" / "refs").is_dir()        # the store it was given
+
+
+def test_store_stat_and_ref_get_print_json(world):
+    doc = _json(world.run("store", "stat", DIGEST_OF_HI, "--json"))
+    assert doc == {"schema": 1, "store": str(world.store), "digest": DIGEST_OF_HI, "size": 3}
+    assert world.run("store", "ref", "set", "team/a", DIGEST_OF_HI).returncode == 0
+    doc = _json(world.run("store", "ref", "get", "team/a", "--json"))
+    assert doc == {"schema": 1, "store": str(world.store), "name": "team/a",
+                   "digest": DIGEST_OF_HI}
+    missing = world.run("store", "ref", "get", "team/none", "--json")
+    assert missing.returncode == 1 and "no ref 'team/none'" in missing.stderr
+
+
+def test_dash_is_stdout_for_every_output_file(world):
+    """``-`` names standard output wherever a verb writes a file; no file named ``-``."""
+    got = world.run("store", "get", DIGEST_OF_HI, "-o", "-")
+    assert got.returncode == 0 and got.stdout == "hi\n", got.stderr
+    profile = world.root / "p.json"
+    profile.write_text(json.dumps({"kind": "bootseer.profile", "version": 1, "tree": "sha256:"
+                                   + "a" * 64, "runs": 1, "chunks": []}))
+    merged = world.run("image", "profile", "merge", str(profile), "-o", "-")
+    assert merged.returncode == 0, merged.stderr
+    assert json.loads(merged.stdout)["kind"] == "bootseer.profile"
+    sim = world.run("simulate", "sim", "--jobs", "20")
+    assert sim.returncode == 0, sim.stderr
+    analyzed = world.run("analyze", "sim", "--json", "-")
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert isinstance(json.loads(analyzed.stdout), dict)     # the text went to stderr
+    assert analyzed.stderr.strip()
+    both = world.run("analyze", "sim", "--json", "-", "--html", "-")
+    assert both.returncode == 2 and "only one of" in both.stderr
+    run = world.run("run", "--summary", "-", "--", "echo", "job-out")
+    assert run.returncode == 0, run.stderr
+    job_line, summary = run.stdout.split("\n", 1)
+    assert job_line == "job-out" and "job.run" in json.loads(summary)["phases"]
+    assert not (world.root / "-").exists()

@@ -11,27 +11,37 @@ def register(sub) -> None:
     p.add_argument("dir", help="simulator output directory / cluster.jsonl / traces directory "
                    "/ a store that 'bootseer run --trace URL' uploaded to")
     p.add_argument("--baseline", metavar="DIR", help="compare with this cluster")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
-    p.add_argument("--json", metavar="FILE", help="write a JSON summary")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (- : "
+                                                  "standard output)")
+    p.add_argument("--json", metavar="FILE", help="write a JSON summary (- : standard output)")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     import json
+    import sys
     from bootseer import outputs
+    from bootseer.cli import write_output
+    from bootseer.errors import UsageError
     from bootseer.trace import cluster
+    files = [p for p in (args.json, args.html) if p]
+    if files.count("-") > 1:
+        raise UsageError("only one of --json, --html can be - (standard output)")
+    for path in files:
+        if path != "-":
+            outputs.check(path)   # before the work, not after it
+    # the text goes to stderr when stdout carries the machine-readable output
+    text_out = sys.stderr if "-" in files else sys.stdout
     recs, notes = cluster.read_attempts(args.dir)
     c = cluster.characterize(recs)
     out = cluster.text(c, notes)
-    print(out)
+    print(out, file=text_out)
     if args.baseline:
         b = cluster.characterize(cluster.read_attempts(args.baseline)[0])
-        print()
-        print(cluster.compare(c, b))
+        print(file=text_out)
+        print(cluster.compare(c, b), file=text_out)
     if args.json:
-        with outputs.open_output(args.json) as f:
-            json.dump(c, f, indent=1)
+        write_output(args.json, json.dumps(c, indent=1))
     if args.html:
-        with outputs.open_output(args.html) as f:
-            f.write(cluster.to_html(c, f"bootseer analyze: {args.dir}", out))
+        write_output(args.html, cluster.to_html(c, f"bootseer analyze: {args.dir}", out))
     return 0

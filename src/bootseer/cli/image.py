@@ -64,7 +64,7 @@ def register(sub) -> None:
     x.add_argument("--min-support", type=float, default=0.0, metavar="FRACTION",
                    help="keep only chunks read by at least this fraction of the runs")
     x.add_argument("--budget", default=None, help="byte budget, e.g. 2GiB")
-    x.add_argument("-o", "--output", help="write here (default stdout)")
+    x.add_argument("-o", "--output", help="write here; - is standard output (the default)")
     x.set_defaults(func=_merge)
     x = pv.add_parser("push", help="store a profile file; point the tree's profile ref at it")
     x.add_argument("file", help="profile (JSON) from `image profile merge` or a recording")
@@ -330,12 +330,8 @@ def _merge(args) -> int:
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise prof.ProfileError(f"cannot merge {', '.join(args.files)}: not recorded "
                                 f"profiles ({type(e).__name__}: {e})") from None
-    out = json.dumps(merged)
-    if args.output:
-        from bootseer import outputs
-        outputs.write_text(args.output, out)
-    else:
-        print(out)
+    from bootseer.cli import write_output
+    write_output(args.output or "-", json.dumps(merged))
     return 0
 
 

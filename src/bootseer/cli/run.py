@@ -93,7 +93,8 @@ def register(sub) -> None:
                         "a CDI spec is preferred, else the NVIDIA device nodes)")
     g.add_argument("--shm-size", metavar="SIZE",
                    help="a private /dev/shm of SIZE (e.g. 16GiB) instead of the host's IPC")
-    g.add_argument("--summary", metavar="FILE", help="write per-phase timings (JSON) here")
+    g.add_argument("--summary", metavar="FILE",
+                   help="write per-phase timings (JSON) here (- : standard output)")
     g.add_argument("--ready-regex", metavar="REGEX",
                    help="the job is ready at the first line of CMD's output matching REGEX "
                         "(e.g. 'step 1 '), for jobs that do not create $BOOTSEER_READY_FILE")
@@ -149,8 +150,8 @@ def summary_arg(path: str | None) -> str | None:
     absolute (the run may change directory before it writes it, in place)."""
     import os
     from bootseer import outputs
-    if path is None:
-        return None
+    if path is None or path == "-":   # -: standard output, after the job's own output
+        return path
     outputs.check(path, "summary")
     return os.path.abspath(path)
 

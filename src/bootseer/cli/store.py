@@ -1,12 +1,12 @@
 """``bootseer store``: look at and edit a store by hand (debugging, publishing).
 
     bootseer store put FILE|- [--ref NAME] [--store URL]    prints the digest
-    bootseer store get DIGEST [-o FILE]                     streamed, verified
+    bootseer store get DIGEST [-o FILE|-]                   streamed, verified
     bootseer store cat DIGEST                               to standard output
-    bootseer store stat DIGEST                              digest and size in bytes
+    bootseer store stat DIGEST [--json]                     digest and size in bytes
     bootseer store ls                                       blob digests
     bootseer store ls --refs [PREFIX]                       refs and their digests
-    bootseer store ref get NAME | set NAME DIGEST [--exclusive] | rm NAME
+    bootseer store ref get NAME [--json] | set NAME DIGEST [--exclusive] | rm NAME
     bootseer store gc [--dry-run] [--min-age 24h]           unreferenced blobs
 """
 
@@ -37,14 +37,15 @@ def register(sub) -> None:
     v.set_defaults(func=_put)
     v = verbs.add_parser("get", help="write a blob (streamed, verified) to a file or stdout")
     v.add_argument("digest", help=DIGEST_HELP)
-    v.add_argument("-o", "--output", help="file (default: standard output); written only if "
-                                          "the blob verifies")
+    v.add_argument("-o", "--output", help="file, or - for standard output (the default); "
+                                          "written only if the blob verifies")
     v.set_defaults(func=_get)
     v = verbs.add_parser("cat", help="a blob to standard output (verified)")
     v.add_argument("digest", help=DIGEST_HELP)
     v.set_defaults(func=_get, output=None)
     v = verbs.add_parser("stat", help="digest and size (bytes) of a blob")
     v.add_argument("digest", help=DIGEST_HELP)
+    add_json_arg(v, "the digest and size")
     v.set_defaults(func=_stat)
     v = verbs.add_parser("ls", help="list blobs (or refs with --refs)")
     v.add_argument("--refs", action="store_true", help="list refs and their digests")
@@ -68,6 +69,7 @@ def register(sub) -> None:
     refs = _StoreVerbs(v.add_subparsers(dest="ref_verb", metavar="get|set|rm", required=True))
     r = refs.add_parser("get", help="print the digest a ref points to")
     r.add_argument("name", help=REF_HELP)
+    add_json_arg(r, "the ref's name and digest")
     r.set_defaults(func=_ref_get)
     r = refs.add_parser("set", help="point a ref at a blob of the store")
     r.add_argument("name", help=REF_HELP)
@@ -166,6 +168,8 @@ def _get(args) -> int:
     from bootseer.errors import DigestMismatch
     from bootseer.store.digest import parse
     digest = parse(args.digest)
+    if args.output == "-":
+        args.output = None
     if args.output:
         outputs.check(args.output)
     store = _open(args)
@@ -195,7 +199,13 @@ def _get(args) -> int:
 
 def _stat(args) -> int:
     from bootseer.store.digest import parse
-    print(f"{args.digest}\t{_open(args).stat(parse(args.digest))}")
+    digest = parse(args.digest)
+    store = _open(args)
+    size = store.stat(digest)
+    if args.json:
+        print_json({"store": store.url, "digest": digest, "size": size})
+    else:
+        print(f"{digest}\t{size}")
     return 0
 
 
@@ -256,7 +266,10 @@ def _ref_get(args) -> int:
     digest = store.get_ref(args.name)
     if digest is None:
         raise BlobNotFound(f"no ref {args.name!r} in {store.url}", url=store.url)
-    print(digest)
+    if args.json:
+        print_json({"store": store.url, "name": args.name, "digest": digest})
+    else:
+        print(digest)
     return 0
 
 

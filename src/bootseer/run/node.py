@@ -413,6 +413,9 @@ class NodeRun:
             return
         data = self.timeline.to_json()
         data["ready_s"] = (self.ready_at - self.timeline.t0) if self.ready_at else None
+        if self.spec.summary == "-":
+            print(json.dumps(data, indent=1), flush=True)
+            return
         from bootseer import outputs   # the user's path: written in place, never renamed over
         outputs.write_text(self.spec.summary, json.dumps(data, indent=1), "summary")
 
