@@ -179,8 +179,15 @@ class CkptConfig:
     """Who may read staged checkpoint files and their access profiles: ``auto`` (only the
     owner, 0600 files / 0700 folders, when the checkpoint was read with credentials; else
     everyone, 0644), ``private`` (only the owner, always) or ``shared`` (everyone)."""
+    fuse: str = "auto"
+    """Which FUSE server a checkpoint mount runs: ``devfuse`` (bootseer's own /dev/fuse
+    server: staged files read through kernel passthrough), ``mfusepy`` (libfuse), or
+    ``auto`` (devfuse where the kernel offers passthrough and the process has
+    CAP_SYS_ADMIN, else mfusepy, said once in the log)."""
 
     def __post_init__(self) -> None:
+        if self.fuse not in ("auto", "devfuse", "mfusepy"):
+            raise ConfigError("ckpt.fuse", f"{self.fuse!r} is not auto, devfuse or mfusepy")
         for name in ("stripe_bytes", "memory_budget_bytes", "max_stripes_in_flight", "per_host"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ckpt.{name}", "must be > 0")

@@ -1,6 +1,9 @@
 """``bootseer ckpt mount``: a remote checkpoint directory as a read-only FUSE view, so
 torch.load, safetensors and torch.distributed.checkpoint work unchanged on it; and the
-staged mirror a job reads instead once the prefetch has staged every file."""
+staged mirror a job reads instead once the prefetch has staged every file.
+
+Served by devfuse where the kernel offers passthrough (a staged file is then read by the
+kernel from its staging copy), else by mfusepy (``ckpt.fuse``; see docs/ckpt.md)."""
 
 from __future__ import annotations
 
@@ -76,10 +79,20 @@ def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefe
     """Serve ``url`` at ``mountpoint`` (returns the mount handle); see :func:`build_view`.
     A wrong URL, a dead server, a mirror holding other files or a budget below one stripe
     fails here, before mounting."""
-    from bootseer.mount.fuse import mount
     RemoteDir(url, mirrors=mirrors).check_root()
     factory = functools.partial(build_view, url, config, memory_budget=memory_budget,
                                 mode=mode, prefetch=prefetch, stats_path=stats_path,
                                 start_after=start_after, rank=rank, world=world,
                                 mirrors=tuple(mirrors))
-    return mount(factory, mountpoint, name="bootseer-ckpt")
+    return mount_backend(config).mount(factory, mountpoint, name="bootseer-ckpt")
+
+
+def mount_backend(config: BootseerConfig):
+    """The module serving checkpoint mounts here (``mount`` and ``run_foreground``):
+    devfuse, whose staged files are read through kernel passthrough, or mfusepy."""
+    from bootseer.mount import ckpt_backend
+    if ckpt_backend(config.ckpt.fuse) == "devfuse":
+        from bootseer.mount.devfuse import process
+        return process
+    from bootseer.mount import fuse
+    return fuse

@@ -57,6 +57,16 @@ class RemoteDirView:
     def read(self, path: str, size: int, offset: int) -> bytes:
         return self.reader(path).read(offset, size)
 
+    def backing_path(self, path: str) -> str | None:
+        """The staged copy of ``path`` once every stripe of it is in place (else None):
+        a devfuse mount opens it with passthrough, and the kernel serves its reads and
+        mmaps (none of them then counts in the load report or the access profile)."""
+        if self.mode != "striped":
+            return None
+        staged = self.reader(path).staged   # taking the file up also spares it from gc
+        # the marker: another process (a `ckpt prefetch`) may have finished it meanwhile
+        return str(staged.path) if staged.complete or staged.marker.exists() else None
+
     def statfs(self) -> dict:
         return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_namemax": 255}
 

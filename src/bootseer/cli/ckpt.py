@@ -49,16 +49,15 @@ def register(sub) -> None:
 
 def _mount(args) -> int:
     from bootseer.ckpt.listing import RemoteDir
-    from bootseer.ckpt.mount import build_view
+    from bootseer.ckpt.mount import build_view, mount_backend
     from bootseer.config import BootseerConfig
-    from bootseer.mount.fuse import run_foreground
     from bootseer.cli._errors import reaching
     config = BootseerConfig.from_env(overrides={"store": {"url": args.store}})
     with reaching(args.url, "checkpoint"):   # a wrong URL or missing driver fails here
         RemoteDir(args.url, mirrors=args.mirror).check_root()
     factory = functools.partial(build_view, args.url, config, mode=args.mode,
                                 prefetch=not args.no_prefetch, mirrors=tuple(args.mirror))
-    return run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
+    return mount_backend(config).run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
 
 
 def _prefetch(args) -> int:
@@ -68,6 +67,7 @@ def _prefetch(args) -> int:
     from bootseer.ckpt.staging import node_staging_dir
     from bootseer.config import BootseerConfig
     from bootseer.cli._errors import reaching
+    from bootseer.cli._status import follow, say
     from bootseer.errors import UsageError
     if (args.rank is None) != (args.world is None):
         raise UsageError("ckpt prefetch: give --rank and --world together")
@@ -81,11 +81,26 @@ def _prefetch(args) -> int:
             remote = RemoteDir(args.url, mirrors=args.mirror)
             remote.check_root()
         prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world)
-        print(f"bootseer ckpt prefetch: plan from the {PLAN_NAMES[kind]}", file=sys.stderr)
-        prefetch.join()
+        say(f"bootseer ckpt prefetch: plan from the {PLAN_NAMES[kind]}")
+        follow("ckpt prefetch", sum(s.end - s.start for s in prefetch.spans),
+               functools.partial(_staged_bytes, engine, prefetch.spans), prefetch.join)
         print(json.dumps({"plan": kind, "stripes": len(prefetch.issued),
                           "failed": prefetch.failed, **engine.statistics().as_dict()}))
     return 1 if prefetch.failed else 0
+
+
+def _staged_bytes(engine, spans) -> int:
+    """Bytes of the plan's spans that are in the staging area now (what the bar shows)."""
+    done = 0
+    for span in spans:
+        f = engine.file(span.source)
+        if span.end <= span.start or not f.S:
+            continue
+        for idx in range(span.start // f.S, (min(span.end, f.size) - 1) // f.S + 1):
+            if f.staged.has(idx):
+                a, b = f.staged.span(idx)
+                done += max(0, min(b, span.end) - max(a, span.start))
+    return done
 
 
 def _gc(args) -> int:

@@ -3,7 +3,9 @@
 turns it into a mount (ro, nosuid, nodev, 1 MiB kernel reads).
 
 Lazy trees may instead be served by the kernel's EROFS (``bootseer.mount.erofs``);
-:func:`tree_backend` is the one place that chooses."""
+:func:`tree_backend` is the one place that chooses. Checkpoint mounts may be served by
+bootseer's own /dev/fuse server with passthrough (``bootseer.mount.devfuse``);
+:func:`ckpt_backend` chooses."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 
 log = logging.getLogger("bootseer.mount")
 _fallback_said = False
+_ckpt_fallback_said = False
 
 
 def tree_backend(config) -> str:
@@ -33,3 +36,24 @@ def tree_backend(config) -> str:
         log.warning("kernel EROFS path unavailable (%s): lazy trees use the FUSE tree view",
                     why)
     return "fuse"
+
+
+def ckpt_backend(wanted: str) -> str:
+    """``"devfuse"`` or ``"mfusepy"`` for a checkpoint mount, from ``ckpt.fuse`` and a
+    probe of this kernel and process (once per process); a fallback from ``auto`` is
+    logged once, a forced ``devfuse`` that cannot work is an error."""
+    global _ckpt_fallback_said
+    if wanted == "mfusepy":
+        return "mfusepy"
+    from bootseer.mount.devfuse.probe import passthrough_unavailable
+    from bootseer.mount.fuse import MountError
+    why = passthrough_unavailable()
+    if why is None:
+        return "devfuse"
+    if wanted == "devfuse":
+        raise MountError(f"BOOTSEER_CKPT_FUSE=devfuse but FUSE passthrough is unavailable: "
+                         f"{why} (set it to auto or mfusepy)")
+    if not _ckpt_fallback_said:
+        _ckpt_fallback_said = True
+        log.warning("FUSE passthrough unavailable (%s): checkpoint mounts use mfusepy", why)
+    return "mfusepy"

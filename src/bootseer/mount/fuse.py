@@ -187,10 +187,12 @@ class MountHandle:
 
 
 def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_kb: int = 1024,
-          name: str = "bootseer", timeout: float = 30) -> MountHandle:
+          name: str = "bootseer", timeout: float = 30, serve: Callable | None = None,
+          handle: type | None = None) -> MountHandle:
     """Mount ``view_factory()`` at ``mountpoint`` in a child process; return when it is
     serving. Errors building the view are raised here, before anything is mounted.
-    The server dies with this process; what a killed one left is removed first."""
+    The server dies with this process; what a killed one left is removed first.
+    ``serve``/``handle``: another backend's child entry and handle (mount/devfuse)."""
     alive.sweep_dead()   # a mount left at ``mountpoint`` by a SIGKILLed command goes now
     if not os.path.isdir(mountpoint):
         raise MountError(f"mount point {mountpoint} is not a directory")
@@ -205,7 +207,8 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
     # nothing; the view factory must pickle (a module-level function or a partial of one).
     ctx = multiprocessing.get_context("spawn")
     r, w = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_serve, args=(view_factory, mountpoint, name, w, os.getpid()),
+    proc = ctx.Process(target=serve or _serve,
+                       args=(view_factory, mountpoint, name, w, os.getpid()),
                        daemon=False,
                        name=f"bootseer-fuse-{name}")
     try:
@@ -239,12 +242,13 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
         time.sleep(0.02)
     state = alive.note_mount(mountpoint)
     set_read_ahead(mountpoint, read_ahead_kb)
-    return MountHandle(proc, mountpoint, state)
+    return (handle or MountHandle)(proc, mountpoint, state)
 
 
 def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,
-                   name: str = "bootseer") -> int:
-    """For the CLI: mount, wait for SIGINT/SIGTERM, unmount."""
+                   name: str = "bootseer", mount_with: Callable | None = None) -> int:
+    """For the CLI: mount (with ``mount_with``, another backend's mount), wait for
+    SIGINT/SIGTERM, unmount."""
     stop = {"sig": None}
 
     def on_signal(signum, _frame):
@@ -253,7 +257,7 @@ def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,
     # SIGTERM in between must still unmount cleanly, not kill us with the mount left.
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        handle = mount(view_factory, mountpoint, name=name)
+        handle = (mount_with or mount)(view_factory, mountpoint, name=name)
     except BaseException:
         for s, h in old.items():
             signal.signal(s, h)

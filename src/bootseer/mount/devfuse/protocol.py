@@ -43,6 +43,9 @@ PASSTHROUGH = 1 << 37
 # OPEN reply flags
 FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_CACHE_DIR = 1 << 3
+FOPEN_NOFLUSH = 1 << 5
+"""No FLUSH on close (nothing to flush read-only): one round trip less per file, and a file
+held across an unmount closes without ENOTCONN."""
 FOPEN_PASSTHROUGH = 1 << 7
 """Never together with FOPEN_KEEP_CACHE: the kernel then fails every read with EIO."""
 

@@ -219,9 +219,10 @@ class Server:
             if io.backing_id >= 0:   # never set while Python-path opens exist
                 io.passthrough += 1
                 return _OpenReply(FH_PASSTHROUGH, p.OPEN_OUT.pack(
-                    FH_PASSTHROUGH, p.FOPEN_PASSTHROUGH, io.backing_id))
+                    FH_PASSTHROUGH, p.FOPEN_PASSTHROUGH | p.FOPEN_NOFLUSH, io.backing_id))
             io.python += 1
-        return _OpenReply(FH_PYTHON, p.OPEN_OUT.pack(FH_PYTHON, p.FOPEN_KEEP_CACHE, 0))
+        return _OpenReply(FH_PYTHON, p.OPEN_OUT.pack(
+            FH_PYTHON, p.FOPEN_KEEP_CACHE | p.FOPEN_NOFLUSH, 0))
 
     def _undo_open(self, node: int, fh: int) -> None:
         with self._lock:

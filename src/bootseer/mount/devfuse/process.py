@@ -1,0 +1,87 @@
+"""A devfuse server in its own process, through the one mount seam (mount/fuse.py's
+``mount``: spawned child, view built after the spawn, dies with its owner, noted for the
+next command's sweep). Only the child's entry and the unmount differ from mfusepy's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Callable
+
+from bootseer import proc as procs
+from bootseer.mount import fuse, points
+from bootseer.mount.devfuse.server import Server
+from bootseer.mount.view import TreeView
+
+log = logging.getLogger("bootseer.mount")
+
+
+def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> None:
+    os.setsid()
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, lambda *_: stop.set())
+    # SIGTERM when the owner dies: the handler above unmounts, so no mount outlives it
+    procs.die_with_parent(parent_pid, signal.SIGTERM)
+    try:
+        view = view_factory()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        ready.send(f"error: {type(e).__name__}: {e}"[:4000])
+        os._exit(3)
+    server = Server(view, mountpoint, name=name, threads=fuse.FUSE_MAX_THREADS // 2)
+    try:
+        server.start()
+    except OSError as e:
+        ready.send(f"error: {e}"[:4000])
+        _close(view)
+        os._exit(1)
+    ready.send("ok")
+    ready.close()
+    log.info("devfuse serving %s at %s (passthrough %s)", name, mountpoint,
+             "on" if server.passthrough else "off")
+    while not stop.is_set() and not server.ended.wait(0.2):
+        pass
+    server.stop()
+    _close(view)
+    os._exit(0)
+
+
+def _close(view) -> None:
+    if hasattr(view, "close"):
+        try:
+            view.close()
+        except Exception as e:  # noqa: BLE001 - an unmount never fails on the view
+            log.warning("closing the view failed: %s", e)
+
+
+class DevfuseHandle(fuse.MountHandle):
+    def unmount(self, timeout: float = 20) -> None:
+        """Idempotent. The server unmounts itself on SIGTERM (detaching a mount whose
+        files are still open: those then fail with ENOTCONN, passthrough files keep
+        reading their staged copy), stops and exits; a hung one is killed."""
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        if os.path.ismount(self.mountpoint):
+            points.lazy_unmount(self.mountpoint)
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+
+
+def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_kb: int = 1024,
+          name: str = "bootseer", timeout: float = 30) -> DevfuseHandle:
+    """Like :func:`bootseer.mount.fuse.mount`, served by devfuse (needs CAP_SYS_ADMIN)."""
+    return fuse.mount(view_factory, mountpoint, read_ahead_kb=read_ahead_kb, name=name,
+                      timeout=timeout, serve=_serve, handle=DevfuseHandle)
+
+
+def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,
+                   name: str = "bootseer") -> int:
+    return fuse.run_foreground(view_factory, mountpoint, name=name,
+                               mount_with=mount)

@@ -1,0 +1,269 @@
+"""bootseer's own /dev/fuse server against the real kernel: staged files through
+passthrough (no READ reaches Python, mmap works), streaming files through Python, many
+readers at once, misses, unmount with files held open, and the choice of backend."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import logging
+import os
+import random
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from bootseer.mount.devfuse import probe
+from bootseer.mount.devfuse.process import mount as devfuse_mount
+from bootseer.mount.devfuse.server import Server
+from bootseer.mount.fuse import MountError
+from bootseer.mount.view import Attr
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.fuse]
+MiB = 1 << 20
+# the same bytes in a spawned server process, which imports this module again
+DATA = {f"/f{i}": random.Random(i).randbytes(2 * MiB + i) for i in range(8)}
+
+
+class StagedView:
+    """``/staged`` has a local backing file; ``/f0``..``/f7`` stream through ``read``,
+    each READ taking a little while, so concurrent readers overlap in the server."""
+
+    def __init__(self, backing: str, read_delay: float = 0.0):
+        self.backing, self.read_delay = backing, read_delay
+        with open(backing, "rb") as f:
+            self.staged = f.read()
+        self.active = self.most_active = 0
+        self._lock = threading.Lock()
+
+    def getattr(self, path):
+        if path == "/":
+            return Attr(mode=stat.S_IFDIR | 0o755, size=0, nlink=2)
+        if path == "/staged":
+            return Attr(mode=stat.S_IFREG | 0o644, size=len(self.staged))
+        if path in DATA:
+            return Attr(mode=stat.S_IFREG | 0o644, size=len(DATA[path]))
+        raise FileNotFoundError(path)
+
+    def readdir(self, path):
+        return ["staged", *(k[1:] for k in DATA)]
+
+    def readlink(self, path):
+        raise OSError(errno.EINVAL, "not a symlink")
+
+    def read(self, path, size, offset):
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            time.sleep(self.read_delay)
+            return (self.staged if path == "/staged" else DATA[path])[offset:offset + size]
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    def backing_path(self, path):
+        return self.backing if path == "/staged" else None
+
+
+def staged_view(backing: str) -> StagedView:   # a module-level factory pickles
+    return StagedView(backing)
+
+
+@pytest.fixture
+def backing(tmp_path):
+    path = tmp_path / "staged-copy"
+    path.write_bytes(os.urandom(3 * MiB + 77))
+    return str(path)
+
+
+@pytest.fixture
+def served(need_fuse, tmp_path, backing):
+    if probe.passthrough_unavailable():
+        pytest.fail(f"this kernel cannot do passthrough: {probe.passthrough_unavailable()}")
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    view = StagedView(backing, read_delay=0.02)
+    with Server(view, str(mp), name="devfuse-test") as server:
+        yield server, view, mp
+    assert not os.path.ismount(mp)
+
+
+def test_staged_file_is_read_by_the_kernel_not_python(served, backing):
+    server, view, mp = served
+    assert server.passthrough
+    assert (mp / "staged").read_bytes() == view.staged
+    assert server.reads["/staged"] == 0 and server.counts["open"] == 1
+    assert server.counts["flush"] == 0   # FOPEN_NOFLUSH: no round trip at close
+
+
+def test_mmap_of_a_staged_file(served):
+    server, view, mp = served
+    # in another process: a page fault that needed this server would hold our GIL
+    code = ("import mmap, sys, hashlib\n"
+            "with open(sys.argv[1], 'rb') as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)"
+            " as m:\n    print(hashlib.sha256(m[:]).hexdigest(), m[5 * 1024:5 * 1024 + 3].hex())")
+    out = subprocess.run([sys.executable, "-c", code, str(mp / "staged")], capture_output=True,
+                         text=True, timeout=30, check=True).stdout.split()
+    import hashlib
+    assert out == [hashlib.sha256(view.staged).hexdigest(), view.staged[5 * 1024:][:3].hex()]
+    assert server.reads["/staged"] == 0
+
+
+def test_streaming_file_goes_through_python_reads(served):
+    server, view, mp = served
+    assert (mp / "f3").read_bytes() == DATA["/f3"]
+    assert server.reads["/f3"] >= 1
+
+
+def test_concurrent_readers_are_served_in_parallel(served):
+    server, view, mp = served
+    results: dict[str, bytes] = {}
+
+    def read(name):
+        fd = os.open(mp / name, os.O_RDONLY)
+        try:
+            chunks, off = [], 0
+            while chunk := os.pread(fd, 256 * 1024, off):
+                chunks.append(chunk)
+                off += len(chunk)
+            results[name] = b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    names = [k[1:] for k in DATA] + ["staged", "staged"]
+    threads = [threading.Thread(target=read, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(results[k[1:]] == v for k, v in DATA.items())
+    assert results["staged"] == view.staged
+    assert view.most_active > 1, "READs were answered one at a time"
+    assert server.reads["/staged"] == 0
+
+
+def test_missing_file_is_enoent_and_the_miss_is_cached(served):
+    server, view, mp = served
+    with pytest.raises(FileNotFoundError):
+        os.stat(mp / "nope")
+    lookups = server.counts["lookup"]
+    assert not os.path.exists(mp / "nope")
+    assert server.counts["lookup"] == lookups   # negative entry kept by the kernel
+    assert sorted(os.listdir(mp)) == sorted(["staged", *(k[1:] for k in DATA)])
+
+
+def test_read_only_and_options(served):
+    server, view, mp = served
+    with pytest.raises(OSError) as e:
+        open(mp / "f0", "r+b")
+    assert e.value.errno in (errno.EROFS, errno.EACCES)
+    opts = next(line for line in open("/proc/mounts") if f" {mp} " in line).split()
+    assert opts[2] == "fuse.bootseer"
+    assert {"ro", "nosuid", "nodev"} <= set(opts[3].split(","))
+
+
+def test_unmount_with_files_held_open(need_fuse, tmp_path, backing):
+    import functools
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    # the seam's spawner keeps its own pipes from the first mount on: count after one
+    devfuse_mount(functools.partial(staged_view, backing), str(mp)).unmount()
+    fds_before = set(os.listdir("/proc/self/fd"))
+    h = devfuse_mount(functools.partial(staged_view, backing), str(mp), name="held")
+    want = open(backing, "rb").read()
+    staged = os.open(mp / "staged", os.O_RDONLY)
+    streaming = os.open(mp / "f1", os.O_RDONLY)
+    assert os.pread(staged, 10, 0) == want[:10]
+    assert os.pread(streaming, 10, 0) == DATA["/f1"][:10]
+    started = time.monotonic()
+    h.unmount()
+    assert time.monotonic() - started < 10   # detached, not waiting for the holders
+    assert not os.path.ismount(mp)
+    assert h.proc.exitcode == 0
+    # the staged file's reads never needed the server; the streaming one's do
+    assert os.pread(staged, 10, MiB) == want[MiB:MiB + 10]
+    with pytest.raises(OSError) as e:
+        os.pread(streaming, 10, MiB)
+    assert e.value.errno == errno.ENOTCONN
+    os.close(staged)
+    os.close(streaming)   # no FLUSH to a server that is gone: closes cleanly
+    assert h.state is None
+    del h   # its process object holds the child's sentinel pipes until collected
+    gc.collect()
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_sigterm_unmounts_and_a_bad_factory_fails_before_mounting(need_fuse, tmp_path, backing):
+    import functools
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    h = devfuse_mount(functools.partial(staged_view, backing), str(mp))
+    os.kill(h.pid, 15)
+    h.proc.join(20)
+    assert h.proc.exitcode == 0 and not os.path.ismount(mp)
+    h.unmount()
+    with pytest.raises(MountError, match="FileNotFoundError"):
+        devfuse_mount(functools.partial(staged_view, str(tmp_path / "absent")), str(mp))
+    assert not os.path.ismount(mp)
+
+
+# -- the backend choice ------------------------------------------------------------------------
+def test_backend_choice_and_fallback_said_once(need_root, monkeypatch, caplog):
+    import bootseer.mount as seam
+    assert seam.ckpt_backend("mfusepy") == "mfusepy"
+    assert probe.passthrough_unavailable() is None   # this kernel: 6.9+ with passthrough
+    assert seam.ckpt_backend("auto") == "devfuse"
+    monkeypatch.setattr(probe, "passthrough_unavailable", lambda: "no CAP_SYS_ADMIN")
+    monkeypatch.setattr(seam, "_ckpt_fallback_said", False)
+    with caplog.at_level(logging.WARNING, logger="bootseer.mount"):
+        assert seam.ckpt_backend("auto") == "mfusepy"
+        assert seam.ckpt_backend("auto") == "mfusepy"
+    said = [r for r in caplog.records if "passthrough unavailable" in r.getMessage()]
+    assert len(said) == 1 and "no CAP_SYS_ADMIN" in said[0].getMessage()
+    with pytest.raises(MountError, match="BOOTSEER_CKPT_FUSE=devfuse but .*no CAP_SYS_ADMIN"):
+        seam.ckpt_backend("devfuse")
+
+
+def test_no_cap_sys_admin_is_found_by_the_probe(need_root):
+    code = ("from bootseer.mount.devfuse.probe import passthrough_unavailable as p; "
+            "print(p())")
+    # capsh is not everywhere; setpriv (util-linux) drops the capability for one command
+    r = subprocess.run(["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin",
+                        sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "CAP_SYS_ADMIN" in r.stdout
+
+
+# -- the checkpoint mount on it ----------------------------------------------------------------
+def test_checkpoint_mount_reads_a_staged_file_through_passthrough(need_fuse, tmp_path,
+                                                                  nginx_factory):
+    from bootseer.ckpt.mount import mount_checkpoint
+    from bootseer.config import BootseerConfig
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    want = os.urandom(3 * MiB + 5)
+    (d / "model.bin").write_bytes(want)
+    server = nginx_factory(d)
+    loads = []
+    for fuse in ("devfuse", "devfuse", "mfusepy"):
+        config = BootseerConfig.from_env(overrides={
+            "cache": {"dir": str(tmp_path / "cache/blobs")},
+            "ckpt": {"stripe_bytes": 256 * 1024, "fuse": fuse}})
+        mp = tmp_path / f"mnt{len(loads)}"
+        mp.mkdir()
+        stats = tmp_path / f"stats{len(loads)}.json"
+        with mount_checkpoint(f"{server.url}/", str(mp), config, prefetch=False,
+                              stats_path=str(stats)):
+            kind = next(line for line in open("/proc/mounts") if f" {mp} " in line).split()[2]
+            assert (mp / "model.bin").read_bytes() == want
+        loads.append((kind, json.loads(stats.read_text())["bytes_consumed"]))
+    # 1st: streamed through Python and staged; 2nd: the staged copy through passthrough
+    # (nothing handed to Python); 3rd, forced to mfusepy: Python reads the staged copy
+    assert loads == [("fuse.bootseer", len(want)), ("fuse.bootseer", 0),
+                     ("fuse", len(want))]
