@@ -51,21 +51,51 @@ def _covered(intervals: list[tuple[float, float]]) -> float:
 
 @dataclass
 class NodeView:
+    """One node of an attempt. What the summary needs is computed for every node; the
+    lanes (``spans``, ``marks``, ``lanes``: what the charts and exports draw) on first use,
+    since a 10,000-node report draws 24 of them."""
     node: str
     gpus: int
     start: float
     ready: float | None
     phases: dict[str, float] = field(default_factory=dict)   # top-level phase -> seconds
-    spans: list[dict] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    marks: list[dict] = field(default_factory=list)          # instants: phase, t, lane, attrs
-    lanes: list[str] = field(default_factory=list)            # lane labels, display order
     last_rank: int | None = None                              # the rank that was ready last
     missing_ranks: list[int] = field(default_factory=list)    # ranks that never got ready
+    last_end: float = 0.0                                     # the last span's end
+    # per rank (or "pid N"): the job's phases as RANK_COLUMNS name them -> intervals
+    rank_phases: dict = field(default_factory=dict)
+    rank_ready: dict = field(default_factory=dict)            # per rank: its ready mark
+    windows: list[dict] = field(default_factory=list)         # image.window marks' attrs
+    ckpt_loads: list[tuple] = field(default_factory=list)     # ckpt.load: (attrs, seconds)
+    collectives: dict = field(default_factory=dict)           # COLLECTIVES -> latest start
+    _source: tuple | None = field(default=None, repr=False, compare=False)
+    _lanes: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def to_ready(self) -> float | None:
         return None if self.ready is None else self.ready
+
+    @property
+    def spans(self) -> list[dict]:
+        """Spans: phase, start, end, status, parent, pid, rank, lane, attrs, track, depth."""
+        return self._lanes_built()[0]
+
+    @property
+    def marks(self) -> list[dict]:
+        """Instants (phase, t, lane, rank, pid, attrs), in time order."""
+        return self._lanes_built()[1]
+
+    @property
+    def lanes(self) -> list[str]:
+        """Lane labels in display order."""
+        return self._lanes_built()[2]
+
+    def _lanes_built(self) -> tuple:
+        if self._lanes is None:
+            self._lanes = _build_lanes(*self._source) if self._source else ([], [], [])
+            self._source = None
+        return self._lanes
 
 
 @dataclass
@@ -111,7 +141,8 @@ def wall_times(evs: list[dict]) -> tuple[list[tuple[float, float]], int]:
     duration is the monotonic one. Events without monotonic times keep their wall times.
     Returns the times and how many events were placed from the monotonic clock."""
     times = [(e["start"], e["end"]) for e in evs]
-    with_mono = [i for i, e in enumerate(evs) if _has_mono(e)]
+    with_mono = [i for i, e in enumerate(evs)
+                 if type(e.get("mono_start")) in _NUMBER and type(e.get("mono_end")) in _NUMBER]
     if not with_mono:
         return times, 0
     offsets = sorted(evs[i]["start"] - evs[i]["mono_start"] for i in with_mono)
@@ -148,6 +179,8 @@ def _lane_of(e: dict, parents: dict) -> tuple:
 def _lane_labels(keys: set, ranks: dict) -> dict:
     """Display labels of a node's lanes: the pipeline, with the rank (or process) when
     several processes of the node run the same pipeline."""
+    if len({key[0] for key in keys}) == len(keys):   # one process per pipeline: the usual
+        return {key: key[0] for key in keys}
     per_pipeline: dict[str, list] = {}
     for key in keys:
         per_pipeline.setdefault(key[0], []).append(key)
@@ -209,80 +242,130 @@ def _attempt(attempt: int, events: list[dict]) -> AttemptView:
         offsets = {n: ref - v for n, v in rdzv.items()}
         alignment = "rendezvous marks"
     t0 = min(min(t[0] for t in times[n]) + offsets[n] for n in by_node)
-    nodes = []
-    for n, evs in sorted(by_node.items()):
-        off = offsets[n] - t0
-        # a node is ready when every training rank on it is (the last rank's ready mark);
-        # a rank that wrote events but no ready mark was killed or failed first. Keyed by
-        # rank, not process: helpers started for a rank (a mount's server reporting its
-        # load) carry the rank's RANK and never mark ready themselves.
-        # one pass over the node's events (a 10,000-node report makes 70,000 of them)
-        readies: dict = {}
-        ranks: set = set()
-        parents: dict = {}
-        pid_rank: dict = {}
-        gpus = 0
-        for e, t in zip(evs, times[n]):
-            rank, pid = e.get("rank"), e.get("pid")
-            if rank is not None:
-                ranks.add(rank)
-                pid_rank[pid] = rank
-            gpus = max(gpus, int(e.get("gpus") or 0))
-            if e.get("kind") != "mark":
-                parents[(pid, e["phase"])] = e.get("parent")
-            elif e["phase"] == "ready":
-                who = rank if rank is not None else ("pid", pid)
-                readies[who] = max(readies.get(who, float("-inf")), t[0] + off)
-        missing = [r for r in ranks if r not in readies]
-        ready = max(readies.values()) if readies and not missing else None
-        last = max(readies, key=readies.get) if readies else None
-        view = NodeView(node=n, gpus=gpus,
-                        start=min(t[0] for t in times[n]) + off, ready=ready,
-                        last_rank=last if last in ranks else None,
-                        missing_ranks=sorted(missing, key=str))
-        lane_keys = [_lane_of(e, parents) for e in evs]
-        labels = _lane_labels(set(lane_keys), pid_rank)
-        per_pid: dict[str, dict] = {}
-        for e, (s, en), key in zip(evs, times[n], lane_keys):
-            s, en = s + off, en + off
-            get = e.get
-            phase, pid, parent = e["phase"], get("pid"), get("parent")
-            if get("kind") == "mark":
-                view.marks.append({"phase": phase, "t": s, "lane": labels[key],
-                                   "rank": get("rank"), "pid": pid,
-                                   "attrs": get("attrs") or {}})
-                continue
-            status = get("status", "ok")
-            view.spans.append({"phase": phase, "start": s, "end": en,
-                               "status": status, "parent": parent,
-                               "pid": pid, "rank": get("rank"), "lane": labels[key],
-                               "attrs": get("attrs") or {}})
-            if status == "failed":
-                view.failed.append(phase)
-            if not parent:
-                # the breakdown explains the time to ready: what a phase spends after the
-                # node is ready (the job itself, a mount reporting at unmount) is not startup
-                took = (min(en, ready) - s) if ready is not None else en - s
-                if ready is None or s < ready:
-                    per_pid.setdefault(phase, {}).setdefault(pid, []).append(max(0.0, took))
-        by_lane: dict[str, list[dict]] = {}
-        for x in view.spans:
-            by_lane.setdefault(x["lane"], []).append(x)
-        for lane_spans in by_lane.values():
-            _assign_tracks(lane_spans)
-        view.lanes = sorted(set(labels.values()), key=_lane_sort_key)
-        view.marks.sort(key=lambda m: m["t"])
-        # several processes on one node (ranks) run a phase side by side: the node's time
-        # in a phase is its slowest process's (sum over that process's spans)
-        view.phases = {p: max(sum(v) for v in by_pid.values()) for p, by_pid in per_pid.items()}
-        if ready is not None:  # time before ready that no top-level phase covers
-            gap = ready - view.start - _covered(
-                [(x["start"], min(x["end"], ready)) for x in view.spans
-                 if not x["parent"] and x["start"] < ready])
-            if gap > 1e-3:
-                view.phases[UNTRACED] = gap
-        nodes.append(view)
+    nodes = [_node_view(n, evs, times[n], offsets[n] - t0) for n, evs in sorted(by_node.items())]
     return AttemptView(attempt, nodes, t0, alignment, problems)
+
+
+def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
+               off: float) -> NodeView:
+    """One node's view from its events (in order) and their times, shifted by ``off``: one
+    pass over the events for what the summary needs (a 10,000-node report makes 70,000
+    of them: locals, no per-event calls where a dict lookup does); lanes come later."""
+    times = [(s + off, en + off) for s, en in times]
+    # a node is ready when every training rank on it is (the last rank's ready mark);
+    # a rank that wrote events but no ready mark was killed or failed first. Keyed by
+    # rank, not process: helpers started for a rank (a mount's server reporting its
+    # load) carry the rank's RANK and never mark ready themselves.
+    readies: dict = {}
+    ranks: set = set()
+    parents: dict = {}
+    pid_rank: dict = {}
+    gpus, seen_gpus = 0, None
+    nested = False
+    tops: list = []                    # top-level spans: (start, end)
+    tops_by: list = []                 # and (phase, pid, start, end)
+    failed: list = []
+    rank_phases: dict = {}
+    rank_ready: dict = {}
+    windows: list = []
+    ckpt_loads: list = []
+    collectives: dict = {}
+    last_end = float("-inf")
+    for e, (s, en) in zip(evs, times):
+        get = e.get
+        rank, pid, phase, parent = get("rank"), get("pid"), e["phase"], get("parent")
+        if rank is not None:
+            ranks.add(rank)
+            pid_rank[pid] = rank
+        g = get("gpus")
+        if g != seen_gpus:
+            gpus, seen_gpus = max(gpus, int(g or 0)), g
+        if parent:
+            nested = True
+        if get("kind") == "mark":
+            if phase == "ready":
+                who = rank if rank is not None else ("pid", pid)
+                readies[who] = max(readies.get(who, float("-inf")), s)
+                who = rank if rank is not None else f"pid {pid}"
+                rank_ready[who] = max(rank_ready.get(who, s), s)
+            elif phase == "image.window":
+                windows.append(get("attrs") or {})
+            continue
+        parents[(pid, phase)] = parent
+        if en > last_end:
+            last_end = en
+        if get("status", "ok") == "failed":
+            failed.append(phase)
+        if phase == "ckpt.load":
+            ckpt_loads.append((get("attrs") or {}, en - s))
+        if not parent:
+            tops.append((s, en))
+            tops_by.append((phase, pid, s, en))
+            col = _RANK_COLUMN.get(phase) or ("imports" if phase.startswith("import.") else None)
+            if col is not None:
+                who = rank if rank is not None else f"pid {pid}"
+                rank_phases.setdefault(who, {}).setdefault(col, []).append((s, en))
+            if phase in COLLECTIVES and s > collectives.get(phase, float("-inf")):
+                collectives[phase] = s
+    missing = [r for r in ranks if r not in readies]
+    ready = max(readies.values()) if readies and not missing else None
+    last = max(readies, key=readies.get) if readies else None
+    # the breakdown explains the time to ready: what a phase spends after the node is
+    # ready (the job itself, a mount reporting at unmount) is not startup; several
+    # processes on one node (ranks) run a phase side by side: the node's time in a phase
+    # is its slowest process's (sum over that process's spans)
+    per_pid: dict = {}
+    for phase, pid, s, en in tops_by:
+        if ready is not None:
+            if s >= ready:
+                continue
+            en = min(en, ready)
+        key = (phase, pid)
+        per_pid[key] = per_pid.get(key, 0.0) + max(0.0, en - s)
+    phases: dict[str, float] = {}
+    for (phase, _), took in per_pid.items():
+        if took > phases.get(phase, -1.0):
+            phases[phase] = took
+    start = min(t[0] for t in times)
+    if ready is not None:  # time before ready that no top-level phase covers
+        gap = ready - start - _covered([(s, min(en, ready)) for s, en in tops if s < ready])
+        if gap > 1e-3:
+            phases[UNTRACED] = gap
+    return NodeView(node=n, gpus=gpus, start=start, ready=ready, phases=phases, failed=failed,
+                    last_rank=last if last in ranks else None,
+                    missing_ranks=sorted(missing, key=str),
+                    last_end=max(last_end, 0.0) if last_end > float("-inf") else 0.0,
+                    rank_phases=rank_phases, rank_ready=rank_ready, windows=windows,
+                    ckpt_loads=ckpt_loads, collectives=collectives,
+                    _source=(evs, times, parents, pid_rank, nested))
+
+
+def _build_lanes(evs: list[dict], times: list[tuple[float, float]], parents: dict,
+                 pid_rank: dict, nested: bool) -> tuple[list[dict], list[dict], list[str]]:
+    """A node's spans and marks on their lanes and tracks, and its lane labels in order."""
+    lane_keys = [_lane_of(e, parents) for e in evs] if nested else \
+        [(pipeline_of(e["phase"]), e.get("pid")) for e in evs]
+    labels = _lane_labels(set(lane_keys), pid_rank)
+    spans: list[dict] = []
+    marks: list[dict] = []
+    by_lane: dict[str, list[dict]] = {}
+    for e, (s, en), key in zip(evs, times, lane_keys):
+        get = e.get
+        lane = labels[key]
+        if get("kind") == "mark":
+            marks.append({"phase": e["phase"], "t": s, "lane": lane, "rank": get("rank"),
+                          "pid": get("pid"), "attrs": get("attrs") or {}})
+            continue
+        span = {"phase": e["phase"], "start": s, "end": en, "status": get("status", "ok"),
+                "parent": get("parent"), "pid": get("pid"), "rank": get("rank"), "lane": lane,
+                "attrs": get("attrs") or {}, "track": 0, "depth": 0}
+        spans.append(span)
+        by_lane.setdefault(lane, []).append(span)
+    for lane_spans in by_lane.values():
+        if len(lane_spans) > 1:   # one span: track 0, depth 0 already
+            _assign_tracks(lane_spans)
+    marks.sort(key=lambda m: m["t"])
+    return spans, marks, sorted(set(labels.values()), key=_lane_sort_key)
 
 
 @dataclass
@@ -359,8 +442,7 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
             fixed.append(max(n.ready - excess, 0.0))
         what_if = max(fixed)
     ttr = view.ready
-    wait = ttr if ttr is not None else max((s["end"] for n in view.nodes for s in n.spans),
-                                           default=0.0)
+    wait = ttr if ttr is not None else max((n.last_end for n in view.nodes), default=0.0)
     gpu_lost = sum(n.gpus for n in view.nodes) * wait
     return Summary(view.attempt, len(view.nodes), ttr, [n.node for n in view.not_ready],
                    view.alignment, phases, gating_node, gating_phase, gating_rank, stragglers, k,
@@ -390,17 +472,8 @@ def rank_rows(view: AttemptView) -> list[dict]:
     one; durations, so clock skew does not matter), and when it was ready."""
     rows = []
     for n in view.nodes:
-        per: dict = {}
-        for x in n.spans:
-            phase = x["phase"]
-            col = _RANK_COLUMN.get(phase) or ("imports" if phase.startswith("import.") else None)
-            if col is None or x["parent"]:
-                continue
-            who = x["rank"] if x["rank"] is not None else f"pid {x['pid']}"
-            per.setdefault(who, {}).setdefault(col, []).append((x["start"], x["end"]))
-        readies = {(m["rank"] if m["rank"] is not None else f"pid {m['pid']}"): m["t"]
-                   for m in n.marks if m["phase"] == "ready"}
-        for who, cols in per.items():
+        readies = n.rank_ready
+        for who, cols in n.rank_phases.items():
             row = {"node": n.node, "rank": who, "ready": readies.get(who)}
             row.update({col: _covered(iv) for col, iv in cols.items()})
             rows.append(row)
@@ -420,19 +493,15 @@ def technique_figures(view: AttemptView) -> dict[str, dict]:
     deps: dict[str, list] = {}
     ckpt: dict[str, list] = {}
     for n in view.nodes:
-        for m in n.marks:
-            if m["phase"] == "image.window":
-                for key in ("coverage", "precision", "stall_s", "store_bytes", "window_s"):
-                    v = m["attrs"].get(key)
-                    if isinstance(v, (int, float)):
-                        img.setdefault(key, []).append(float(v))
+        for attrs in n.windows:
+            for key in ("coverage", "precision", "stall_s", "store_bytes", "window_s"):
+                v = attrs.get(key)
+                if isinstance(v, (int, float)):
+                    img.setdefault(key, []).append(float(v))
         for phase in ("deps.restore", "deps.build", "deps.install"):
             if phase in n.phases:
                 deps.setdefault(phase.split(".")[1] + "_s", []).append(n.phases[phase])
-        for x in n.spans:
-            if x["phase"] != "ckpt.load":
-                continue
-            a, dur = x["attrs"], x["end"] - x["start"]
+        for a, dur in n.ckpt_loads:
             size = a.get("bytes_consumed", a.get("bytes"))
             if isinstance(size, (int, float)) and dur > 0:
                 ckpt.setdefault("mb_per_s", []).append(size / dur / 1e6)

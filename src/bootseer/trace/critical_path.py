@@ -119,13 +119,14 @@ def _last_arrival(view: AttemptView) -> tuple[NodeView, dict] | None:
     ``dist.init`` rendezvous) last."""
     for phase in COLLECTIVES:
         best = None
-        for n in view.nodes:
-            for s in n.spans:
-                if s["phase"] == phase and not s["parent"] \
-                        and (best is None or s["start"] > best[1]["start"]):
-                    best = (n, s)
+        for n in view.nodes:   # each node's latest start of it, kept without drawing lanes
+            start = n.collectives.get(phase)
+            if start is not None and (best is None or start > best[1]):
+                best = (n, start)
         if best is not None:
-            return best
+            node, start = best
+            return node, next(s for s in node.spans if s["phase"] == phase
+                              and not s["parent"] and s["start"] == start)
     return None
 
 
