@@ -56,16 +56,28 @@ def imports(prefix) -> str:
                           text=True).stdout.strip()
 
 
+def wipe(prefix: str) -> None:
+    """Take the environment at ``prefix`` away (unmounted first when it is a mount), as a
+    fresh node would not have it."""
+    from bootseer.deps.mounted import sidecar, unmount
+    if os.path.exists(sidecar(prefix)):
+        unmount(prefix)
+    rmtree(prefix)
+
+
 def test_build_once_restore_warm(index, tmp_path):
     urls, spec = index
     prefix = str(tmp_path / "envs/train")
     r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
-    assert r.how == "built" and imports(prefix) == "3"
+    assert r.how == "built" and r.form == "directory" and imports(prefix) == "3"
     assert E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"),
                     key=r.key).how == "warm"
     rmtree(prefix)                      # a fresh node: same prefix, empty cache
-    r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"))
+    # copy: a plain directory of extracted files (the kernel mount: test_deps_kernel.py)
+    r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"),
+                  copy=True)
     assert r2.how == "restored" and r2.key == r.key and imports(prefix) == "3"
+    assert r2.form == "directory" and not os.path.ismount(prefix)
     mode = os.stat(f"{prefix}/lib/python3.11/site-packages/bsdeps_one/__init__.py").st_mode
     assert not mode & 0o222                 # restored files are read-only
     out = subprocess.run([PY, "-m", "bootseer", "deps", "verify", prefix, "--store",
@@ -86,6 +98,7 @@ def test_key_handed_to_a_cold_node_restores_without_the_index(index, tmp_path, n
     assert seen and sum(n for n, _ in seen) == seen[-1][1]   # the progress bar's feed
     assert E.ensure(str(spec), prefix, python=PY, index_urls=dead, key=r.key,
                     config=cfg(tmp_path, "b")).how == "warm"
+    wipe(prefix)
 
 
 def _ensure_proc(spec, prefix, urls, store, cache, out):
@@ -144,7 +157,9 @@ def test_corrupt_snapshot_installs_instead(index, tmp_path):
             p.write_bytes(bytes(data))
     r = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"))
     assert r.how == "installed" and imports(prefix) == "3"
-    assert not [p for p in os.listdir(tmp_path) if ".restoring-" in p]
+    assert not [p for p in os.listdir(tmp_path) if ".restoring-" in p or ".mount" in p]
+    blobs = tmp_path / "b" / "cache" / "erofs"   # the mount's fetch kept no part of a blob
+    assert not [p for p in os.listdir(blobs) if ".blob" in p] if blobs.exists() else True
 
 
 def test_expired_lease_is_taken_over(index, tmp_path):
@@ -210,8 +225,8 @@ def test_process_killed_mid_restore_leaves_no_partial_prefix(index, tmp_path, ng
     env = {**os.environ, "BOOTSEER_STORE_URL": slow.url,
            "BOOTSEER_CACHE_DIR": str(tmp_path / "b" / "cache")}
     p = subprocess.Popen([PY, "-m", "bootseer", "deps", "ensure", str(spec), "--prefix", prefix,
-                          "--python", PY, "--key", r.key], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+                          "--python", PY, "--key", r.key, "--copy"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while not any(n.startswith("env.restoring-") for n in os.listdir(tmp_path)):
         assert p.poll() is None and time.time() < deadline, p.stderr.read()
@@ -221,6 +236,6 @@ def test_process_killed_mid_restore_leaves_no_partial_prefix(index, tmp_path, ng
     p.wait()
     assert not os.path.exists(prefix)                     # nothing partial is visible
     r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, key=r.key,
-                  config=cfg(tmp_path, "c"))
+                  config=cfg(tmp_path, "c"), copy=True)
     assert r2.how == "restored" and imports(prefix) == "3"
     assert not [n for n in os.listdir(tmp_path) if n.startswith("env.restoring-")]

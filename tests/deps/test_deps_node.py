@@ -179,8 +179,8 @@ def test_lazy_mount_outlives_the_command_records_and_prefetches(index, tmp_path)
         # another key at this prefix replaces the lazy mount (here: a stale key; the
         # pins resolve to the snapshot already published, restored in place)
         r2 = E.ensure(spec, prefix, python=PY, index_urls=urls, key="sha256:" + "0" * 64,
-                      config=cfg(tmp_path, "n3"), wait_s=0)
-        assert r2.how == "restored" and not os.path.ismount(prefix)
+                      config=cfg(tmp_path, "n3"), wait_s=0, copy=True)
+        assert r2.how == "restored" and r2.form == "directory" and not os.path.ismount(prefix)
         assert not os.path.exists(sidecar(prefix))
         assert run_py(prefix, "import bsnode_one; print(bsnode_one.X)") == "1"
     finally:
@@ -259,17 +259,33 @@ def test_restore_steps_are_traced_phases(index, tmp_path, monkeypatch):
         monkeypatch.setenv(f"BOOTSEER_TRACE_{k}", v)
     built = E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n1"))
     rmtree(prefix)
-    E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n2"), key=built.key)
+    E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n2"), key=built.key,
+             copy=True)
     from bootseer.trace import load as trace_load
-    spans = {}
-    for e in trace_load.load(tmp_path / "trace").events:
-        if e.get("kind") == "span":
-            spans.setdefault(e["phase"], []).append(e)
+
+    def spans() -> dict:
+        out: dict = {}
+        for e in trace_load.load(tmp_path / "trace").events:
+            if e.get("kind") == "span":
+                out.setdefault(e["phase"], []).append(e)
+        return out
+    got = spans()
     for name in ("deps.resolve", "deps.build", "deps.publish", "deps.fetch", "deps.extract"):
-        assert name in spans, sorted(spans)
-    fetch, write = spans["deps.fetch"][-1], spans["deps.extract"][-1]
+        assert name in got, sorted(got)
+    fetch, write = got["deps.fetch"][-1], got["deps.extract"][-1]
     assert fetch["attrs"]["chunks"] > 0 and fetch["attrs"]["requests"] > 0
     assert write["start"] <= fetch["end"] <= write["end"] + 1e-3   # they overlap
+    # a restore as a kernel mount: the blob's fetch, then the mount
+    rmtree(prefix)
+    E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n3"), key=built.key)
+    try:
+        got = spans()
+        fetch, mount = got["deps.fetch"][-1], got["deps.mount"][-1]
+        assert fetch["attrs"]["chunks"] > 0 and fetch["attrs"]["requests"] > 0
+        assert fetch["attrs"]["bytes"] > 0 and fetch["end"] <= mount["start"] + 1e-3
+    finally:
+        from bootseer.deps.mounted import unmount
+        unmount(prefix)
 
 
 def test_a_server_this_process_started_is_seen_gone_once_it_exits():

@@ -11,7 +11,8 @@ from bootseer.cli import INDEX_URL_HELP, STORE_HELP, add_gc_verb, add_json_arg, 
 def register(sub) -> None:
     p = sub.add_parser("deps", help="dependency snapshots: build once, restore everywhere")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    v = verbs.add_parser("ensure", help="make PREFIX hold SPEC's environment (warm, restore, or build once)")
+    v = verbs.add_parser("ensure", help="make PREFIX hold SPEC's environment (warm, restore, or build once); "
+                                        "a restore mounts the snapshot where the kernel has EROFS")
     v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
     v.add_argument("--prefix", required=True, help="where the environment lives (same on every node)")
     v.add_argument("--python", help="interpreter (default: this one)")
@@ -26,10 +27,19 @@ def register(sub) -> None:
     v.add_argument("--window", type=float, default=120.0, metavar="S",
                    help="with --mount: seconds of start-up reads recorded as the hot-block "
                         "profile that the next node's mount prefetches (default 120)")
-    add_json_arg(v, "how the environment was made (warm, restored, built...), its key and prefix")
+    form = v.add_mutually_exclusive_group()
+    form.add_argument("--copy", action="store_true",
+                      help="restore a plain directory (extracted files) instead of mounting "
+                           "the snapshot, for tools that need one")
+    form.add_argument("--read-only", action="store_true",
+                      help="mount the restored snapshot read-only, exactly as published (default: "
+                           "writable through an overlay whose changes 'deps umount' drops)")
+    add_json_arg(v, "how the environment was made (warm, restored, built...), its key, prefix "
+                    "and form (directory, mount, lazy)")
     v.set_defaults(func=_ensure)
-    v = verbs.add_parser("umount", help="stop the lazy mount of an environment (--mount)")
-    v.add_argument("prefix", help="the PREFIX given to 'deps ensure --mount'")
+    v = verbs.add_parser("umount", help="unmount an environment (a mounted restore or --mount); "
+                                        "lazily while files are open")
+    v.add_argument("prefix", help="the PREFIX given to 'deps ensure'")
     v.set_defaults(func=_umount)
     v = verbs.add_parser("key", help="resolve SPEC and print the environment key")
     v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
@@ -74,7 +84,11 @@ def prefix_arg(path: str | None) -> str | None:
 def _ensure(args) -> int:
     from bootseer.cli._status import show_progress
     from bootseer.deps.ensure import ensure
+    from bootseer.errors import UsageError
     prefix_arg(args.prefix)
+    if args.mount and (args.copy or args.read_only):
+        raise UsageError("--mount serves the snapshot lazily: it takes neither --copy nor "
+                         "--read-only (its mount is read-only)")
     bar = None
 
     def progress(n: int, total: int) -> None:
@@ -89,12 +103,13 @@ def _ensure(args) -> int:
     try:
         r = ensure(args.spec, args.prefix, python=args.python, index_urls=args.index_url,
                    key=args.key, config=_config(args.store), wait_s=args.wait,
-                   progress=progress, mount=args.mount, mount_window_s=args.window)
+                   progress=progress, mount=args.mount, mount_window_s=args.window,
+                   copy=args.copy, writable=not args.read_only)
     finally:
         if bar is not None:
             bar.close()
     if args.json:
-        print_json({"how": r.how, "key": r.key, "prefix": r.prefix})
+        print_json({"how": r.how, "key": r.key, "prefix": r.prefix, "form": r.form})
     else:
         print(f"{r.how} {r.key} {r.prefix}")
     return 0
@@ -104,7 +119,7 @@ def _umount(args) -> int:
     import os
     from bootseer.deps.mounted import unmount
     if not unmount(os.path.abspath(args.prefix)):
-        print(f"no lazy environment is mounted at {args.prefix}", file=sys.stderr)
+        print(f"no environment is mounted at {args.prefix}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,11 +1,14 @@
 """``bootseer deps ensure``: make PREFIX hold the environment of SPEC, as fast as possible.
 
-    warm node   PREFIX has this key's completion marker          -> return at once
-    hit         the store has a snapshot for the key             -> fetch, extract, rename
+    warm node   PREFIX has this key's completion marker, or its mount -> return at once
+    hit         the store has a snapshot for the key             -> fetch its blob, mount
+                (the kernel has file-backed EROFS; ``kernel_restore``), else fetch,
+                extract, rename (``copy``, no EROFS, a snapshot made at another prefix)
     miss        lease the key (one builder across all nodes), build, snapshot, publish;
                 the others wait for the publish up to a deadline, then build themselves
 
-A restore or a build happens in a temp dir next to PREFIX, renamed into place with the
+A node that has the key's blob mounts it without asking the store. An extracting restore
+or a build happens in a temp dir next to PREFIX, renamed into place with the
 completion marker written last: a killed restore or build leaves nothing half-visible, and
 the next ensure removes what it left (``place``). A PREFIX that exists without a bootseer
 marker is someone else's, and one that a running process uses is busy: refused, never
@@ -26,7 +29,7 @@ from typing import Callable
 
 from bootseer import redact, trace as tracing
 from bootseer.config import BootseerConfig
-from bootseer.deps import compat, relocate
+from bootseer.deps import compat, kernel_restore, relocate
 from bootseer.deps.lease import LEASE_TTL_S, Lease
 from bootseer.deps.resolve import DepsError, python_of, resolve_key
 from bootseer.deps import place
@@ -34,6 +37,7 @@ from bootseer.deps.snapshot import (check_driver, env_ref, load_manifest, pins_r
                                     portable_ref, publish, publish_manifest, read_marker,
                                     restore, write_marker)
 from bootseer.errors import ReadOnlyStore, StoreError
+from bootseer.mount.erofs import kernel
 from bootseer.store import open_store
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ class Result:
     how: str      # warm | restored | mounted | relocated | built | installed
     key: str
     prefix: str
+    form: str = "directory"   # directory | mount (EROFS, a kernel restore) | lazy (FUSE)
 
 
 def _read_only(e: BaseException) -> bool:
@@ -56,10 +61,15 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
            key: str | None = None, config: BootseerConfig | None = None,
            wait_s: float = 600.0, lease_ttl_s: float = LEASE_TTL_S,
            progress: Callable[[int, int], None] | None = None, mount: bool = False,
-           mount_window_s: float = 120.0) -> Result:
+           mount_window_s: float = 120.0, copy: bool = False,
+           writable: bool = True) -> Result:
     """Make ``prefix`` hold the environment of ``spec``: warm, restored (or lazily mounted
     with ``mount``), relocated from the same pins at another prefix, built once per key
     across nodes, or (no snapshot in time, store read-only) installed here.
+
+    A restore is a kernel mount of the snapshot's blob where the kernel can (writable
+    through an overlay unless ``writable`` is False); ``copy`` extracts a plain
+    directory instead, as does a kernel without file-backed EROFS (said once).
 
     With ``key`` (resolved once per job by the launcher), nothing is resolved unless this
     node ends up building: a cold node restores, or waits for the one builder, without
@@ -81,15 +91,19 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
         return resolved
 
     def done(how: str, k: str) -> Result:
+        from bootseer.deps.mounted import is_kernel, mounted_info
         from bootseer.deps.node import record_use
         record_use(config, prefix, k, how)
-        return Result(how, k, prefix)
+        info = mounted_info(prefix)
+        form = "directory" if info is None else "mount" if is_kernel(info) else "lazy"
+        return Result(how, k, prefix, form)
 
     if key is None:
         key = resolve_once().key
     m = read_marker(prefix)
-    if m and m.get("key") == key:
+    if _warm(m, key, copy):
         return done("warm", key)
+    as_mount = not copy and not mount
     place.sweep_stale_sidecar(prefix)
     place.check_replaceable(prefix, key)     # before any work: foreign, or in use
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
@@ -99,9 +113,12 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
     with _PREFIX_LOCK, open(f"{prefix}.lock", "a+") as lf:
         fcntl.lockf(lf, fcntl.LOCK_EX)
         m = read_marker(prefix)
-        if m and m.get("key") == key:
+        if _warm(m, key, copy):
             return done("warm", key)
         place.sweep_leftovers(prefix)
+        # this node has the key's blob: mounted without the store
+        if as_mount and kernel_restore.mount_cached(config, prefix, key, writable=writable):
+            return done("restored", key)
         deadline = time.time() + wait_s
         lease = Lease(store, key, lease_ttl_s)
         why = "no snapshot"
@@ -119,7 +136,8 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                     if mount:
                         log.info("the snapshot was made at %s: restoring (relocated) instead "
                                  "of mounting", manifest["prefix"])
-                    restore(store, manifest, prefix, config, key, progress)
+                    _restore(store, manifest, prefix, config, key, progress,
+                             as_mount=as_mount, writable=writable)
                     return done("restored", key)
                 except (StoreError, ValueError, KeyError) as e:
                     # corrupt or unreachable snapshot: never a half env
@@ -144,7 +162,8 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                                     r.key[:19])
                     compat.check(compat.cuda_runtime(r.locked), compat.driver_version(),
                                  f"{spec}")
-                    how = _restore_portable(store, r, prefix, config, progress)
+                    how = _restore_portable(store, r, prefix, config, progress,
+                                            as_mount=as_mount, writable=writable)
                     if how is not None:
                         return done(how, r.key)
                     _say_why_new_key(store, r)
@@ -177,6 +196,14 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
         return done("installed", r.key)
 
 
+def _warm(marker: dict | None, key: str, copy: bool) -> bool:
+    """PREFIX already holds ``key``'s environment (with ``copy``: as a plain directory,
+    not a mount)."""
+    if not marker or marker.get("key") != key:
+        return False
+    return not copy or ("backend" not in marker and "pid" not in marker)
+
+
 def _say_why_new_key(store, r) -> None:
     """These pins were snapshotted for another interpreter or platform: say so, since
     that snapshot cannot serve this node (its compiled extensions and bytecode are built
@@ -192,7 +219,31 @@ def _say_why_new_key(store, r) -> None:
                     "building for this interpreter under key %s", other, ours, r.key[:19])
 
 
-def _restore_portable(store, r, prefix: str, config: BootseerConfig, progress) -> str | None:
+def _restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str, progress,
+             *, as_mount: bool, writable: bool) -> None:
+    """Restore as a kernel mount when asked and possible, else by extraction. A snapshot
+    made at another prefix needs rewritten files: always extracted (and relocated)."""
+    why = kernel_restore.unavailable(config) if as_mount else None
+    if why is not None:
+        kernel_restore.say_fallback(why)
+    elif as_mount and manifest["prefix"] != prefix:
+        log.info("the snapshot was made at %s: extracting a relocated copy at %s instead of "
+                 "mounting it", manifest["prefix"], prefix)
+    elif as_mount:
+        place.clear(prefix)
+        try:
+            kernel_restore.mount_restore(config, store, manifest, prefix, key,
+                                         writable=writable, progress=progress)
+            return
+        except kernel_restore.KernelMountError as e:
+            log.warning("cannot mount the environment (%s): extracting it instead", e)
+        except kernel.ErofsMountError as e:   # mount(2) refused: the tree or this kernel
+            log.warning("%s: extracting the environment instead", e)
+    restore(store, manifest, prefix, config, key, progress)
+
+
+def _restore_portable(store, r, prefix: str, config: BootseerConfig, progress, *,
+                      as_mount: bool, writable: bool) -> str | None:
     """The same pins snapshotted already (at another prefix, or under another key when the
     key handed to us was stale): restore that snapshot here, rewriting the prefix, and
     publish it under this prefix's key (the tree is shared, not re-uploaded)."""
@@ -203,7 +254,8 @@ def _restore_portable(store, r, prefix: str, config: BootseerConfig, progress) -
         manifest = load_manifest(store, d)
         relocate.check(manifest.get("relocations"), manifest["prefix"], prefix)
         check_driver(manifest)
-        restore(store, manifest, prefix, config, r.key, progress)
+        _restore(store, manifest, prefix, config, r.key, progress, as_mount=as_mount,
+                 writable=writable)
     except DepsError as e:
         log.warning("%s: building at %s instead", e, prefix)
         return None

@@ -1,4 +1,7 @@
-"""Lazy environments (``deps ensure --mount``): the snapshot's tree served read-only at
+"""Mounted environments. A restore on a kernel with file-backed EROFS is a kernel mount
+(``kernel_restore``); this module names both kinds and unmounts them.
+
+Lazy environments (``deps ensure --mount``): the snapshot's tree served read-only at
 the prefix by a FUSE server that outlives the command, so a job starts importing before
 the environment is local; what it reads is fetched on demand, verified, and cached.
 
@@ -7,7 +10,8 @@ image's machinery (``bootseer.tree.session``): the start's reads are recorded, t
 hot-block profile is published when the window closes, and the next node's mount
 prefetches it.
 Its state sits next to the prefix: ``<prefix>.mount.json`` (key, tree, server pid) names
-a live mount; ``<prefix>.mount-state/`` holds the recording and the server's log.
+a live mount; ``<prefix>.mount-state/`` holds the recording and the server's log (and,
+for a kernel restore, the overlay's directories).
 """
 
 from __future__ import annotations
@@ -53,14 +57,29 @@ def is_mount_point(path: str) -> bool:
     return False
 
 
-def mounted_info(prefix: str) -> dict | None:
-    """The live lazy mount at ``prefix`` (``{"key", "tree", "pid"}``), or None."""
+def _sidecar_info(prefix: str) -> dict | None:
     try:
         info = json.loads(open(sidecar(prefix)).read())
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict):
+    return info if isinstance(info, dict) else None
+
+
+def is_kernel(info: dict | None) -> bool:
+    """Whether the sidecar names a kernel mount (a restore: EROFS, no server)."""
+    from bootseer.deps.kernel_restore import BACKEND
+    return bool(info) and info.get("backend") == BACKEND
+
+
+def mounted_info(prefix: str) -> dict | None:
+    """The live mount at ``prefix``: a lazy one (``{"key", "tree", "pid"}``) or a kernel
+    restore (``{"key", "tree", "backend": "erofs", "blob", "mount_id", ...}``), or None."""
+    info = _sidecar_info(prefix)
+    if info is None:
         return None
+    if is_kernel(info):
+        from bootseer.deps.kernel_restore import is_live
+        return info if is_live(prefix, info) else None
     if is_mount_point(prefix) and pid_alive(int(info.get("pid", 0))):
         return info
     return None
@@ -103,7 +122,16 @@ def mount_env(config: BootseerConfig, tree: str, prefix: str, key: str, *,
 
 
 def unmount(prefix: str, timeout_s: float = 20.0) -> bool:
-    """Stop the lazy mount at ``prefix`` (its server unmounts on SIGTERM). False if none."""
+    """Stop the mount at ``prefix``: a lazy one's server unmounts on SIGTERM; a kernel
+    restore is unmounted here (lazily while files are open). False if none."""
+    recorded = _sidecar_info(prefix)
+    if is_kernel(recorded):
+        from bootseer.deps.kernel_restore import unmount as kernel_unmount
+        if not is_mount_point(prefix):
+            kernel_unmount(prefix, recorded)   # its state, if a dead command left it
+            return False
+        kernel_unmount(prefix, recorded)
+        return True
     info = mounted_info(prefix)
     if info is None:
         if is_mount_point(prefix) and os.path.exists(sidecar(prefix)):   # server died

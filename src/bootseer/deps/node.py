@@ -63,6 +63,9 @@ class NodeEnv:
     proof: dict | None = None
     """The record's ``id``, ``dev``, ``ino``, ``ctime_ns``: what the prefix must still show
     to be ours."""
+    kernel: dict | None = None
+    """A restore mounted by the kernel: its sidecar (the blob is its disk; the mount id
+    the sidecar names, checked live, proves it is ours)."""
 
 
 def not_ours(env: NodeEnv) -> str | None:
@@ -103,7 +106,8 @@ def _size(path: str) -> int:
 
 def environments(config: BootseerConfig) -> list[NodeEnv]:
     """Recorded environments that still exist, least recently used first."""
-    from bootseer.deps.mounted import mounted_info
+    from bootseer.deps.kernel_restore import blob_bytes
+    from bootseer.deps.mounted import is_kernel, mounted_info
     out = []
     for rec in sorted(records_dir(config).glob("*.json")):
         try:
@@ -111,14 +115,18 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
         except (OSError, ValueError):
             continue
         prefix = info["prefix"]
-        mounted = mounted_info(prefix) is not None
+        live = mounted_info(prefix)
+        mounted = live is not None
+        kernel = live if is_kernel(live) else None
         if not mounted and not os.path.isdir(prefix):
             rec.unlink(missing_ok=True)    # removed by hand: forget it
             continue
-        # a lazy mount holds no disk of its own (its chunks are in the node cache)
+        # a lazy mount holds no disk of its own (its chunks are in the node cache); a
+        # kernel restore holds its blob
         proof = {k: info[k] for k in ("id", "dev", "ino", "ctime_ns") if k in info}
-        out.append(NodeEnv(prefix, info["key"], info["last_used"],
-                           0 if mounted else _size(prefix), rec, mounted, proof))
+        size = blob_bytes(kernel) if kernel else 0 if mounted else _size(prefix)
+        out.append(NodeEnv(prefix, info["key"], info["last_used"], size, rec, mounted, proof,
+                           kernel))
     return sorted(out, key=lambda e: e.last_used)
 
 
@@ -169,7 +177,7 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
     total = sum(e.bytes for e in envs)
     report = []
     for env in envs:
-        if total <= max_bytes or env.mounted:   # a lazy mount holds no disk of its own
+        if total <= max_bytes or (env.mounted and not env.kernel):   # lazy: no disk of its own
             report.append((env, "kept"))
             continue
         lock = open(f"{env.prefix}.lock", "a+")
@@ -178,6 +186,11 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
                 fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 report.append((env, "in use (ensure or run holds its lock)"))
+                continue
+            if env.kernel:
+                report.append(_drop_mounted(config, env, dry_run))
+                if not report[-1][1].startswith("in use"):
+                    total -= env.bytes
                 continue
             why = not_ours(env)
             if why is not None:    # never remove what the marker does not prove is ours
@@ -199,3 +212,17 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
         finally:
             lock.close()
     return report
+
+
+def _drop_mounted(config: BootseerConfig, env: NodeEnv, dry_run: bool) -> tuple[NodeEnv, str]:
+    """Unmount an unused kernel restore and remove its blob (its lock is held by gc)."""
+    from bootseer.deps.kernel_restore import drop_blob
+    from bootseer.deps.mounted import unmount
+    pids = users(env.prefix)
+    if pids:
+        return env, f"in use (pid {', '.join(map(str, pids[:5]))})"
+    if not dry_run:
+        unmount(env.prefix)
+        drop_blob(config, env.key, env.kernel)
+        env.record.unlink(missing_ok=True)
+    return env, "removed" if not dry_run else "would remove"

@@ -1,0 +1,94 @@
+"""A snapshot's whole data blob, fetched onto the node as one file (the restore that
+``deps ensure`` mounts instead of extracting).
+
+Every chunk not in the node cache is queued at once (the fetcher coalesces neighbours in
+a pack into few large requests); chunks are decompressed and verified on a few threads in
+blob order and written at their slots as they arrive (``tree.blob.fill_blob``), so a
+chunk's bytes are held only until written and nothing is written twice: the blob is the
+node's copy of the environment, its chunks are not also put in the node cache.
+
+The blob is written to ``<blob>.part-<pid>-<tag>`` beside its final name with a liveness
+mark (``bootseer.alive``), then renamed: a killed fetch leaves no blob that looks whole,
+and the next fetch removes the part a dead process left.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+from bootseer.alive import Mark, held
+from bootseer.store.fetch import Priority
+from bootseer.tree.blob import BlobLayout, fill_blob
+
+DECODE_THREADS = 3
+DECODE_AHEAD = 64
+
+
+def sweep_parts(dest: str) -> None:
+    """Remove the partial blobs of ``dest`` whose fetching process died."""
+    for mark in glob.glob(f"{glob.escape(dest)}.part-*.alive"):
+        if held(mark) is False:
+            part = mark[:-len(".alive")]
+            if os.path.isfile(part) and not os.path.islink(part):
+                os.unlink(part)
+            os.unlink(mark)
+
+
+def fetch_blob(reader, layout: BlobLayout, dest: str,
+               progress: Callable[[int], None] | None = None) -> dict:
+    """Write the complete blob of ``reader``'s tree in ``layout`` to ``dest`` (replaced
+    atomically). ``progress(bytes)`` is called as each chunk is written. Returns what was
+    fetched from the store (``chunks``, ``bytes`` as stored; none when every chunk was in
+    the node cache). A chunk that fails verification raises (DigestMismatch) and leaves
+    nothing at ``dest``."""
+    sweep_parts(dest)
+    part = f"{dest}.part-{os.getpid()}-{secrets.token_hex(4)}"
+    mark = Mark(part + ".alive")
+    local = [(i, ref) for i, ref in enumerate(layout.refs) if reader.has_chunk(ref)]
+    missing = [(i, ref) for i, ref in enumerate(layout.refs) if not reader.has_chunk(ref)]
+    futures = reader.submit_chunks([ref for _, ref in missing], Priority.DEMAND)
+    fetched = 0
+    pool = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="bootseer-blob")
+
+    def pieces():
+        nonlocal fetched
+        for i, ref in local:
+            data = reader.chunk(ref)   # the node cache's copy, re-verified; else fetched
+            if progress:
+                progress(len(data))
+            yield i, data
+        # decoding runs at most DECODE_AHEAD chunks ahead of the writer
+        decoded: list[tuple[int, Future]] = []
+        nxt = 0
+        while nxt < len(missing) or decoded:
+            while nxt < len(missing) and len(decoded) < DECODE_AHEAD:
+                (i, ref), fut = missing[nxt], futures[nxt]
+                decoded.append((i, pool.submit(lambda r=ref, f=fut: (
+                    len(f.result()), reader._decompress(f.result(), r)))))
+                nxt += 1
+            i, fut = decoded.pop(0)
+            raw_len, data = fut.result()
+            fetched += raw_len
+            if progress:
+                progress(len(data))
+            yield i, data
+
+    try:
+        with open(part, "wb") as f:
+            fill_blob(layout, f, pieces())
+            f.flush()
+            os.fsync(f.fileno())   # renamed whole: never a blob whose tail is not on disk
+        os.chmod(part, 0o444)
+        os.replace(part, dest)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for fut in futures:
+            fut.cancel()
+        if os.path.exists(part):
+            os.unlink(part)
+        mark.release()
+    return {"chunks": len(missing), "bytes": fetched}

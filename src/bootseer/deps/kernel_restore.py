@@ -1,0 +1,292 @@
+"""An environment restore as a kernel mount: the snapshot's whole data blob fetched into
+the node cache (``<cache>/erofs/<layout>.blob``, every chunk verified) and EROFS mounted
+on it at the prefix, from the tree's metadata image (``tree.blob_mount.metadata_image``).
+No Python serves a read; nothing is extracted.
+
+Writable by default: an overlay at the prefix, EROFS its lower layer, upper and work
+directories in ``<prefix>.mount-state/``, so a job that writes into its environment
+(``pip install``, ``__pycache__``) behaves as it does in an extracted one; its writes are
+dropped at ``deps umount``, the blob is never written. ``writable=False`` mounts EROFS
+alone (read-only: exactly the snapshot).
+
+``<prefix>.mount.json`` (key, tree, blob, the mount's id) names the live mount; it is
+written before the mount and completed after it, so a command killed in between leaves a
+mount the next ensure recognises as ours and undoes. A blob is re-verified chunk by
+chunk when its file changed since it was last verified (``<blob>.verified`` holds the
+size, inode, mtime and ctime it had then: any write changes the ctime); one unchanged is
+mounted at once. A blob that fails is removed and fetched again; a metadata image that
+does not match its sum is written again: neither is ever mounted.
+``<cache>/erofs/env-<key>.json`` remembers which blob and metadata image serve a key, so
+a node with them mounts without asking the store.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from bootseer import trace as tracing
+from bootseer.config import BootseerConfig
+from bootseer.deps import place
+from bootseer.deps.mounted import is_mount_point, sidecar, state_dir
+from bootseer.errors import BootseerError, StoreError
+from bootseer.mount import points
+from bootseer.mount.erofs import kernel
+
+log = logging.getLogger(__name__)
+BACKEND = "erofs"             # the sidecar's "backend" of a kernel mount (no server)
+_fallback_said = False
+
+
+class KernelMountError(BootseerError):
+    pass
+
+
+def unavailable(config: BootseerConfig) -> str | None:
+    """Why restores cannot be kernel mounts here (None: they can). ``mount.backend``
+    ``fuse`` turns the kernel path off; ``erofs`` on a kernel without it is an error."""
+    if config.mount.backend == "fuse":
+        return "BOOTSEER_MOUNT_BACKEND=fuse"
+    why = kernel.availability()
+    if why is not None and config.mount.backend == "erofs":
+        raise kernel.ErofsMountError(f"BOOTSEER_MOUNT_BACKEND=erofs but {why} (set it to auto "
+                                     "to restore environments by extraction)")
+    return why
+
+
+def say_fallback(why: str) -> None:
+    """Once per process: restores extract, and why."""
+    global _fallback_said
+    if not _fallback_said:
+        _fallback_said = True
+        log.warning("environments are restored by extraction, not mounted: %s", why)
+
+
+# -- the node's record of a key's blob ----------------------------------------------------
+def _erofs_dir(config: BootseerConfig) -> Path:
+    return Path(config.cache.dir) / "erofs"
+
+
+def _index_path(config: BootseerConfig, key: str) -> Path:
+    return _erofs_dir(config) / f"env-{key.removeprefix('sha256:')}.json"
+
+
+def _stamp(path: str) -> dict:
+    st = os.stat(path)
+    return {"size": st.st_size, "dev": st.st_dev, "ino": st.st_ino,
+            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _verified_unchanged(blob: str) -> bool:
+    try:
+        return json.loads(Path(blob + ".verified").read_text()) == _stamp(blob)
+    except (OSError, ValueError):
+        return False
+
+
+def _meta_matches(meta: str) -> bool:
+    """The metadata image still hashes to the sum written beside it."""
+    try:
+        want = Path(meta + ".sha256").read_text().strip()
+        return hashlib.sha256(Path(meta).read_bytes()).hexdigest() == want
+    except OSError:
+        return False
+
+
+# -- the restore ------------------------------------------------------------------------------
+def mount_cached(config: BootseerConfig, prefix: str, key: str, *, writable: bool) -> bool:
+    """Mount ``key``'s environment at ``prefix`` from the blob and metadata image this
+    node already has, without the store. False when it has not (or they changed: the
+    store path then checks them)."""
+    try:
+        rec = json.loads(_index_path(config, key).read_text())
+    except (OSError, ValueError):
+        return False
+    if unavailable(config) is not None:
+        return False   # the restore from the store says why, once
+    from bootseer.deps import compat
+    compat.check(rec.get("cuda"), compat.driver_version(), f"the environment {key[:19]}")
+    blob, meta = rec.get("blob"), rec.get("meta")
+    if not (isinstance(blob, str) and isinstance(meta, str)) or \
+            not _verified_unchanged(blob) or not _meta_matches(meta):
+        return False
+    place.clear(prefix)
+    _mount(prefix, key, rec["tree"], meta, blob, writable=writable)
+    return True
+
+
+def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, key: str, *,
+                  writable: bool, progress: Callable[[int, int], None] | None = None) -> None:
+    """Fetch the snapshot's blob (what the node lacks), check it and its metadata image,
+    and mount them at ``prefix``. Raises KernelMountError (nothing mounted) when this
+    tree cannot be a kernel mount here; the caller extracts instead. Whatever fails
+    leaves neither a mount nor state beside the prefix."""
+    try:
+        _fetch_and_mount(config, store, manifest, prefix, key, writable=writable,
+                         progress=progress)
+    except BaseException:
+        sweep(prefix)
+        raise
+
+
+def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str, key: str,
+                     *, writable: bool, progress) -> None:
+    from bootseer.deps.blob_fetch import fetch_blob
+    from bootseer.store.cache import NodeCache
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree.blob import BlobLayout, unsupported, verify_blob
+    from bootseer.tree.blob_mount import local_blob_path, metadata_image
+    from bootseer.tree.reader import TreeReader
+    tree = manifest["tree"]
+    for path in (prefix, state_dir(prefix)):
+        if "," in path or ":" in path:   # overlay and EROFS options cannot quote them
+            raise KernelMountError(f"the path {path} has a ',' or ':'")
+    state = Path(state_dir(prefix))
+    state.mkdir(parents=True, exist_ok=True)
+    with Fetcher(config.fetch) as f:
+        reader = TreeReader(store, tree, f, NodeCache(config.cache))
+        why = unsupported(reader.toc)
+        if why is not None:
+            raise KernelMountError(f"the snapshot's tree cannot be an EROFS image: {why}")
+        layout = BlobLayout(reader.toc)
+        try:
+            meta = str(metadata_image(config, tree, reader.toc, layout, state))
+        except kernel.ErofsMountError as e:
+            raise KernelMountError(str(e)) from e
+        blob = str(local_blob_path(config, layout))
+        if os.path.exists(blob) and not _verified_unchanged(blob):
+            try:
+                verify_blob(layout, blob)
+                _write_json(Path(blob + ".verified"), _stamp(blob))
+            except (OSError, StoreError) as e:
+                log.error("the node's blob of %s fails verification, removed and fetched "
+                          "again: %s", key[:19], e)
+                Path(blob).unlink(missing_ok=True)
+        if not os.path.exists(blob):
+            os.makedirs(os.path.dirname(blob), exist_ok=True)
+            with tracing.phase("deps.fetch") as span:
+                from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
+                span.set(**(fetch_tree(config, store, reader) or {}))
+                total = sum(ref[4] for ref in layout.refs)   # the data, not the padding
+                span.set(**fetch_blob(reader, layout, blob,
+                                      (lambda n: progress(n, total)) if progress else None),
+                         requests=f.counters()["requests"], blob_bytes=layout.size)
+            _write_json(Path(blob + ".verified"), _stamp(blob))
+    _mount(prefix, key, tree, meta, blob, writable=writable)
+    _write_json(_index_path(config, key), {"key": key, "tree": tree, "blob": blob,
+                                           "meta": meta, "layout": layout.key,
+                                           "cuda": manifest.get("cuda")})
+
+
+def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: bool) -> None:
+    """Mount at ``prefix`` (made empty by the caller); the sidecar first, so that a
+    command killed mid-way leaves a mount recognised as ours."""
+    state = state_dir(prefix)
+    sweep(prefix)
+    os.makedirs(prefix, exist_ok=True)
+    info = {"key": key, "tree": tree, "backend": BACKEND, "writable": writable,
+            "blob": blob, "meta": meta, "mount_id": None, "started": time.time()}
+    _write_json(Path(sidecar(prefix)), info)
+    try:
+        with tracing.phase("deps.mount", writable=writable):
+            if writable:
+                lower, upper, work = (os.path.join(state, d) for d in ("lower", "upper", "work"))
+                for d in (lower, upper, work):
+                    os.makedirs(d, exist_ok=True)
+                kernel.mount_with_read_ahead(meta, lower, blob)
+                _overlay(prefix, lower, upper, work)
+            else:
+                kernel.mount_with_read_ahead(meta, prefix, blob)
+    except BaseException:
+        unmount(prefix, info)
+        raise
+    entry = points.find(prefix)
+    info["mount_id"] = entry.mount_id if entry is not None else None
+    _write_json(Path(sidecar(prefix)), info)
+    log.info("%s: EROFS on the local blob at %s%s", key[:19], prefix,
+             " under a writable overlay" if writable else " (read-only)")
+
+
+def _overlay(prefix: str, lower: str, upper: str, work: str) -> None:
+    opts = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"bootseer-env", prefix.encode(), b"overlay",
+                  kernel.MS_NOSUID | kernel.MS_NODEV, opts) != 0:
+        e = ctypes.get_errno()
+        raise KernelMountError(f"cannot mount the overlay at {prefix}: {os.strerror(e)}")
+
+
+# -- liveness and unmount -----------------------------------------------------------------
+def is_live(prefix: str, info: dict) -> bool:
+    """Whether the kernel mount the sidecar ``info`` names is the one at ``prefix``."""
+    entry = points.find(prefix)
+    return entry is not None and info.get("mount_id") is not None and \
+        entry.mount_id == info["mount_id"]
+
+
+def unmount(prefix: str, info: dict | None = None) -> bool:
+    """Unmount the environment at ``prefix`` (the overlay, then EROFS beneath it), lazily
+    where files are held open (the kernel keeps the filesystems for the open files and
+    frees them at the last close); then remove the sidecar and the state it used (the
+    overlay's upper and work directories). Returns whether the unmount was immediate.
+    A mount at ``prefix`` that is not the one the sidecar names is left alone (error)."""
+    immediate = True
+    entry = points.find(prefix) if is_mount_point(prefix) else None
+    if entry is not None:
+        recorded = (info or {}).get("mount_id")
+        # no id yet: a command killed between mount(2) and completing the sidecar
+        if entry.mount_id != recorded and (recorded is not None or
+                                           entry.fstype not in ("erofs", "overlay")):
+            raise KernelMountError(f"the mount at {prefix} is not the environment bootseer "
+                                   f"mounted there ({entry.fstype}): not unmounting it")
+        immediate = kernel.unmount(prefix)
+    sweep(prefix)
+    Path(sidecar(prefix)).unlink(missing_ok=True)
+    if not immediate:
+        log.info("%s is in use: detached lazily (freed when the last file closes)", prefix)
+    return immediate
+
+
+def sweep(prefix: str) -> None:
+    """Remove what a kernel mount of ``prefix`` kept in its state directory: the EROFS
+    lower layer (detached lazily if still in use) and the overlay's directories."""
+    state = state_dir(prefix)
+    lower = os.path.join(state, "lower")
+    if is_mount_point(lower):
+        kernel.unmount(lower)
+    for d in ("upper", "work"):
+        place.rmtree(os.path.join(state, d))
+    for d in ("lower", state):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass   # absent, or holds what a lazy mount (--mount) keeps there
+
+
+def blob_bytes(info: dict) -> int:
+    try:
+        return os.stat(info["blob"]).st_size
+    except (OSError, KeyError, TypeError):
+        return 0
+
+
+def drop_blob(config: BootseerConfig, key: str, info: dict) -> None:
+    """Forget ``key``'s blob on this node (``deps gc``): the file (a mount still using it
+    keeps it until unmounted), its verification stamp and the index entry."""
+    for p in (info.get("blob"), (info.get("blob") or "") + ".verified"):
+        if p:
+            Path(p).unlink(missing_ok=True)
+    _index_path(config, key).unlink(missing_ok=True)
+
