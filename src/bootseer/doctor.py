@@ -5,7 +5,6 @@ EROFS probe mounts a temporary image and removes it)."""
 
 from __future__ import annotations
 
-import gzip
 import os
 import shutil
 import stat
@@ -211,18 +210,6 @@ def check_gpus() -> Check:
                  None if cdi else "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
 
 
-def _kernel_config() -> dict[str, str]:
-    for path, opener in (("/proc/config.gz", gzip.open),
-                         (f"/boot/config-{os.uname().release}", open)):
-        try:
-            with opener(path, "rt") as f:
-                return dict(line.strip().split("=", 1) for line in f if "=" in line
-                            and not line.startswith("#"))
-        except OSError:
-            continue
-    return {}
-
-
 def check_erofs() -> Check:
     from bootseer.mount.erofs import kernel
     if not kernel.registered():
@@ -236,15 +223,17 @@ def check_erofs() -> Check:
 
 
 def check_fuse_passthrough() -> Check:
-    value = _kernel_config().get("CONFIG_FUSE_PASSTHROUGH")
+    # the same probe that picks the checkpoint mount's server (ckpt.fuse=auto), so doctor
+    # and the mount never disagree
+    from bootseer.mount.devfuse.probe import passthrough_unavailable
     release = os.uname().release
-    if value == "y":
-        return Check("kernel: FUSE passthrough", True, False, f"{release}: enabled")
-    if value is None:
-        return Check("kernel: FUSE passthrough", False, False,
-                     f"{release}: kernel config not readable")
-    return Check("kernel: FUSE passthrough", False, False, f"{release}: not enabled",
-                 "Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH=y reads cached files at native speed")
+    why = passthrough_unavailable()
+    if why is None:
+        return Check("kernel: FUSE passthrough", True, False,
+                     f"{release}: works (checkpoint mounts read staged files through it)")
+    return Check("kernel: FUSE passthrough", False, False, f"{release}: {why}",
+                 "Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH=y, as root, reads staged checkpoint "
+                 "files at native speed (else checkpoint mounts use mfusepy)")
 
 
 def run_checks(config: BootseerConfig | None = None) -> list[Check]:

@@ -230,14 +230,17 @@ def test_backend_choice_and_fallback_said_once(need_root, monkeypatch, caplog):
         seam.ckpt_backend("devfuse")
 
 
-def test_no_cap_sys_admin_is_found_by_the_probe(need_root):
-    code = ("from bootseer.mount.devfuse.probe import passthrough_unavailable as p; "
-            "print(p())")
-    # capsh is not everywhere; setpriv (util-linux) drops the capability for one command
+def test_no_cap_sys_admin_is_found_by_the_probe_and_doctor(need_root):
+    code = ("import bootseer.mount as seam; from bootseer.doctor import check_fuse_passthrough"
+            " as c; print(seam.ckpt_backend('auto'), c().ok, c().detail)")
+    # setpriv (util-linux) drops the capability for one command
     r = subprocess.run(["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin",
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert "CAP_SYS_ADMIN" in r.stdout
+    assert r.stdout.startswith("mfusepy False ") and "CAP_SYS_ADMIN" in r.stdout
+    assert "passthrough unavailable (no CAP_SYS_ADMIN" in r.stderr   # the one log line
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.stdout.startswith("devfuse True "), r.stdout + r.stderr
 
 
 # -- the checkpoint mount on it ----------------------------------------------------------------
