@@ -5,6 +5,7 @@ bars. Status goes to standard error: standard output is the command's."""
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 _settings = {"quiet": False, "progress": True}
 
@@ -57,3 +58,21 @@ def pipeline_line(name: str, kind: str, attrs: dict, seconds: float) -> str:
 
 def on_prepared(name: str, kind: str, attrs: dict, seconds: float) -> None:
     say(pipeline_line(name, kind, attrs, seconds))
+
+
+def follow(desc: str, total: int, done: Callable[[], int], finished: Callable[[float], bool],
+           unit: str = "B") -> None:
+    """Wait for work running in the background: ``finished(timeout)`` waits at most that
+    long and says whether it is over. On a terminal (unless -q/--no-progress) a bar shows
+    ``done()`` of ``total`` meanwhile; elsewhere this only waits."""
+    if not show_progress():
+        while not finished(1.0):
+            pass
+        return
+    from tqdm import tqdm
+    with tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        over = False
+        while not over:
+            over = finished(0.2)
+            bar.update(max(0, min(done(), total) - bar.n))

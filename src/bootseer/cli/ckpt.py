@@ -82,24 +82,44 @@ def _prefetch(args) -> int:
             remote.check_root()
         prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world)
         say(f"bootseer ckpt prefetch: plan from the {PLAN_NAMES[kind]}")
-        follow("ckpt prefetch", sum(s.end - s.start for s in prefetch.spans),
-               functools.partial(_staged_bytes, engine, prefetch.spans), prefetch.join)
+        extent = _plan_extent(engine, prefetch.spans)
+        follow("ckpt prefetch", sum(b - a for ranges in extent.values() for a, b in ranges),
+               functools.partial(_staged_bytes, extent), prefetch.join)
         print(json.dumps({"plan": kind, "stripes": len(prefetch.issued),
                           "failed": prefetch.failed, **engine.statistics().as_dict()}))
     return 1 if prefetch.failed else 0
 
 
-def _staged_bytes(engine, spans) -> int:
-    """Bytes of the plan's spans that are in the staging area now (what the bar shows)."""
-    done = 0
+def _plan_extent(engine, spans) -> dict:
+    """The bytes a plan covers: per file, its spans merged (a plan repeats ranges: the
+    metadata's order first, then every file whole)."""
+    by_file: dict = {}
     for span in spans:
         f = engine.file(span.source)
-        if span.end <= span.start or not f.S:
-            continue
-        for idx in range(span.start // f.S, (min(span.end, f.size) - 1) // f.S + 1):
-            if f.staged.has(idx):
-                a, b = f.staged.span(idx)
-                done += max(0, min(b, span.end) - max(a, span.start))
+        end = min(span.end, f.size)
+        if end > span.start:
+            by_file.setdefault(f, []).append((span.start, end))
+    extent = {}
+    for f, ranges in by_file.items():
+        merged: list[list[int]] = []
+        for a, b in sorted(ranges):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        extent[f] = [(a, b) for a, b in merged]
+    return extent
+
+
+def _staged_bytes(extent: dict) -> int:
+    """Bytes of the plan's extent that are in the staging area now (what the bar shows)."""
+    done = 0
+    for f, ranges in extent.items():
+        for start, end in ranges:
+            for idx in range(start // f.S, (end - 1) // f.S + 1):
+                if f.staged.has(idx):
+                    a, b = f.staged.span(idx)
+                    done += max(0, min(b, end) - max(a, start))
     return done
 
 

@@ -313,11 +313,28 @@ def _prefetch(args) -> int:
               file=sys.stderr)
         return 0
     prof.check(profile, tree)
+    from bootseer.cli._status import follow
     with Fetcher(config.fetch) as f:
         p = Prefetcher(TreeReader(store, tree, f, NodeCache(config.cache)), profile).start()
-        p.wait()
+        s = p.stats
+        follow("prefetch", s["planned_chunks"],
+               lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],
+               _finished(p.wait), unit=" chunks")
     print(json.dumps(p.stats))
     return 0
+
+
+def _finished(wait):
+    """``finished(timeout)`` for :func:`~bootseer.cli._status.follow` of a blocking
+    ``wait()``: it runs in a thread of its own."""
+    import threading
+    waiter = threading.Thread(target=wait, daemon=True, name="bootseer-wait")
+    waiter.start()
+
+    def finished(timeout: float) -> bool:
+        waiter.join(timeout)
+        return not waiter.is_alive()
+    return finished
 
 
 def _merge(args) -> int:
