@@ -1,6 +1,6 @@
 """bench/image: time to READY of a training image, pulled vs lazily mounted, on one node.
 
-    .venv/bin/python bench/image/run.py [--rate 1gbit] [--reps 1]
+    .venv/bin/python bench/image/run.py [--rate 1gbit] [--reps 1] [--quick]
 
 The image is built offline once (kept in the assets directory): the demo's layers (a Debian
 bookworm rootfs from the apt mirror, Python 3.11, torch CPU) plus a third layer with numpy,
@@ -22,6 +22,9 @@ Goals (issue #4): (3) <= 0.25 x (1); (3) <= 0.5 x (2); coverage >= 95%, precisio
 (2) never slower than (1). Issue #14: (3) <= 1.15 x (4).
   (5) containerd + overlayfs, (6) containerd + bootseer snapshotter: see containerd_rows.py
   (issue #15: (6) <= 0.25 x (5) and <= 1.2 x (3)); --no-containerd skips them.
+--quick runs (2), (3) and (3f) only (the lazy paths side by side, about a minute once the
+image is converted): for checking a change to the kernel or FUSE path, not for the table.
+Each lazy row also says how many chunks a read waited for from the store (demand_chunks).
 """
 
 from __future__ import annotations
@@ -145,7 +148,7 @@ def run_variant(name: str, flags: list[str], *, scratch: Path, netns: str | None
             e = json.loads(line)
             if e.get("phase") == "image.window":
                 row.update({k: e["attrs"].get(k) for k in
-                            ("coverage", "precision", "stall_s", "store_bytes",
+                            ("coverage", "precision", "stall_s", "demand_chunks", "store_bytes",
                              "store_requests", "read_bytes", "window_s", "prefetch_seconds")
                             if e["attrs"].get(k) is not None})
     return row
@@ -162,6 +165,8 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "bench/results/image.json"))
     p.add_argument("--no-containerd", action="store_true",
                    help="skip the containerd rows (5) and (6)")
+    p.add_argument("--quick", action="store_true",
+                   help="only (2), (3) and (3f): no pull, no containerd rows")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("bench/image needs root (network namespace, FUSE, podman)", file=sys.stderr)
@@ -188,6 +193,8 @@ def main() -> int:
                         ("(2) lazy", ["--no-prefetch"], {}),
                         ("(3) lazy + prefetch", [], {}),
                         (FUSE_ROW, [], {"BOOTSEER_MOUNT_BACKEND": "fuse"})]:
+                    if args.quick and name == "(1) pull + run":
+                        continue
                     attempt += 1
                     row = run_variant(name, flags, scratch=scratch, netns=netns, ref=ref,
                                       store=store, attempt=attempt, env_extra=env)
@@ -199,7 +206,7 @@ def main() -> int:
                           + "  ".join(f"{k} {v:.3g}" for k, v in row.items()
                                       if k != "ready_s" and isinstance(v, (int, float))),
                           flush=True)
-            if not args.no_containerd:   # issue #15: the same image through the CRI
+            if not (args.no_containerd or args.quick):   # issue #15: the same image through the CRI
                 print("containerd (CRI, as the kubelet starts a pod), fresh nodes:", flush=True)
                 for k, row in containerd_rows.run(
                         scratch=scratch, netns=netns, ref=ref,
@@ -210,11 +217,18 @@ def main() -> int:
         finally:
             reg.stop()
     med = {k: statistics.median(r["ready_s"] for r in rows) for k, rows in results.items()}
+    r3 = results["(3) lazy + prefetch"][-1]
+    if args.quick:
+        print(f"\n{'variant':34} {'ready s':>8}")
+        for k in ["(2) lazy", "(3) lazy + prefetch", FUSE_ROW]:
+            print(f"{k:34} {med[k]:8.2f}")
+        print(f"(3)/(3f) {med['(3) lazy + prefetch'] / med[FUSE_ROW]:.2f}, coverage "
+              f"{r3.get('coverage') or 0:.1%}, demand chunks {r3.get('demand_chunks')}")
+        return 0
     print(f"\n{'variant':34} {'ready s':>8} {'x (1)':>7}")
     for k in ["(1) pull + run", "(2) lazy", "(3) lazy + prefetch", "(4) fully local",
               FUSE_ROW]:
         print(f"{k:34} {med[k]:8.2f} {med[k] / med['(1) pull + run']:7.2f}")
-    r3 = results["(3) lazy + prefetch"][-1]
     if not args.no_containerd:
         for k in (CTD_PULL, CTD_LAZY):
             print(f"{k:34} {med[k]:8.2f} {med[k] / med['(1) pull + run']:7.2f}")
