@@ -17,6 +17,9 @@ namespace. Variants (each a full ``dcp.load`` into preallocated tensors, verifie
                       loaded as safetensors does it (mmap of the file, header, a copy per
                       tensor) through the striped mount, against ``cat`` of the same bytes
                       through the same mount ("6s")
+  7 staged re-read    every file staged and complete, then read again (1 MiB reads)
+                      through a fresh mount served by mfusepy and by devfuse (passthrough),
+                      twice each, alternating; "local" reads the staging files directly
 
 Everything started is stopped by PID; mounts, the tmpfs and the namespace are removed.
 """
@@ -142,6 +145,68 @@ def vmhwm(pid: int) -> int:
     return 0
 
 
+def read_files(paths) -> int:
+    """Read every file with 1 MiB reads (as ``cat`` does); bytes read."""
+    buf, total = bytearray(1 << 20), 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
+    return total
+
+
+def staged_reread(url: str, cfg, scratch: Path, rows: list, link_bps: float) -> None:
+    """(7) Every file staged and complete on the node, then read again through a fresh
+    checkpoint mount: mfusepy (Python answers each 1 MiB read from the staging copy) and
+    devfuse (the kernel reads the staging copy through passthrough), twice each,
+    alternating, against reading the staging files directly (the ceiling)."""
+    import dataclasses
+
+    from bootseer.ckpt.engine import Engine
+    from bootseer.ckpt.listing import RemoteDir
+    from bootseer.ckpt.mount import mount_checkpoint
+    from bootseer.ckpt.staging import node_staging_dir
+    staging = node_staging_dir(cfg)
+    with Engine(cfg.ckpt, cfg.fetch, staging=str(staging)) as e:
+        for source in RemoteDir(url).walk().values():
+            f, off = e.file(source), 0
+            while off < source.size:   # sequential: every stripe lands in staging
+                off += len(f.read(off, 64 << 20))
+            if not f.staged.complete:
+                raise SystemExit(f"{source.url} was not staged completely")
+    staged = [p for p in staging.iterdir() if p.is_file() and len(p.name) == 32]
+    staged_bytes = sum(p.stat().st_size for p in staged)
+    runs = [("local", None)] + [(b, b) for _ in range(2) for b in ("mfusepy", "devfuse")]
+    for label, backend in runs:
+        subprocess.run(["sync"])
+        t = time.monotonic()
+        python_bytes = None
+        if backend is None:
+            nbytes = read_files(staged)
+            dt = time.monotonic() - t
+        else:
+            c = dataclasses.replace(cfg, ckpt=dataclasses.replace(cfg.ckpt, fuse=backend))
+            mp = scratch / f"mnt-7-{len(rows)}"
+            mp.mkdir()
+            report = scratch / f"stats-7-{len(rows)}.json"
+            with mount_checkpoint(url + "/", str(mp), c, prefetch=False,
+                                  stats_path=str(report)):
+                t = time.monotonic()
+                nbytes = read_files(sorted(p for p in mp.rglob("*") if p.is_file()))
+                dt = time.monotonic() - t
+            python_bytes = json.loads(report.read_text())["bytes_consumed"]
+        if nbytes != staged_bytes:
+            raise SystemExit(f"(7) {label}: read {nbytes} bytes, staged {staged_bytes}")
+        row = {"variant": f"7 staged re-read, {label}", "seconds": round(dt, 2),
+               "GB/s": round(nbytes / dt / 1e9, 3),
+               "link_%": round(100 * nbytes / dt / link_bps, 1)}
+        if python_bytes is not None:
+            row["python_MB"] = round(python_bytes / 1e6)   # bytes handed over by Python
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def inner(args) -> int:
     import warnings
     warnings.filterwarnings("ignore")
@@ -265,6 +330,8 @@ def inner(args) -> int:
                     print(json.dumps(row), flush=True)
             finally:
                 st_server.stop()
+        if "7" in wanted:
+            staged_reread(server.url, cfg, scratch, rows, link_bps)
     finally:
         server.stop()
     base = next((r["seconds"] for r in rows if r["variant"].startswith("1 ")), None)
@@ -290,7 +357,7 @@ def main() -> int:
     ap.add_argument("--link", default="2gbit", help="tc rate of the shaped link")
     ap.add_argument("--per-conn", default="31250k", help="nginx limit_rate (bytes/s)")
     ap.add_argument("--lead", type=float, default=10.0, help="prefetch head start, seconds")
-    ap.add_argument("--variants", default="1,2,3,4,5,6")
+    ap.add_argument("--variants", default="1,2,3,4,5,6,7")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scratch", help=argparse.SUPPRESS)
     args = ap.parse_args()
