@@ -159,3 +159,32 @@ def test_metadata_naming_a_path_outside_the_directory_is_refused(www):
     (root / "secret.bin").write_bytes(b"s")
     with pytest.raises(StoreError, match="leaves the mounted root"):
         RemoteDir(f"{server.url}/evil").check_root()
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_hostile_metadata_runs_nothing_when_planned(tmp_path):
+    """DCP's .metadata is a pickle: the plan reads it without executing any of it."""
+    from bootseer.ckpt.plan import PlanError, dcp_plan
+    d = tmp_path / "hostile"
+    d.mkdir()
+    marker = tmp_path / "ran"
+    (d / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    with pytest.raises(PlanError):
+        dcp_plan(str(d))
+    assert not marker.exists()
+
+
+def test_dcp_plan_from_metadata_read_without_torch_classes(dcp_checkpoint, tmp_path):
+    from bootseer.ckpt.plan import dcp_plan
+    dcp_checkpoint(tmp_path / "ck")
+    plan = dcp_plan(str(tmp_path / "ck"))
+    assert {r.path for r in plan} == {"__0_0.distcp"}
+    size = (tmp_path / "ck/__0_0.distcp").stat().st_size
+    assert max(r.end for r in plan) == size and min(r.start for r in plan) == 0

@@ -1,7 +1,8 @@
 """The files a checkpoint's own metadata names, for servers that give no directory listing.
 
 * DCP: ``.metadata`` (a pickle of torch's ``Metadata``) holds a ``_StorageInfo`` per stored
-  item whose ``relative_path`` is a data file (``__0_0.distcp``, ...).
+  item: its ``relative_path`` (a data file, ``__0_0.distcp``, ...), ``offset`` and
+  ``length`` (ckpt/plan.py's ranges come from here too).
 * safetensors: ``model.safetensors.index.json``'s ``weight_map`` names the shards.
 
 The pickle is read without torch and without running any of it: every class it names is
@@ -53,20 +54,34 @@ class _InertUnpickler(pickle.Unpickler):
         return type(name, (_Inert,), {"__module__": "bootseer.inert." + module})
 
 
-def dcp_files(data: bytes) -> list[str]:
-    """The data files a DCP ``.metadata`` names (its ``relative_path`` values), sorted."""
+def dcp_items(data: bytes) -> list[tuple[str, int, int]]:
+    """(relative_path, offset, length) of every item a DCP ``.metadata`` stores."""
     try:
         meta = _InertUnpickler(io.BytesIO(data)).load()
     except Exception as e:  # noqa: BLE001 - any unpickling failure: not DCP metadata
         raise NotCheckpointMetadata(f"not a DCP metadata file ({type(e).__name__}: {e})") \
             from None
     storage = _state(meta).get("storage_data")
-    if not isinstance(storage, dict):
+    if not isinstance(storage, dict) or not storage:
         raise NotCheckpointMetadata("no storage_data (not a torch DCP checkpoint?)")
-    names = {_state(info).get("relative_path") for info in storage.values()}
-    if not names or not all(isinstance(n, str) and n for n in names):
-        raise NotCheckpointMetadata("storage_data names no data files")
-    return sorted(names)
+    items = []
+    for info in storage.values():
+        s = _state(info)
+        path, offset, length = s.get("relative_path"), s.get("offset"), s.get("length")
+        if not (isinstance(path, str) and path and _count(offset) and _count(length)):
+            raise NotCheckpointMetadata("a storage_data item without relative_path, offset "
+                                        "and length")
+        items.append((path, offset, length))
+    return items
+
+
+def _count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def dcp_files(data: bytes) -> list[str]:
+    """The data files a DCP ``.metadata`` names (its ``relative_path`` values), sorted."""
+    return sorted({path for path, _, _ in dcp_items(data)})
 
 
 def _state(obj) -> dict:

@@ -15,7 +15,6 @@ bytes, so ``world`` local ranks stream a node's copy once, in parallel.
 from __future__ import annotations
 
 import json
-import pickle
 import struct
 from dataclasses import dataclass
 
@@ -43,16 +42,14 @@ def dcp_plan(url: str, *, opener=None) -> list[Range]:
     from bootseer.ckpt.api import open as ckpt_open
     opener = opener or ckpt_open
     meta_url = url.rstrip("/") + "/.metadata"
+    from bootseer.ckpt import named_files
     with opener(meta_url) as f:
-        try:
-            meta = pickle.load(f)  # noqa: S301 - DCP's own format; torch loads it the same way
-        except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad checkpoint
-            raise PlanError(f"{meta_url} is not a DCP metadata file: {e}", url=meta_url) from e
-    data = getattr(meta, "storage_data", None)
-    if not isinstance(data, dict):
-        raise PlanError(f"{meta_url} has no storage_data (not a torch DCP checkpoint?)",
-                        url=meta_url)
-    ranges = {Range(i.relative_path, i.offset, i.offset + i.length) for i in data.values()}
+        data = f.read()
+    try:   # a pickle from the checkpoint's server: read inert (no torch, nothing run)
+        items = named_files.dcp_items(data)
+    except named_files.NotCheckpointMetadata as e:
+        raise PlanError(f"{meta_url}: {e}", url=meta_url) from None
+    ranges = {Range(path, offset, offset + length) for path, offset, length in items}
     return sorted(ranges, key=lambda r: (r.path, r.start))
 
 
