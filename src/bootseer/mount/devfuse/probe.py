@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import tempfile
+
+from bootseer import alive
 
 CAP_SYS_ADMIN = 21
 
@@ -48,11 +48,16 @@ def passthrough_unavailable() -> str | None:
         return "/dev/fuse is missing"
     if not has_cap_sys_admin():
         return "no CAP_SYS_ADMIN (mounting /dev/fuse and its backing files need it)"
-    scratch = tempfile.mkdtemp(prefix="bootseer-devfuse-probe-")
+    # in a state directory of its own: if we are killed mid-probe, the next command's sweep
+    # unmounts and removes it
     try:
-        mountpoint = os.path.join(scratch, "mnt")
+        state = alive.StateDir("bsmnt-", sweep=False)
+    except OSError as e:
+        return f"probe failed: {e}"
+    with state:
+        mountpoint = os.path.join(state.path, "mnt")
         os.mkdir(mountpoint)
-        probe_file = os.path.join(scratch, "file")
+        probe_file = os.path.join(state.path, "file")
         open(probe_file, "wb").close()
         server = Server(_Probe(), mountpoint, name="bootseer-probe", threads=0)
         try:
@@ -69,8 +74,4 @@ def passthrough_unavailable() -> str | None:
                 return f"the kernel refused a backing file ({e.strerror or e})"
         finally:
             server.stop()
-        return None
-    except OSError as e:
-        return f"probe failed: {e}"
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    return None
