@@ -5,9 +5,11 @@ time axis, swim lanes (a row per pipeline track per node; the gating node first 
 highlighted, its gating phase outlined; marks as triangles, ready as a line; tooltips), the
 job's phases per rank with the rendezvous wait, technique figures, CDFs across nodes with
 axes and a legend. On top, the attempts (and the baseline) side by side: what each pipeline
-held on the critical path. Tables are plain HTML; the charts are drawn by the page's own
-script (``export_html.js``) from the embedded JSON, so the page works offline. The script
-sets ``data-rendered="1"`` on ``<body>`` when it is done (browser tests wait for it).
+held on the critical path. Tables are plain HTML; the charts are drawn with uPlot (a small
+MIT charting library, vendored in ``vendor/`` and embedded in the page, so it works
+offline) by the page's script (``export_html.js``) from the embedded JSON. The script sets
+``data-rendered="1"`` on ``<body>`` when every chart has drawn, and on each chart's
+container ``data-geometry``: the rows and rectangles it drew (browser tests read them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 from bootseer.trace.analysis import AttemptView, Summary, pipeline_of
 from bootseer.trace.critical_path import NOT_STARTED
 
+VENDOR = Path(__file__).with_name("vendor")
+UPLOT_VERSION = "1.6.32"   # vendor/README.md says how to update it
 MAX_LANE_NODES = 24        # swim lanes for the slowest nodes (a 10,000-row chart helps no one)
 MAX_RANK_ROWS = 32
 CDF_POINTS = 200
@@ -39,13 +43,7 @@ td:first-child,th:first-child{text-align:left}
 .card b{display:block;font-size:18px}.card.hot{border-color:#d62728;background:#fff5f5}
 .key{display:inline-block;margin:2px 8px 2px 0;font-size:12px}
 .key i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
-svg text{font-size:11px}.tick{fill:#555}.axis{stroke:#444}.grid{stroke:#eee}
-.axis-label{fill:#333;font-size:11px}.lane{fill:#444}.node{font-weight:600}
-.gating-node{fill:#d62728}.straggler{fill:#ff7f0e}.band{fill:#f7f7f7}.band-gating{fill:#fde8e8}
-.span{stroke:#fff;stroke-width:.5}.span.gating{stroke:#000;stroke-width:3}
-.span.failed{stroke:#000;stroke-dasharray:3 2;stroke-width:1.5}
-.mark{fill:#222}.ready{stroke:#000;stroke-width:2}.cdf{fill:none;stroke-width:2}
-.inbar{fill:#fff;font-size:10px}.path-seg{stroke:#fff;stroke-width:.5}
+.uplot .u-legend{font-size:12px;text-align:left}.uplot .u-legend .u-series>*{padding:1px 4px}
 #tip{position:absolute;display:none;background:#fff;border:1px solid #888;padding:4px 6px;
 font-size:12px;pointer-events:none;box-shadow:0 1px 4px #0003;max-width:420px}
 pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto}
@@ -250,12 +248,22 @@ def to_html(views: list[AttemptView], summaries: list[Summary], title: str, repo
                  "first collective for the last to arrive)</h3>", _rank_table(s),
                  "<h3>technique figures</h3>", _figures_table(s),
                  "<h3>CDF across nodes: time to ready and each phase</h3>",
-                 f"<div id='cdf-{v.attempt}'></div><div id='legend-cdf-{v.attempt}'></div>"]
+                 f"<div id='cdf-{v.attempt}'></div>"]
     body.append(f"<h2>text report</h2><pre>{html.escape(report_text)}</pre>")
     script = (Path(__file__).with_name("export_html.js")).read_text()
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
-            f"{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+            f"{html.escape(title)}</title><style>{_vendored('uPlot.min.css')}</style>"
+            f"<style>{STYLE}</style></head><body>"
             + "\n".join(body) + "<div id='tip'></div>"
             f"<script type='application/json' id='report-data'>{payload}</script>"
+            f"<script>{_vendored('uPlot.iife.min.js')}</script>"
             f"<script>{script}</script></body></html>")
+
+
+def _vendored(name: str) -> str:
+    """A vendored file's text, to embed in a <script> or <style> element."""
+    text = (VENDOR / name).read_text()
+    if "</" in text:   # it would end the element early: an update of vendor/ to look at
+        raise ValueError(f"trace/vendor/{name} holds '</': it cannot be embedded as it is")
+    return text
