@@ -226,7 +226,7 @@ class StripedFile:
         if direct is not None:
             return direct
         data = self.staged.pread(offset, end - offset)
-        self._advance(cursor, end, grow=True, n=len(data))
+        self._advance(cursor, end, n=len(data))
         return data
 
     def readinto(self, offset: int, buf: memoryview) -> int:
@@ -239,7 +239,7 @@ class StripedFile:
             buf[:len(direct)] = direct
             return len(direct)
         n = self.staged.readinto(offset, buf[:end - offset])
-        self._advance(cursor, end, grow=True, n=n)
+        self._advance(cursor, end, n=n)
         return n
 
     def _prepare(self, offset: int, end: int) -> tuple[_Cursor, bytes | None]:
@@ -249,8 +249,13 @@ class StripedFile:
         first, last = offset // self.S, (end - 1) // self.S
         if not sequential and not self._held(first, last):
             data = self.engine.fetcher.read(self.source, offset, end)
-            self._advance(cursor, end, grow=False, n=len(data))
+            self._advance(cursor, end, n=len(data))
             return cursor, data
+        if sequential:
+            # the window grows when a sequential reader asks, not once its bytes are in:
+            # the first read of a file then sends read-ahead along with its own stripe
+            # instead of leaving the link to that one stripe until it lands
+            self._grow(cursor, end - offset)
         for idx in range(first, last + 1):  # all in flight first: a large read is parallel
             self.issue(idx, demand=True)
         self._readahead(cursor, end)
@@ -274,21 +279,34 @@ class StripedFile:
             return c, offset == 0
 
     def _readahead(self, cursor: _Cursor, end: int) -> None:
+        """Keep ``cursor.window`` bytes after ``end`` coming (requested, not yet staged),
+        looking at most two windows ahead. Staged stripes do not count: a reader entering
+        a region read ahead earlier (DCP loads tensors in key order, not file order) must
+        not leave the link idle while it reads what is local, then wait for what follows."""
         if cursor.window <= 0 or end >= self.size:
             return
-        stop = min(self.size, end + cursor.window)
-        for idx in range(end // self.S, (stop - 1) // self.S + 1):
-            if self.issue(idx, demand=False) is False:
+        coming = 0
+        horizon = min(self.size, end + 2 * cursor.window)
+        for idx in range(end // self.S, (horizon - 1) // self.S + 1):
+            got = self.issue(idx, demand=False)
+            if got is False:
                 break  # budget full: back-pressure, try again on the next read
+            if got is not True:
+                start, stop = self.staged.span(idx)
+                coming += stop - max(start, end)
+                if coming >= cursor.window:
+                    break
 
-    def _advance(self, cursor: _Cursor, end: int, *, grow: bool, n: int) -> None:
+    def _grow(self, cursor: _Cursor, n: int) -> None:
+        """Double the window per sequential read, and at least match the read (one 64 MiB
+        read of a DCP tensor should prefetch the next tensor)."""
+        with self._lock:
+            cursor.window = min(self.engine.config.readahead_max_bytes,
+                                max(2 * cursor.window, 2 * self.S, n))
+
+    def _advance(self, cursor: _Cursor, end: int, *, n: int) -> None:
         with self._lock:
             cursor.pos, cursor.used = end, time.monotonic()
-            if grow:
-                # doubles per sequential read, and at least matches the read just served
-                # (one 64 MiB read of a DCP tensor should prefetch the next tensor)
-                cursor.window = min(self.engine.config.readahead_max_bytes,
-                                    max(2 * cursor.window, 2 * self.S, n))
         self.engine.consumed(self.source, end - n, end)
 
     def close(self) -> None:
