@@ -162,3 +162,16 @@ def test_dash_is_stdout_for_every_output_file(world):
     job_line, summary = run.stdout.split("\n", 1)
     assert job_line == "job-out" and "job.run" in json.loads(summary)["phases"]
     assert not (world.root / "-").exists()
+
+
+def test_trace_verbs_take_trace_like_run(world):
+    trace = world.root / "t"
+    r = world.run("trace", "mark", "ready", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    r = world.run("trace", "exec", "--phase", "x", "--trace", str(trace), "--", "true")
+    assert r.returncode == 0, r.stderr
+    old = world.run("trace", "mark", "again", "--location", str(trace))   # first spelling
+    assert old.returncode == 0, old.stderr
+    events = "".join(p.read_text() for p in trace.rglob("*") if p.is_file())
+    assert all(name in events for name in ('"ready"', '"x"', '"again"')), events
+    assert "--location" not in world.run("trace", "mark", "--help").stdout

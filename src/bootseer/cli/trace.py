@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import argparse
+
+TRACE_HELP = "trace location, as for `bootseer run --trace` (default: BOOTSEER_TRACE_LOCATION)"
+
+
+def _add_trace_arg(v) -> None:
+    """``--trace``, the spelling of every command; ``--location``, its first, still read."""
+    v.add_argument("--trace", dest="location", metavar="LOCATION", help=TRACE_HELP)
+    v.add_argument("--location", dest="location", help=argparse.SUPPRESS)
+
 
 def register(sub) -> None:
     p = sub.add_parser("trace", help="record a command as a traced phase",
                        description="Record startup phases. Events go to BOOTSEER_TRACE_LOCATION "
-                                   "(or --location) as JSON lines, one file per process.")
+                                   "(or --trace) as JSON lines, one file per process.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("exec", help="run CMD and record it as phase NAME")
     v.add_argument("--phase", required=True, help="phase name, e.g. deps.install")
-    v.add_argument("--location", help="trace location (default BOOTSEER_TRACE_LOCATION)")
+    _add_trace_arg(v)
     v.add_argument("argv", nargs="+", metavar="-- CMD", help="the command to run and record")
     v.set_defaults(func=_exec)
     v = verbs.add_parser("mark", help="record an instant (e.g. ready, rendezvous)")
     v.add_argument("name", help="what happened, e.g. ready or rendezvous")
-    v.add_argument("--location", help="trace location (default BOOTSEER_TRACE_LOCATION)")
+    _add_trace_arg(v)
     v.set_defaults(func=_mark)
 
 
@@ -53,6 +63,6 @@ def _mark(args) -> int:
     if not os.environ.get("BOOTSEER_TRACE_LOCATION"):   # the mark would go nowhere
         raise with_hint(UsageError(f"nowhere to record the mark {args.name!r}: no trace "
                                    f"location"),
-                        "pass --location DIR or set BOOTSEER_TRACE_LOCATION")
+                        "pass --trace DIR or set BOOTSEER_TRACE_LOCATION")
     trace.mark(args.name)
     return 0
