@@ -268,7 +268,7 @@ def sweep(prefix: str) -> None:
         kernel.unmount(lower)
     for d in ("upper", "work"):
         place.rmtree(os.path.join(state, d))
-    for d in ("lower", state):
+    for d in (lower, state):
         try:
             os.rmdir(d)
         except OSError:

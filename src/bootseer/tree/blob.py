@@ -240,15 +240,18 @@ def fill_blob(layout: BlobLayout, f, pieces) -> None:
 
 
 def verify_blob(layout: BlobLayout, path: str) -> None:
-    """Every chunk of a local blob still hashes to its digest (DigestMismatch if not)."""
+    """Every chunk of a local blob still hashes to its digest and the padding between
+    chunks is still zeros (DigestMismatch if not): no byte of it goes unchecked."""
     if os.path.getsize(path) != layout.size:
         raise DigestMismatch(f"blob {path} has {os.path.getsize(path)} bytes, its layout "
                              f"{layout.size}", digest=f"sha256:{layout.key}")
     fd = os.open(path, os.O_RDONLY)
     try:
-        for off, ref in zip(layout.offsets, layout.refs):
-            data = os.pread(fd, ref[4], off)
-            if hashlib.sha256(data).hexdigest() != ref[0].removeprefix("sha256:"):
+        ends = layout.offsets[1:] + [layout.size]
+        for off, end, ref in zip(layout.offsets, ends, layout.refs):
+            slot = os.pread(fd, end - off, off)
+            if hashlib.sha256(slot[:ref[4]]).hexdigest() != ref[0].removeprefix("sha256:") \
+                    or slot[ref[4]:].strip(b"\0"):
                 raise DigestMismatch(f"blob {path} is corrupt at offset {off} (chunk "
                                      f"{ref[0]})", digest=ref[0])
     finally:

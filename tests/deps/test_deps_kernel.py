@@ -1,0 +1,288 @@
+"""Restores as kernel mounts: EROFS on the snapshot's blob in the node cache, an overlay on
+top, at the prefix; and their faults: a tampered blob or metadata image, an unmount while a
+process holds a file open, a kernel without file-backed EROFS, a user's directory at the
+prefix, a fetch killed halfway. Real index (nginx), real uv, real kernel mounts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer.deps import ensure as E, kernel_restore
+from bootseer.deps.mounted import mounted_info, sidecar, state_dir, unmount
+from bootseer.deps.resolve import DepsError
+from bootseer.deps.snapshot import rmtree
+from bootseer.mount import points
+from tests.deps.test_deps import cfg, serve_index
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("need_root")]
+PY = sys.executable
+MODULE = "lib/python3.11/site-packages/bskern_one/__init__.py"
+
+
+@pytest.fixture
+def index(nginx_factory, tmp_path):
+    urls, spec = serve_index(nginx_factory, tmp_path,
+                             [("bskern_one", "1.0", "X = 1\n"), ("bskern_two", "1.0", "Y = 2\n")],
+                             "bskern-one==1.0\nbskern-two==1.0\n")
+    return urls, str(spec)
+
+
+@pytest.fixture
+def published(index, tmp_path):
+    """A snapshot built and published at ``<tmp>/env`` by node n0; the prefix is then
+    empty, as on a fresh node: (urls, spec, prefix, key)."""
+    urls, spec = index
+    prefix = str(tmp_path / "env")
+    built = E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n0"))
+    assert built.how == "built"
+    rmtree(prefix)
+    yield urls, spec, prefix, built.key
+    if os.path.exists(sidecar(prefix)):
+        unmount(prefix)
+
+
+def restore(published, tmp_path, node: str, **kw) -> E.Result:
+    urls, spec, prefix, key = published
+    return E.ensure(spec, prefix, python=PY, index_urls=urls, key=key,
+                    config=kw.pop("config", None) or cfg(tmp_path, node), **kw)
+
+
+def run_py(prefix, code: str) -> str:
+    p = subprocess.run([f"{prefix}/bin/python", "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def cli(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "bootseer", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def blob_of(tmp_path, node: str) -> Path:
+    blobs = list((tmp_path / node / "cache" / "erofs").glob("*.blob"))
+    assert len(blobs) == 1, blobs
+    return blobs[0]
+
+
+def test_restore_mounts_the_blob_writable_warm_and_unmounts_clean(published, tmp_path):
+    urls, spec, prefix, key = published
+    seen = []
+    r = restore(published, tmp_path, "n1", progress=lambda n, total: seen.append((n, total)))
+    assert (r.how, r.form) == ("restored", "mount")
+    assert sum(n for n, _ in seen) == seen[-1][1] > 0          # the progress bar's feed
+    state = state_dir(prefix)
+    assert points.find(prefix).fstype == "overlay"
+    assert points.find(f"{state}/lower").fstype == "erofs"
+    assert run_py(prefix, "import bskern_one, bskern_two; print(bskern_one.X + bskern_two.Y)") == "3"
+    assert not os.listdir(f"{state}/upper")                  # nothing was extracted
+    # a job may write into its environment: into the overlay, never the blob
+    blob = blob_of(tmp_path, "n1")
+    blob_bytes = blob.read_bytes()
+    site = f"{prefix}/lib/python3.11/site-packages"
+    Path(f"{site}/bskern_extra.py").write_text("Z = 7\n")
+    assert run_py(prefix, "import bskern_extra; print(bskern_extra.Z)") == "7"
+    assert os.path.exists(f"{state}/upper/lib/python3.11/site-packages/bskern_extra.py")
+    assert blob.read_bytes() == blob_bytes
+    # warm: the live mount answers at once
+    t = time.perf_counter()
+    assert restore(published, tmp_path, "n1").how == "warm"
+    assert time.perf_counter() - t < 0.1
+    # verify re-hashes through the mount and sees a changed file
+    store = str(tmp_path / "store")
+    v = cli("deps", "verify", prefix, "--store", store)
+    assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
+    os.chmod(f"{prefix}/{MODULE}", 0o644)
+    Path(f"{prefix}/{MODULE}").write_text("X = 99\n")
+    v = cli("deps", "verify", prefix, "--store", store)
+    assert v.returncode == 1 and f"modified /{MODULE}" in v.stdout, v.stdout + v.stderr
+    # umount: nothing left beside the prefix but the (empty) directory; the blob stays
+    u = cli("deps", "umount", prefix)
+    assert u.returncode == 0, u.stderr
+    assert not os.path.ismount(prefix) and os.listdir(prefix) == []
+    assert not os.path.exists(sidecar(prefix)) and not os.path.exists(state)
+    assert blob.exists()
+    # the blob in the node cache: mounted again without the store (a dead one here), the
+    # overlay's writes gone
+    dead = cfg(tmp_path, "n1").replace(store={"url": "http://127.0.0.1:9/gone"})
+    r = restore(published, tmp_path, "n1", config=dead)
+    assert (r.how, r.form) == ("restored", "mount")
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+    assert not os.path.exists(f"{site}/bskern_extra.py")
+    assert cli("deps", "umount", prefix).returncode == 0
+    assert cli("deps", "umount", prefix).returncode == 1        # nothing mounted now
+
+
+def test_a_tampered_blob_or_metadata_image_is_never_mounted(published, tmp_path, caplog):
+    urls, spec, prefix, key = published
+    restore(published, tmp_path, "n1")
+    unmount(prefix)
+    blob = blob_of(tmp_path, "n1")
+    at = blob.read_bytes().index(b"X = 1\n")
+    # one byte of a module's data flipped, then one of the zeros padding its 4 KiB slot
+    for offset, byte in ((at + 4, b"7"), (at + 100, b"\1")):
+        blob = blob_of(tmp_path, "n1")
+        with open(blob, "r+b") as f:
+            f.seek(offset)
+            f.write(byte)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            r = restore(published, tmp_path, "n1")
+        assert (r.how, r.form) == ("restored", "mount")
+        assert "fails verification, removed and fetched again" in caplog.text
+        v = cli("deps", "verify", prefix, "--store", str(tmp_path / "store"))
+        assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
+        assert blob_of(tmp_path, "n1").read_bytes()[offset] == 0 if byte == b"\1" else True
+        unmount(prefix)
+    caplog.clear()
+    meta = next((tmp_path / "n1" / "cache" / "erofs").glob("*.meta"))
+    data = bytearray(meta.read_bytes())
+    data[1024] ^= 0xFF                 # the superblock's magic: never mountable as it is
+    meta.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO):
+        r = restore(published, tmp_path, "n1")
+    assert (r.how, r.form) == ("restored", "mount")
+    assert "does not match its sum: written anew" in caplog.text
+    assert run_py(prefix, "import bskern_one, bskern_two; print(bskern_one.X + bskern_two.Y)") == "3"
+
+
+def test_umount_while_a_process_holds_a_file_open_is_lazy_and_leaves_nothing(published, tmp_path):
+    urls, spec, prefix, key = published
+    restore(published, tmp_path, "n1")
+    holder = subprocess.Popen(
+        [f"{prefix}/bin/python", "-c", "import sys; f = open(sys.argv[1]); print('open', "
+         "flush=True); sys.stdin.readline(); print(f.read().strip(), flush=True)",
+         f"{prefix}/{MODULE}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=tmp_path)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        u = cli("deps", "umount", prefix)
+        assert u.returncode == 0, u.stderr
+        assert not os.path.ismount(prefix) and not os.path.ismount(f"{state_dir(prefix)}/lower")
+        assert not os.path.exists(sidecar(prefix))
+        assert not os.path.exists(state_dir(prefix))
+        out, _ = holder.communicate("\n", timeout=30)   # its open file still reads
+        assert out.strip() == "X = 1"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    roots = [e for e in points.table() if e.mountpoint.startswith(str(tmp_path))]
+    assert roots == []
+    r = restore(published, tmp_path, "n1")           # and the prefix mounts again
+    assert (r.how, r.form) == ("restored", "mount")
+
+
+def test_a_kernel_without_file_backed_erofs_extracts_and_says_so_once(published, tmp_path,
+                                                                      monkeypatch, caplog):
+    urls, spec, prefix, key = published
+    from bootseer.mount.erofs import kernel
+    monkeypatch.setattr(kernel, "availability", lambda: "the kernel has no EROFS (test)")
+    monkeypatch.setattr(kernel_restore, "_fallback_said", False)
+    with caplog.at_level(logging.WARNING):
+        r1 = restore(published, tmp_path, "n1")
+        rmtree(prefix)
+        r2 = restore(published, tmp_path, "n2")
+    assert (r1.how, r1.form) == (r2.how, r2.form) == ("restored", "directory")
+    assert not os.path.ismount(prefix)
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+    said = [r for r in caplog.records if "restored by extraction" in r.getMessage()]
+    assert len(said) == 1 and "the kernel has no EROFS (test)" in said[0].getMessage()
+    # the configuration's seam: the kernel path off, from the command line, one line
+    rmtree(prefix)
+    env = {**os.environ, "BOOTSEER_MOUNT_BACKEND": "fuse", "BOOTSEER_STORE_URL":
+           str(tmp_path / "store"), "BOOTSEER_CACHE_DIR": str(tmp_path / "n3" / "cache")}
+    out = cli("deps", "ensure", spec, "--prefix", prefix, "--key", key, "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["form"] == "directory"
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "restored by extraction" in lines[0], out.stderr
+
+
+def test_a_users_directory_at_the_prefix_is_never_mounted_over(published, tmp_path):
+    urls, spec, prefix, key = published
+    os.makedirs(prefix, exist_ok=True)
+    Path(prefix, "notes.txt").write_text("mine")
+    with pytest.raises(DepsError, match="not made by bootseer"):
+        restore(published, tmp_path, "n1")
+    env = {**os.environ, "BOOTSEER_STORE_URL": str(tmp_path / "store"),
+           "BOOTSEER_CACHE_DIR": str(tmp_path / "n1" / "cache")}
+    out = cli("deps", "ensure", spec, "--prefix", prefix, "--key", key, env=env)
+    assert out.returncode != 0 and out.stderr.startswith("bootseer: error: ") and \
+        "not made by bootseer" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not os.path.ismount(prefix) and os.listdir(prefix) == ["notes.txt"]
+    assert Path(prefix, "notes.txt").read_text() == "mine"
+    assert not os.path.exists(sidecar(prefix)) and not os.path.exists(state_dir(prefix))
+
+
+def test_copy_and_read_only(published, tmp_path):
+    urls, spec, prefix, key = published
+    r = restore(published, tmp_path, "n1", writable=False)
+    assert r.form == "mount" and points.find(prefix).fstype == "erofs"
+    with pytest.raises(OSError, match="Read-only file system"):
+        open(f"{prefix}/pyvenv.cfg", "a")
+    # --copy wants a plain directory: the mount (same key) is replaced by one
+    out = cli("deps", "ensure", spec, "--prefix", prefix, "--key", key, "--copy", "--json",
+              env={**os.environ, "BOOTSEER_STORE_URL": str(tmp_path / "store"),
+                   "BOOTSEER_CACHE_DIR": str(tmp_path / "n1" / "cache")})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["form"] == "directory" and not os.path.ismount(prefix)
+    assert not os.path.exists(sidecar(prefix)) and not os.path.exists(state_dir(prefix))
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+    bad = cli("deps", "ensure", spec, "--prefix", prefix, "--mount", "--copy")
+    assert bad.returncode == 2 and bad.stderr.startswith("bootseer: error: ") and "--mount" in bad.stderr
+
+
+def test_gc_unmounts_an_unused_mounted_environment_and_drops_its_blob(published, tmp_path):
+    from bootseer.deps.node import environments, gc
+    urls, spec, prefix, key = published
+    restore(published, tmp_path, "n1")
+    config = cfg(tmp_path, "n1")
+    blob = blob_of(tmp_path, "n1")
+    [env] = [e for e in environments(config) if e.prefix == prefix]
+    assert env.kernel and env.bytes == blob.stat().st_size
+    holder = subprocess.Popen([f"{prefix}/bin/python", "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        [(_, action)] = [(e, a) for e, a in gc(config, 0) if e.prefix == prefix]
+        assert action.startswith("in use") and os.path.ismount(prefix)
+    finally:
+        holder.kill()
+        holder.wait()
+    [(_, action)] = [(e, a) for e, a in gc(config, 0) if e.prefix == prefix]
+    assert action == "removed"
+    assert not os.path.ismount(prefix) and not blob.exists()
+    assert not os.path.exists(sidecar(prefix)) and mounted_info(prefix) is None
+
+
+def test_a_fetch_killed_halfway_leaves_no_mount_and_its_part_is_swept(published, tmp_path,
+                                                                      nginx_factory):
+    urls, spec, prefix, key = published
+    slow = nginx_factory(tmp_path / "store", limit_rate="1k")   # a store that crawls
+    erofs = tmp_path / "n1" / "cache" / "erofs"
+    env = {**os.environ, "BOOTSEER_STORE_URL": slow.url,
+           "BOOTSEER_CACHE_DIR": str(tmp_path / "n1" / "cache")}
+    p = subprocess.Popen([PY, "-m", "bootseer", "deps", "ensure", spec, "--prefix", prefix,
+                          "--key", key], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not (erofs.exists() and [n for n in os.listdir(erofs) if ".part-" in n]):
+        assert p.poll() is None and time.time() < deadline, p.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert not os.path.ismount(prefix) and not os.listdir(prefix) if os.path.exists(prefix) \
+        else True
+    assert mounted_info(prefix) is None
+    r = restore(published, tmp_path, "n1")
+    assert (r.how, r.form) == ("restored", "mount")
+    assert [n for n in os.listdir(erofs) if ".part-" in n] == []
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
