@@ -213,6 +213,50 @@ def test_sigterm_unmounts_and_a_bad_factory_fails_before_mounting(need_fuse, tmp
     assert not os.path.ismount(mp)
 
 
+def test_owner_killed_the_server_unmounts(need_fuse, tmp_path):
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    code = ("import sys, time\n"
+            "from bootseer.mount.devfuse.process import mount\n"
+            "from bootseer.mount.devfuse.probe import EmptyView\n"
+            "h = mount(EmptyView, sys.argv[1])\n"
+            "print(h.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code, str(mp)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        server_pid = int(owner.stdout.readline())
+        assert os.path.ismount(mp)
+    finally:
+        owner.kill()
+        owner.wait(10)
+    deadline = time.time() + 15
+    while (os.path.ismount(mp) or os.path.exists(f"/proc/{server_pid}")) and \
+            time.time() < deadline:
+        time.sleep(0.1)
+    assert not os.path.ismount(mp) and not os.path.exists(f"/proc/{server_pid}")
+
+
+class RootlessView(StagedView):
+    def getattr(self, path):
+        raise FileNotFoundError(path)
+
+
+def rootless_view(backing: str) -> RootlessView:
+    return RootlessView(backing)
+
+
+def test_a_root_that_never_answers_leaves_no_mount(need_fuse, tmp_path, backing):
+    import functools
+
+    from bootseer.mount import points
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with pytest.raises(MountError, match="did not mount"):
+        devfuse_mount(functools.partial(rootless_view, backing), str(mp), timeout=2)
+    assert points.find(str(mp)) is None   # the killed server's mount is gone too
+
+
 # -- the backend choice ------------------------------------------------------------------------
 def test_backend_choice_and_fallback_said_once(need_root, monkeypatch, caplog):
     import bootseer.mount as seam

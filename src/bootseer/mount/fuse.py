@@ -22,6 +22,7 @@ from typing import Callable
 
 from bootseer import alive, proc as procs
 from bootseer.errors import BootseerError
+from bootseer.mount import points
 from bootseer.mount.errno_map import to_errno
 from bootseer.mount.view import TreeView
 
@@ -237,6 +238,8 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
         if not proc.is_alive() or time.time() > deadline:
             proc.kill()
             proc.join(5)
+            if points.find(mountpoint) is not None:   # mounted, but its root never answered
+                points.lazy_unmount(mountpoint)
             raise MountError(f"FUSE server for {name} did not mount {mountpoint} "
                              f"(exit {proc.exitcode})")
         time.sleep(0.02)

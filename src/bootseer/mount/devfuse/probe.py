@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 
 from bootseer import alive
+from bootseer.mount.view import Attr
 
 CAP_SYS_ADMIN = 21
 
@@ -21,10 +23,12 @@ def has_cap_sys_admin() -> bool:
     return bool(int(caps.split()[1], 16) >> CAP_SYS_ADMIN & 1)
 
 
-class _Probe:
-    """The smallest view that wants passthrough (so INIT asks for it)."""
+class EmptyView:
+    """An empty directory that wants passthrough (so INIT asks for it)."""
 
     def getattr(self, path):
+        if path == "/":
+            return Attr(mode=stat.S_IFDIR | 0o755, size=0, nlink=2)
         raise FileNotFoundError(path)
 
     def readdir(self, path):
@@ -59,7 +63,7 @@ def passthrough_unavailable() -> str | None:
         os.mkdir(mountpoint)
         probe_file = os.path.join(state.path, "file")
         open(probe_file, "wb").close()
-        server = Server(_Probe(), mountpoint, name="bootseer-probe", threads=0)
+        server = Server(EmptyView(), mountpoint, name="bootseer-probe", threads=0)
         try:
             server.start()
         except OSError as e:
