@@ -118,7 +118,7 @@ class Node:
 
     def backend(self) -> str:
         return env_backend(Path(f"/proc/{self.holder.pid}/mountinfo").read_text(), PREFIX,
-                           str(self.path))
+                           (str(self.path), NODE_ROOT))
 
     def _members(self) -> list[int]:
         """Processes in this node's mount namespace other than the holder: ones the
@@ -231,8 +231,12 @@ class Bench:
                 f"--prefix {PREFIX} --python {PYTHON} --index-url {self.index_url}{k}{m} --json")
 
     def umount(self, node: Node) -> None:
-        """Stop the lazy mount (publishing the profile); its time is not the start's."""
-        self.run(node, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}")
+        """Stop the lazy mount (publishing the profile); its time is not the start's. Its
+        server's log goes into deps.log."""
+        from bootseer.deps.mounted import state_dir
+        self.run(node, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}; "
+                       f"rc=$?; cat {shlex.quote(state_dir(PREFIX))}/server.log 2>/dev/null; "
+                       f"exit $rc")
 
     def key(self) -> str:
         p = subprocess.run([*(["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns

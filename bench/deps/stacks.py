@@ -96,24 +96,29 @@ def _mountinfo_entries(mountinfo: str) -> list[tuple[str, str]]:
     return out
 
 
-def env_backend(mountinfo: str, prefix: str, node_dir: str) -> str:
+def _under(point: str, root: str) -> bool:
+    return point == root or point.startswith(root.rstrip("/") + "/")
+
+
+def env_backend(mountinfo: str, prefix: str, node_roots: tuple[str, ...]) -> str:
     """What serves ``prefix`` on a node, read from the node's mount table: ``directory``
-    (a restored tree, no mount of its own), ``erofs`` on a local blob, ``erofs+fuse-blob``
-    (EROFS whose data blob a FUSE server under the node's directory still answers),
-    ``fuse`` (the Python tree view) or another filesystem type as the kernel names it."""
+    (a restored tree, no mount of its own); ``fuse`` (the Python tree view); ``erofs`` on a
+    local blob, ``erofs+fuse-blob`` when a FUSE server answers the blob's reads, either with
+    ``overlay+`` before it when a writable overlay sits on top; else the filesystem types at
+    the prefix as the kernel names them, lowest last. Only mounts under ``node_roots`` (the
+    node's own directories) count: the namespace also holds copies of the host's mounts."""
     entries = _mountinfo_entries(mountinfo)
     at_prefix = [fs for point, fs in entries if point == prefix]
     if not at_prefix:
         return "directory"
-    fstype = at_prefix[-1]   # the topmost
-    if fstype.startswith("fuse"):
+    top = at_prefix[-1]
+    if top.startswith("fuse"):
         return "fuse"
-    fuse_under_node = any(fs.startswith("fuse") and (point == node_dir or
-                                                      point.startswith(node_dir + "/"))
-                          for point, fs in entries)
-    if fstype == "erofs" and fuse_under_node:
-        return "erofs+fuse-blob"
-    return fstype
+    ours = [fs for point, fs in entries if any(_under(point, r) for r in node_roots)]
+    if "erofs" in ours:
+        kind = "erofs+fuse-blob" if any(fs.startswith("fuse") for fs in ours) else "erofs"
+        return f"overlay+{kind}" if top == "overlay" else kind
+    return "+".join(reversed(at_prefix))
 
 
 def parse_marks(output: str) -> dict[str, list[float]]:
@@ -131,18 +136,20 @@ def parse_marks(output: str) -> dict[str, list[float]]:
 
 
 def ensure_json(output: str) -> dict:
-    """The object ``deps ensure --json`` printed (its last JSON line with ``how``); {} when
-    the output has none (an installer's variant)."""
+    """The object ``deps ensure --json`` printed (on one line or indented over several):
+    the last JSON object with ``how``; {} when the output has none (an installer's)."""
     import json
-    for line in reversed(output.splitlines()):
+    decoder, found, at = json.JSONDecoder(), {}, 0
+    for line in output.splitlines(keepends=True):
         if line.startswith("{"):
             try:
-                obj = json.loads(line)
+                obj, _ = decoder.raw_decode(output, at)
             except ValueError:
-                continue
+                obj = None
             if isinstance(obj, dict) and "how" in obj:
-                return obj
-    return {}
+                found = obj
+        at += len(line)
+    return found
 
 
 def ratio_line(name: str, value: float, goal: float, unit: str = "x") -> str:
