@@ -104,3 +104,27 @@ def test_ckpt_prefetch_quiet_and_not_a_terminal(world):
     assert rc == 0 and shown.strip() == "", shown
     piped = world.run("ckpt", "prefetch", url)
     assert piped.returncode == 0 and "%" not in piped.stderr, piped.stderr
+
+
+def test_convert_shows_the_layers_of_their_total(world):
+    from tests.image.test_image import oci_layout, tar_layer
+    oci_layout(world.root / "img", [tar_layer([("a", os.urandom(300_000), "f")]),
+                                    tar_layer([("b", os.urandom(200_000), "f")])])
+    rc, out, shown = on_a_terminal(world, "image", "convert", "img")
+    assert rc == 0 and out.startswith("sha256:"), shown
+    assert "layers: 100%" in shown, shown
+
+
+def test_convert_shows_the_registry_pull(world, registry):
+    from tests.image.test_convert_registry import need_skopeo, push
+    from tests.image.test_image import oci_layout, tar_layer
+    need_skopeo()
+    oci_layout(world.root / "img", [tar_layer([("a", os.urandom(2_000_000), "f")])])
+    ref = f"127.0.0.1:{registry.port}/team/bar:1"
+    push(f"oci:{world.root / 'img'}", ref)
+    rc, out, shown = on_a_terminal(world, "image", "convert", ref, "--no-referrer")
+    assert rc == 0 and out.startswith("sha256:"), shown
+    assert "pull: " in shown and "layers: 100%" in shown, shown
+    rc, _, shown = on_a_terminal(world, "--no-progress", "image", "convert", ref,
+                                 "--no-referrer")
+    assert rc == 0 and "pull" not in shown and "%" not in shown, shown

@@ -76,3 +76,34 @@ def follow(desc: str, total: int, done: Callable[[], int], finished: Callable[[f
         while not over:
             over = finished(0.2)
             bar.update(max(0, min(done(), total) - bar.n))
+
+
+class StageBars:
+    """``progress(stage, done, total)`` as one bar per stage on a terminal (a stage's bar
+    closes when the next begins; ``total`` None: bytes and rate, no percentage)."""
+
+    def __init__(self):
+        self.bar = None
+        self.stage = None
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if not show_progress():
+            return
+        if stage != self.stage:
+            self.close()
+            from tqdm import tqdm
+            self.stage = stage
+            self.bar = tqdm(total=total, desc=stage, unit="B", unit_scale=True,
+                            file=sys.stderr, dynamic_ncols=True)
+        self.bar.update(max(0, done - self.bar.n))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "StageBars":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

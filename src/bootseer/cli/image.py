@@ -122,7 +122,6 @@ def _add_registry_args(v) -> None:
 
 
 def _convert(args) -> int:
-    from tqdm import tqdm
     from bootseer.config import parse_size
     from bootseer.image.convert import convert
     from bootseer.image.registry import RegistryOptions
@@ -131,10 +130,10 @@ def _convert(args) -> int:
                                tls_verify=args.tls_verify, platform=args.platform,
                                referrer=args.referrer)
     store = open_store(args.store, _config(args.store))
-    from bootseer.cli._status import show_progress
-    with tqdm(unit="B", unit_scale=True, desc="convert", disable=not show_progress()) as bar:
+    from bootseer.cli._status import StageBars
+    with StageBars() as bars:   # the registry pull, then the layers (of their total)
         digest = convert(args.src, store, chunk_size=parse_size(args.chunk_size, "--chunk-size"),
-                         progress=bar.update, registry=registry)
+                         progress=bars, registry=registry)
     if args.json:
         print_json({"digest": digest, **_tree_figures(store, digest)})
     else:

@@ -44,18 +44,45 @@ def ref_name(image: str) -> str:
     return f"images/by-name/{clean}"
 
 
-def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions) -> None:
+def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=None) -> None:
     """Copy ``src`` (a transport skopeo knows, or a bare registry reference) into the OCI
-    layout ``dest``: the platform ``registry`` names, with its credentials and TLS."""
+    layout ``dest``: the platform ``registry`` names, with its credentials and TLS.
+    ``progress("pull", bytes, None)`` says, while it copies, how much is in ``dest``."""
     transport = src if src.startswith(TRANSPORTS) else f"docker://{src}"
     host = registry_host(transport)
     source = registry.skopeo_source_args(host, dest.parent) if host else []
-    proc = subprocess.run(["skopeo", *registry.skopeo_global_args(), "copy", "-q", *source,
-                           transport, f"oci:{dest}:src"],
-                          capture_output=True, text=True, preexec_fn=procs.preexec())
+    proc = subprocess.Popen(["skopeo", *registry.skopeo_global_args(), "copy", "-q", *source,
+                             transport, f"oci:{dest}:src"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=procs.preexec())
+    try:
+        while True:
+            try:
+                _, err = proc.communicate(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
+                if progress:
+                    progress("pull", _bytes_under(dest), None)
+    finally:
+        if proc.poll() is None:   # interrupted: skopeo goes with us
+            proc.kill()
+            proc.wait()
     if proc.returncode != 0:
         raise ConvertError(f"cannot read image {redact.text(src)}: "
-                           f"{redact.text(proc.stderr.strip()[-500:])}")
+                           f"{redact.text(err.strip()[-500:])}")
+    if progress:
+        progress("pull", _bytes_under(dest), None)
+
+
+def _bytes_under(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:   # a temp file skopeo renamed meanwhile
+                pass
+    return total
 
 
 class Layer:
@@ -148,14 +175,29 @@ def _member_path(name: str) -> str:
     return name.lstrip("/")
 
 
+class _Counted:
+    """A blob file that says how many bytes were read from it (the layers' progress)."""
+
+    def __init__(self, f, progress):
+        self.f, self.progress = f, progress
+
+    def read(self, n=-1):
+        data = self.f.read(n)
+        self.progress(len(data))
+        return data
+
+
 def apply_layer(builder: TreeBuilder, layer: Layer, progress=None) -> None:
-    """Apply one layer; its blob is hashed as it streams and must match its digest."""
+    """Apply one layer; its blob is hashed as it streams and must match its digest.
+    ``progress(n)``: ``n`` more bytes of the (compressed) blob were read."""
     added: set[str] = set()
     try:
         with _open_blob(layer.path) as raw:
-            blob = VerifyingReader(raw, layer.digest, size=layer.size, source=str(layer.path))
+            source = _Counted(raw, progress) if progress else raw
+            blob = VerifyingReader(source, layer.digest, size=layer.size,
+                                   source=str(layer.path))
             with tarfile.open(fileobj=blob, mode="r|*") as tar:
-                _apply_members(builder, tar, layer, added, progress)
+                _apply_members(builder, tar, layer, added)
             blob.finish()   # before the tree is finished: no tree from an unverified layer
     except DigestMismatch as e:
         raise ConvertError(f"layer {layer.digest}: {e}; refusing the image") from e
@@ -165,8 +207,8 @@ def apply_layer(builder: TreeBuilder, layer: Layer, progress=None) -> None:
         raise ConvertError(f"layer {layer.path} is not a readable tar: {e}") from e
 
 
-def _apply_members(builder: TreeBuilder, tar: tarfile.TarFile, layer: Layer, added: set[str],
-                   progress) -> None:
+def _apply_members(builder: TreeBuilder, tar: tarfile.TarFile, layer: Layer, added: set[str]
+                   ) -> None:
     for m in tar:
         name = "/" + _member_path(m.name)
         try:
@@ -200,8 +242,6 @@ def _apply_members(builder: TreeBuilder, tar: tarfile.TarFile, layer: Layer, add
             builder.remove(norm)
             f = tar.extractfile(m)
             builder.add_file(norm, f, m.mode, xattrs=xattrs or None, **kw)
-            if progress:
-                progress(m.size)
         elif m.ischr() or m.isblk() or m.isfifo():
             kind = "c" if m.ischr() else "b" if m.isblk() else "p"
             builder.add_special(norm, kind, m.mode, os.makedev(m.devmajor, m.devminor),
@@ -258,7 +298,9 @@ def _archive_kind(path: Path) -> str:
 def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
             progress=None, registry: RegistryOptions | None = None) -> str:
     """Convert ``src`` and publish it; return the tree digest. ``registry``: credentials,
-    TLS, platform and referrer of a registry source (default: ``RegistryOptions()``)."""
+    TLS, platform and referrer of a registry source (default: ``RegistryOptions()``).
+    ``progress(stage, done, total)``: ``"pull"`` (bytes skopeo copied so far; no total),
+    then ``"layers"`` (bytes of the layer blobs applied, of their total)."""
     registry = registry or RegistryOptions()
     tmp = state = None
     path = Path(src)
@@ -271,11 +313,18 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
             state.note_dir(tmp)
             spec = f"{_archive_kind(path)}:{src}" if path.is_file() else src
             layout = Path(tmp) / "layout"   # next to it, --creds' private auth file
-            _skopeo_to_layout(spec, layout, registry)
+            _skopeo_to_layout(spec, layout, registry, progress)
         manifest_digest, layers, config = _layout_layers(layout, registry)
         builder = TreeBuilder(store, chunk_size=chunk_size, pack_size=pack_size)
+        total = sum(layer.size or 0 for layer in layers) or None
+        done = 0
+
+        def applied(n: int) -> None:
+            nonlocal done
+            done += n
+            progress("layers", done, total)
         for layer in layers:
-            apply_layer(builder, layer, progress)
+            apply_layer(builder, layer, applied if progress else None)
         cfg = config.get("config") or {}
         digest = builder.finish(meta={"source": src, "manifest": manifest_digest,
                                       "env": cfg.get("Env"), "cmd": cfg.get("Cmd"),
