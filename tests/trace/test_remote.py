@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,47 @@ def test_an_unwritable_location_fails_before_the_job_starts(tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "cannot record traces to" in r.stderr and "read-only" in r.stderr
     assert "pw" not in r.stderr and not marker.exists()
+
+
+def test_trace_exec_uploads_to_a_store_url(tmp_path):
+    """``trace exec --location URL`` records the command (and what it traces itself) to a
+    spool and uploads it at its end, as ``bootseer run --trace URL`` does."""
+    store_dir = tmp_path / "store"
+    url = f"file://{store_dir}"
+    env = {"BOOTSEER_CACHE_DIR": str(tmp_path / "cache"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "BOOTSEER_TRACE_JOB_ID": "j2", "BOOTSEER_TRACE_NODE": "n1"}
+    ready = "from bootseer import trace; trace.mark('ready')"
+    for phase in ("deps.install", "image.pull"):   # two commands: two files, none replaced
+        r = _bootseer("trace", "exec", "--phase", phase, "--location", url, "--",
+                      sys.executable, "-c", ready, env=env)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    r = _bootseer("trace", "mark", "ready", "--location", url, env=env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    names = sorted(p.name for p in (store_dir / "refs" / "traces" / "j2" / "0").iterdir())
+    assert len(names) == 5, names                 # each exec's and its command's, the mark's
+    assert [p for p in tmp_path.rglob("trace-spool/*") if p.is_dir()] == []
+    r = _bootseer("report", url, "--job", "j2", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    assert {"deps.install", "image.pull"} <= set(json.loads(r.stdout)[0]["phases"])
+
+
+def test_trace_exec_without_a_location_says_so(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("BOOTSEER_TRACE_") and k != "BOOTSEER_CONFIG"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path)         # no config file sets a location either
+    marker = tmp_path / "ran"
+    r = subprocess.run([sys.executable, "-m", "bootseer", "trace", "exec", "--phase", "x", "--",
+                        "touch", str(marker)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and marker.exists()       # the command runs all the same
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("bootseer: warning: "), r.stderr
+    assert "not recorded" in r.stderr and "--location" in r.stderr \
+        and "BOOTSEER_TRACE_LOCATION" in r.stderr
+
+
+def test_trace_exec_to_an_unwritable_store_fails_before_the_command(tmp_path):
+    marker = tmp_path / "started"
+    r = _bootseer("trace", "exec", "--phase", "x", "--location", "http://user:pw@127.0.0.1:9/t",
+                  "--", "touch", marker, env={"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot record traces to" in r.stderr and "pw" not in r.stderr
+    assert not marker.exists()
