@@ -213,6 +213,39 @@ def test_sigterm_unmounts_and_a_bad_factory_fails_before_mounting(need_fuse, tmp
     assert not os.path.ismount(mp)
 
 
+def test_stop_while_a_read_is_in_the_view(need_fuse, tmp_path, backing):
+    """A worker still inside the view at stop: stop returns, the device closes when that
+    worker is done (not earlier: its reply must not reach a reused descriptor)."""
+    gate = threading.Event()
+
+    class Gated(StagedView):
+        def read(self, path, size, offset):
+            gate.wait(20)
+            return super().read(path, size, offset)
+
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    fds = set(os.listdir("/proc/self/fd"))
+    server = Server(Gated(backing), str(mp), threads=4).start()
+    fd = os.open(mp / "f2", os.O_RDONLY)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(os.pread(fd, 100, 0)))
+    reader.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    server.stop(timeout=0.5)
+    assert time.monotonic() - started < 5 and not os.path.ismount(mp)
+    assert server._live == 1   # that worker, still in the view
+    gate.set()
+    reader.join(10)
+    assert got == [DATA["/f2"][:100]]   # the detached mount still answered it
+    deadline = time.time() + 10
+    while server._live and time.time() < deadline:
+        time.sleep(0.05)
+    os.close(fd)
+    assert set(os.listdir("/proc/self/fd")) == fds   # the device closed by the last worker
+
+
 def test_owner_killed_the_server_unmounts(need_fuse, tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()

@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from bootseer.mount.devfuse import protocol as p
@@ -66,6 +67,8 @@ class Server:
         self._files: dict[int, _FileIO] = {}
         self._lock = threading.Lock()
         self._backing_failed_said = False
+        self._live = 0                    # workers not yet returned
+        self._close_when_idle = False
 
     # -- life ---------------------------------------------------------------------------------
     def start(self) -> "Server":
@@ -77,6 +80,7 @@ class Server:
             unmount(self.mountpoint)
             self._channel.close()
             raise
+        self._live = self.threads
         for i in range(self.threads):
             t = threading.Thread(target=self._work, name=f"devfuse-{i}", daemon=True)
             t.start()
@@ -90,14 +94,22 @@ class Server:
             return
         unmount(self.mountpoint)
         self._channel.stop()
+        deadline = time.monotonic() + timeout
         for t in self._workers:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             for io in self._files.values():
                 if io.passthrough:
                     self._channel.backing_close(io.backing_id)
             self._files.clear()
-        self._channel.close()
+            # a worker still in a view call would write its late reply into whatever
+            # reuses the descriptor: then the last worker out closes it
+            self._close_when_idle = self._live > 0
+            if self._live:
+                log.warning("devfuse %s: %d workers still busy at stop", self.mountpoint,
+                            self._live)
+            else:
+                self._channel.close()
         self._channel = None
         self.ended.set()
 
@@ -133,17 +145,24 @@ class Server:
 
     # -- requests -----------------------------------------------------------------------------
     def _work(self) -> None:
+        channel = self._channel
         buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
-        while True:
-            n = self._channel.receive(buf)
-            if n == 0:
-                break
-            self._handle(view[:n])
-        if not self._channel.stopping:   # unmounted from outside
+        try:
+            while n := channel.receive(buf):
+                self._handle(channel, view[:n])
+            if not channel.stopping:   # unmounted from outside
+                self.ended.set()
+        except OSError as e:   # the device failed under us: the mount is unusable
+            log.error("devfuse %s: %s", self.mountpoint, e)
             self.ended.set()
+        finally:
+            with self._lock:
+                self._live -= 1
+                if self._live == 0 and self._close_when_idle:
+                    channel.close()
 
-    def _handle(self, req: memoryview) -> None:
+    def _handle(self, channel: Channel, req: memoryview) -> None:
         _, opcode, unique, node, *_ = p.IN_HEADER.unpack_from(req)
         body = req[p.IN_HEADER.size:]
         self.counts[p.NAMES.get(opcode, str(opcode))] += 1
@@ -151,21 +170,21 @@ class Server:
             return   # node ids are never reused, so forgetting one needs nothing
         handler = self._handlers.get(opcode)
         if handler is None:
-            self._channel.reply(unique, errno.ENOSYS)
+            channel.reply(unique, errno.ENOSYS)
             return
         path = self._paths.get(node, "")
         try:
             payload = handler(self, node, path, body)
         except BaseException as e:  # noqa: BLE001 - every error becomes an errno
-            self._channel.reply(unique, to_errno(e, path))
+            channel.reply(unique, to_errno(e, path))
             return
         if isinstance(payload, int):
-            self._channel.reply(unique, payload)
+            channel.reply(unique, payload)
         elif isinstance(payload, _OpenReply):
-            if not self._channel.reply(unique, 0, payload.data):
+            if not channel.reply(unique, 0, payload.data):
                 self._undo_open(node, payload.fh)   # the opener gave up: no RELEASE comes
         else:
-            self._channel.reply(unique, 0, *payload)
+            channel.reply(unique, 0, *payload)
 
     def _node(self, path: str) -> int:
         with self._lock:
