@@ -148,6 +148,35 @@ def test_concurrent_readers_are_served_in_parallel(served):
     assert server.reads["/staged"] == 0
 
 
+def test_a_file_staged_while_open_switches_to_passthrough_only_when_all_closed(served):
+    """The kernel fails (EIO) an open in passthrough while another open of the same file
+    reads through Python: the server keeps one mode per file until its last close."""
+    server, view, mp = served
+    streaming_backing = {}
+    view.backing_path = lambda path: streaming_backing.get(path)
+    first = os.open(mp / "f4", os.O_RDONLY)
+    assert os.pread(first, 10, 0) == DATA["/f4"][:10]
+    reads = server.reads["/f4"]
+    local = mp.parent / "f4-staged"
+    local.write_bytes(DATA["/f4"])
+    streaming_backing["/f4"] = str(local)   # staged now, while `first` is open
+    second = os.open(mp / "f4", os.O_RDONLY)
+    assert os.pread(second, 10, MiB) == DATA["/f4"][MiB:MiB + 10]
+    assert server.reads["/f4"] > reads      # still the Python path, no EIO
+    os.close(first)
+    os.close(second)
+    reads = server.reads["/f4"]
+    assert (mp / "f4").read_bytes() == DATA["/f4"]   # most of it never read before
+    assert server.reads["/f4"] == reads     # the next open passed through
+
+
+def test_a_backing_file_that_went_away_falls_back_to_python(served, tmp_path):
+    server, view, mp = served
+    view.backing_path = lambda path: str(tmp_path / "removed-by-gc")
+    assert (mp / "f5").read_bytes() == DATA["/f5"]
+    assert server.reads["/f5"] >= 1
+
+
 def test_missing_file_is_enoent_and_the_miss_is_cached(served):
     server, view, mp = served
     with pytest.raises(FileNotFoundError):
