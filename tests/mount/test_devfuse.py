@@ -376,3 +376,30 @@ def test_checkpoint_mount_reads_a_staged_file_through_passthrough(need_fuse, tmp
     # (nothing handed to Python); 3rd, forced to mfusepy: Python reads the staged copy
     assert loads == [("fuse.bootseer", len(want)), ("fuse.bootseer", 0),
                      ("fuse", len(want))]
+
+
+def test_access_profile_keeps_files_read_through_passthrough(need_fuse, tmp_path, nginx_factory):
+    """The next resume's prefetch order comes from the files this load opened, also those
+    whose bytes the kernel served (the engine never sees those reads)."""
+    from bootseer.ckpt import profile
+    from bootseer.ckpt.mount import mount_checkpoint
+    from bootseer.ckpt.staging import node_staging_dir
+    from bootseer.config import BootseerConfig
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "a.bin").write_bytes(os.urandom(MiB))
+    (d / "b.bin").write_bytes(os.urandom(MiB))
+    server = nginx_factory(d)
+    config = BootseerConfig.from_env(overrides={
+        "cache": {"dir": str(tmp_path / "cache/blobs")},
+        "ckpt": {"stripe_bytes": 256 * 1024, "fuse": "devfuse"}})
+    for n, names in enumerate((["a.bin"], ["a.bin", "b.bin"])):
+        mp = tmp_path / f"mnt{n}"
+        mp.mkdir()
+        with mount_checkpoint(f"{server.url}/", str(mp), config, prefetch=False):
+            for name in names:   # the 2nd load: a.bin staged (passthrough), b.bin streams
+                assert (mp / name).read_bytes() == (d / name).read_bytes()
+    saved = json.loads(profile.profile_path(node_staging_dir(config),
+                                            f"{server.url}/").read_text())
+    assert sorted(saved["files"]) == ["a.bin", "b.bin"]
+    assert saved["ranges"][0] == ["a.bin", 0, MiB]   # first opened, first in the plan

@@ -60,12 +60,18 @@ class RemoteDirView:
     def backing_path(self, path: str) -> str | None:
         """The staged copy of ``path`` once every stripe of it is in place (else None):
         a devfuse mount opens it with passthrough, and the kernel serves its reads and
-        mmaps (none of them then counts in the load report or the access profile)."""
+        mmaps (none of them then counts in the load report)."""
         if self.mode != "striped":
             return None
-        staged = self.reader(path).staged   # taking the file up also spares it from gc
+        reader = self.reader(path)   # taking the file up also spares it from gc
+        staged = reader.staged
         # the marker: another process (a `ckpt prefetch`) may have finished it meanwhile
-        return str(staged.path) if staged.complete or staged.marker.exists() else None
+        if not (staged.complete or staged.marker.exists()):
+            return None
+        # the engine never sees passthrough reads: the access profile takes the open as a
+        # read of the whole file, so the next resume still prefetches it in this order
+        self.engine.recorder.add(reader.source.url, reader.source.key, 0, reader.size)
+        return str(staged.path)
 
     def statfs(self) -> dict:
         return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_namemax": 255}
