@@ -286,3 +286,21 @@ def test_a_fetch_killed_halfway_leaves_no_mount_and_its_part_is_swept(published,
     assert (r.how, r.form) == ("restored", "mount")
     assert [n for n in os.listdir(erofs) if ".part-" in n] == []
     assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+
+
+@pytest.mark.parametrize("flag", [None, "-q", "--no-progress"])
+def test_the_blob_fetch_shows_a_bar_on_a_terminal_only(published, tmp_path, flag):
+    from types import SimpleNamespace
+    from tests.cli.test_progress import on_a_terminal
+    urls, spec, prefix, key = published
+    env = {**os.environ, "BOOTSEER_STORE_URL": str(tmp_path / "store"),
+           "BOOTSEER_CACHE_DIR": str(tmp_path / "n1" / "cache")}
+    argv = ["deps", "ensure", spec, "--prefix", prefix, "--key", key]
+    rc, out, shown = on_a_terminal(SimpleNamespace(root=tmp_path, env=env),
+                                   *([flag] if flag else []), *argv)
+    assert rc == 0 and out.startswith("restored"), shown
+    assert mounted_info(prefix)["backend"] == "erofs"
+    if flag is None:
+        assert "restore" in shown and "100%" in shown, shown
+    else:
+        assert "%" not in shown, shown

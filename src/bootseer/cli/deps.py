@@ -95,8 +95,8 @@ def _ensure(args) -> int:
         nonlocal bar
         if bar is None:    # tqdm only when there is something to show (a warm node has not)
             from tqdm import tqdm
-            bar = tqdm(unit="B", unit_scale=True, desc="restore", leave=False,
-                       disable=not show_progress())
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc="restore", file=sys.stderr,
+                       dynamic_ncols=True, disable=not show_progress())
         if bar.total != total:
             bar.total = total
         bar.update(n)
