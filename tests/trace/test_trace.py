@@ -187,9 +187,10 @@ def test_duplicates_end_before_start_and_mixed_jobs(tmp_path):
     with open(tmp_path / "job/0/copy.jsonl", "ab") as fh:   # garbage of every kind
         fh.write(b'[1, 2]\n\xff\xfe\n{"job": "job", "attempt": 0, "node": "a", "phase": "z",'
                  b' "start": "soon", "end": "later"}\n{"job": "job", "attempt": "0", "node": "a",'
+                 b' "phase": "z", "start": 1, "end": 2}\n{"job": "job", "attempt": 0, "node": ["a"],'
                  b' "phase": "z", "start": 1, "end": 2}\n')
     t = load.load(tmp_path / "job")
-    assert t.duplicates == 3 and len(t.events) == 3 and t.skipped_lines == 4
+    assert t.duplicates == 3 and len(t.events) == 3 and t.skipped_lines == 5
     assert any("ends before it starts" in p for p in t.problems)
     assert any("3 duplicate" in p for p in t.problems)
     (y,) = [e for e in t.events if e["phase"] == "y"]

@@ -39,6 +39,8 @@ class Trace:
     """Lines over MAX_LINE bytes (also in ``skipped_lines``)."""
     rejected: int = 0
     """Events with NaN, infinite or out-of-range numbers (also in ``skipped_lines``)."""
+    jobs: set = field(default_factory=set)
+    """The jobs the events belong to (one, unless files of several were mixed)."""
 
 
 def open_regular(path: str | os.PathLike, *, follow: bool = False) -> int | None:
@@ -176,8 +178,12 @@ def load(path: str | Path) -> Trace:
                 ev["end"] = end = start
             key = (ev["job"], ev["attempt"], ev["node"], ev.get("pid"), ev.get("kind"),
                    ev["phase"], start, end)
-            if key in seen:  # the same file copied twice, a retried upload...
-                t.duplicates += 1
+            try:
+                if key in seen:  # the same file copied twice, a retried upload...
+                    t.duplicates += 1
+                    continue
+            except TypeError:   # a list or an object as the job, node or pid
+                t.skipped_lines += 1
                 continue
             seen.add(key)
             events.append(ev)
@@ -193,7 +199,7 @@ def load(path: str | Path) -> Trace:
     if t.duplicates:
         t.problems.append(f"dropped {t.duplicates} duplicate event(s) (same node, process, "
                           f"phase, start and end)")
-    jobs = {e["job"] for e in t.events}
+    t.jobs = jobs = {e["job"] for e in t.events}
     if len(jobs) > 1:
         t.problems.append(f"trace mixes {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}"
                           f"); report the job directory instead")
