@@ -35,7 +35,7 @@ def complete(script: str, line: str, cwd=None) -> list[str]:
     ("bootseer im", ["image"]),
     ("bootseer image conv", ["convert"]),
     ("bootseer image convert --pl", ["--platform"]),
-    ("bootseer image convert --no-", ["--no-referrer", "--no-tls-verify"]),
+    ("bootseer image convert --no-", ["--no-progress", "--no-referrer", "--no-tls-verify"]),
     ("bootseer image run img --fallback ", ["never", "pull"]),
     ("bootseer -v store --store /tmp/s g", ["gc", "get"]),
     ("bootseer store ref ", ["get", "rm", "set"]),

@@ -174,4 +174,3 @@ def test_trace_verbs_take_trace_like_run(world):
     assert old.returncode == 0, old.stderr
     events = "".join(p.read_text() for p in trace.rglob("*") if p.is_file())
     assert all(name in events for name in ('"ready"', '"x"', '"again"')), events
-    assert "--location" not in world.run("trace", "mark", "--help").stdout

@@ -72,7 +72,7 @@ CASES = [
     ("prefetch-bad-digest", ["image", "prefetch", "sha256:abc"], 2, "not a sha256 digest",
      None),
     ("trace-mark-nowhere", ["trace", "mark", "ready"], 2, "no trace location",
-     "--trace DIR or set BOOTSEER_TRACE_LOCATION"),
+     "--trace DIR|URL or set BOOTSEER_TRACE_LOCATION"),
     ("run-deps-no-prefix", ["run", "--deps", "requirements.txt", "--", "true"], 2,
      "--deps needs --prefix", "--prefix /opt/envs/NAME"),
     ("run-trace-unwritable", ["run", "--trace", "http://127.0.0.1:9/t", "--", "true"], 1,

@@ -76,9 +76,12 @@ def test_image_prefetch_shows_a_bar_with_its_total(world, hot_image):
 
 
 @pytest.mark.parametrize("flag", ["-q", "--no-progress"])
-def test_image_prefetch_bar_is_off_when_asked(world, hot_image, flag):
+@pytest.mark.parametrize("where", ["before the command", "after the verb"])
+def test_image_prefetch_bar_is_off_when_asked(world, hot_image, flag, where):
     tree, _ = hot_image
-    rc, _, shown = on_a_terminal(world, flag, "image", "prefetch", tree)
+    argv = ([flag, "image", "prefetch", tree] if where == "before the command"
+            else ["image", "prefetch", tree, flag])
+    rc, _, shown = on_a_terminal(world, *argv)
     assert rc == 0 and "%" not in shown, shown
 
 

@@ -135,7 +135,7 @@ def test_trace_exec_without_a_location_says_so(tmp_path):
                         "touch", str(marker)], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and marker.exists()       # the command runs all the same
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("bootseer: warning: "), r.stderr
-    assert "not recorded" in r.stderr and "--location" in r.stderr \
+    assert "not recorded" in r.stderr and "--trace" in r.stderr \
         and "BOOTSEER_TRACE_LOCATION" in r.stderr
 
 

@@ -8,20 +8,22 @@ import contextlib
 def register(sub) -> None:
     p = sub.add_parser("trace", help="record a command as a traced phase",
                        description="Record startup phases. Events go to BOOTSEER_TRACE_LOCATION "
-                                   "(or --location) as JSON lines, one file per process; a "
+                                   "(or --trace) as JSON lines, one file per process; a "
                                    "store URL (oci://, s3://, file:///dir, ...) gets them "
                                    "uploaded when the command ends.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("exec", help="run CMD and record it as phase NAME")
     v.add_argument("--phase", required=True, help="phase name, e.g. deps.install")
-    v.add_argument("--location", help="trace location: a directory or a store URL (default "
-                   "BOOTSEER_TRACE_LOCATION)")
+    v.add_argument("--trace", "--location", dest="location", metavar="LOCATION",
+                   help="trace location, as for `run --trace`: a directory or a store URL "
+                        "(default BOOTSEER_TRACE_LOCATION)")
     v.add_argument("argv", nargs="+", metavar="-- CMD", help="the command to run and record")
     v.set_defaults(func=_exec)
     v = verbs.add_parser("mark", help="record an instant (e.g. ready, rendezvous)")
     v.add_argument("name", help="what happened, e.g. ready or rendezvous")
-    v.add_argument("--location", help="trace location: a directory or a store URL (default "
-                   "BOOTSEER_TRACE_LOCATION)")
+    v.add_argument("--trace", "--location", dest="location", metavar="LOCATION",
+                   help="trace location, as for `run --trace`: a directory or a store URL "
+                        "(default BOOTSEER_TRACE_LOCATION)")
     v.set_defaults(func=_mark)
 
 
@@ -58,7 +60,7 @@ def _exec(args) -> int:
     with _recording(args) as recorded:
         if not recorded:   # the command still runs: tracing never stops a job
             print(f"bootseer: warning: no trace location: phase {args.phase!r} is not "
-                  f"recorded; pass --location DIR|URL or set BOOTSEER_TRACE_LOCATION",
+                  f"recorded; pass --trace DIR|URL or set BOOTSEER_TRACE_LOCATION",
                   file=sys.stderr)
         with trace.phase(args.phase, cmd=argv[0]) as span:
             try:
@@ -82,6 +84,6 @@ def _mark(args) -> int:
         if not recorded:   # the mark would go nowhere
             raise with_hint(UsageError(f"nowhere to record the mark {args.name!r}: no trace "
                                        f"location"),
-                            "pass --location DIR|URL or set BOOTSEER_TRACE_LOCATION")
+                            "pass --trace DIR|URL or set BOOTSEER_TRACE_LOCATION")
         trace.mark(args.name)
     return 0
