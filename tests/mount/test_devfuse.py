@@ -23,6 +23,7 @@ from bootseer.mount.devfuse.process import mount as devfuse_mount
 from bootseer.mount.devfuse.server import Server
 from bootseer.mount.fuse import MountError
 from bootseer.mount.view import Attr
+from tests.conftest import need
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.fuse]
 MiB = 1 << 20
@@ -83,9 +84,13 @@ def backing(tmp_path):
 
 
 @pytest.fixture
-def served(need_fuse, tmp_path, backing):
-    if probe.passthrough_unavailable():
-        pytest.fail(f"this kernel cannot do passthrough: {probe.passthrough_unavailable()}")
+def passthrough(need_fuse):
+    need(probe.passthrough_unavailable() is None,
+         f"FUSE passthrough: {probe.passthrough_unavailable()}")
+
+
+@pytest.fixture
+def served(passthrough, tmp_path, backing):
     mp = tmp_path / "mnt"
     mp.mkdir()
     view = StagedView(backing, read_delay=0.02)
@@ -320,10 +325,9 @@ def test_a_root_that_never_answers_leaves_no_mount(need_fuse, tmp_path, backing)
 
 
 # -- the backend choice ------------------------------------------------------------------------
-def test_backend_choice_and_fallback_said_once(need_root, monkeypatch, caplog):
+def test_backend_choice_and_fallback_said_once(passthrough, monkeypatch, caplog):
     import bootseer.mount as seam
     assert seam.ckpt_backend("mfusepy") == "mfusepy"
-    assert probe.passthrough_unavailable() is None   # this kernel: 6.9+ with passthrough
     assert seam.ckpt_backend("auto") == "devfuse"
     monkeypatch.setattr(probe, "passthrough_unavailable", lambda: "no CAP_SYS_ADMIN")
     monkeypatch.setattr(seam, "_ckpt_fallback_said", False)
@@ -336,7 +340,7 @@ def test_backend_choice_and_fallback_said_once(need_root, monkeypatch, caplog):
         seam.ckpt_backend("devfuse")
 
 
-def test_no_cap_sys_admin_is_found_by_the_probe_and_doctor(need_root):
+def test_no_cap_sys_admin_is_found_by_the_probe_and_doctor(passthrough):
     code = ("import bootseer.mount as seam; from bootseer.doctor import check_fuse_passthrough"
             " as c; print(seam.ckpt_backend('auto'), c().ok, c().detail)")
     # setpriv (util-linux) drops the capability for one command
@@ -350,7 +354,7 @@ def test_no_cap_sys_admin_is_found_by_the_probe_and_doctor(need_root):
 
 
 # -- the checkpoint mount on it ----------------------------------------------------------------
-def test_checkpoint_mount_reads_a_staged_file_through_passthrough(need_fuse, tmp_path,
+def test_checkpoint_mount_reads_a_staged_file_through_passthrough(passthrough, tmp_path,
                                                                   nginx_factory):
     from bootseer.ckpt.mount import mount_checkpoint
     from bootseer.config import BootseerConfig
@@ -378,7 +382,8 @@ def test_checkpoint_mount_reads_a_staged_file_through_passthrough(need_fuse, tmp
                      ("fuse", len(want))]
 
 
-def test_access_profile_keeps_files_read_through_passthrough(need_fuse, tmp_path, nginx_factory):
+def test_access_profile_keeps_files_read_through_passthrough(passthrough, tmp_path,
+                                                             nginx_factory):
     """The next resume's prefetch order comes from the files this load opened, also those
     whose bytes the kernel served (the engine never sees those reads)."""
     from bootseer.ckpt import profile
