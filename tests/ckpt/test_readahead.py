@@ -128,3 +128,31 @@ def test_read_ahead_runs_past_stripes_already_staged(tmp_path, data):
     finally:
         src.release()
         e.close()
+
+
+def test_a_new_stream_s_read_ahead_goes_before_what_an_old_one_left_queued(tmp_path, data):
+    """One connection, so the queue's order is the order on the wire. A reader leaves a
+    stream (its read-ahead still queued) for another (DCP's next tensor in key order): the
+    new stream's read-ahead goes out first; the old one's follows, nothing is dropped."""
+    src = RecordedSource(data)
+    e = engine(tmp_path, per_host=1, max_stripes_in_flight=4)
+    try:
+        f = e.file(src)
+        for idx in (20, 21):   # where the second stream starts is local already
+            f.wait_staged(idx)
+        wait_idle(e)
+        src.hold()
+        before = len(src.requests)
+        old = threading.Thread(target=lambda: f.read(0, 4096))   # stripe 0 + read-ahead 1, 2
+        old.start()
+        src.wait_requests(before + 1)   # stripe 0 on the wire, 1 and 2 queued behind it
+        assert f.read(20 * S, 4096) == data[20 * S:20 * S + 4096]   # a new stream ...
+        assert f.read(20 * S + 4096, S) == data[20 * S + 4096:21 * S + 4096]   # ... reads on
+        src.release()
+        old.join(10)
+        wait_idle(e)
+        order = [a // S for a, _ in src.requests[before:]]
+        assert order == [0, 22, 23, 1, 2]
+    finally:
+        src.release()
+        e.close()

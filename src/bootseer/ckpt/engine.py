@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 import time
 from concurrent.futures import Future
@@ -64,6 +65,7 @@ class Engine:
         self.counters = LoadCounters()
         self.recorder = AccessRecorder()
         self._internal = threading.local()   # this thread reads for bootseer, not a reader
+        self.births = itertools.count(1)     # cursors, in the order they appear
         self.hedger = Hedger(self.config.hedge_multiple, self.config.hedge_min_s,
                              2 * self.config.max_stripes_in_flight, self.counters)
         self._files: dict[str, StripedFile] = {}
@@ -122,10 +124,11 @@ class Engine:
 
 
 class _Cursor:
-    __slots__ = ("pos", "window", "used")
+    __slots__ = ("pos", "window", "used", "born")
 
-    def __init__(self, pos: int):
+    def __init__(self, pos: int, born: int):
         self.pos, self.window, self.used = pos, 0, time.monotonic()
+        self.born = born   # engine-wide: the newest cursor's read-ahead goes out first
 
 
 class _InFlight:
@@ -150,9 +153,12 @@ class StripedFile:
         self._lock = threading.Lock()
 
     # -- stripes ------------------------------------------------------------------------------
-    def issue(self, idx: int, *, demand: bool) -> _InFlight | bool:
+    def issue(self, idx: int, *, demand: bool, order: int | None = None
+              ) -> _InFlight | bool:
         """Request stripe ``idx`` unless it is staged (True) or coming (its _InFlight).
-        A demand waits for budget; read-ahead gets False when the budget is full."""
+        A demand waits for budget; read-ahead gets False when the budget is full.
+        ``order``: a reader's read-ahead (fetched before a plan's stripes, lower first);
+        None: a plan's prefetch."""
         with self._lock:
             if self.staged.has(idx):
                 return True
@@ -176,8 +182,10 @@ class StripedFile:
             if got is not None:  # another thread got there first
                 budget.release(end - start)
                 return got
-            fut = self.engine.fetcher.submit(
-                self.source, start, end, priority=Priority.DEMAND if demand else Priority.PREFETCH)
+            priority = (Priority.DEMAND if demand else Priority.PREFETCH if order is None
+                        else Priority.READAHEAD)
+            fut = self.engine.fetcher.submit(self.source, start, end, priority=priority,
+                                             order=order or 0)
             got = self._inflight[idx] = _InFlight(fut, demand)
         fut.add_done_callback(lambda f: self._land(idx, f, end - start))
         return got
@@ -272,7 +280,7 @@ class StripedFile:
             for c in self._cursors:
                 if c.pos - self.S <= offset <= c.pos + self.S:
                     return c, True
-            c = _Cursor(offset)
+            c = _Cursor(offset, next(self.engine.births))
             self._cursors.append(c)
             if len(self._cursors) > MAX_CURSORS:
                 self._cursors.remove(min(self._cursors, key=lambda x: x.used))
@@ -287,8 +295,11 @@ class StripedFile:
             return
         coming = 0
         horizon = min(self.size, end + 2 * cursor.window)
+        # a reader that moved on (DCP: to the next tensor in key order) has its new
+        # stream's stripes go out before what the stream it left still has queued
+        newest_first = -cursor.born << 40
         for idx in range(end // self.S, (horizon - 1) // self.S + 1):
-            got = self.issue(idx, demand=False)
+            got = self.issue(idx, demand=False, order=newest_first + idx)
             if got is False:
                 break  # budget full: back-pressure, try again on the next read
             if got is not True:

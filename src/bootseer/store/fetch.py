@@ -29,21 +29,25 @@ log = logging.getLogger(__name__)
 
 class Priority(IntEnum):
     DEMAND = 0
+    READAHEAD = 5      # a reader's own read-ahead: before a plan's guesses
     PREFETCH = 10
     BACKGROUND = 20
 
 
 class _Task:
-    __slots__ = ("source", "start", "end", "priority", "future", "seq", "queued", "deadline")
+    __slots__ = ("source", "start", "end", "priority", "order", "future", "seq", "queued",
+                 "deadline")
 
-    def __init__(self, source, start, end, priority, seq, deadline):
+    def __init__(self, source, start, end, priority, seq, deadline, order=0):
         self.source, self.start, self.end = source, start, end
         self.priority, self.seq, self.deadline = priority, seq, deadline
+        self.order = order
         self.future: Future = Future()
         self.queued = True
 
     def __lt__(self, other):
-        return (self.priority, self.seq) < (other.priority, other.seq)
+        return ((self.priority, self.order, self.seq)
+                < (other.priority, other.order, other.seq))
 
 
 class Fetcher:
@@ -69,12 +73,15 @@ class Fetcher:
             w.start()
 
     # -- public -------------------------------------------------------------------------------
-    def submit(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND
-               ) -> Future:
-        """Queue ``[start, end)`` of ``source``; the future resolves to the bytes."""
-        return self.submit_many([(source, start, end)], priority=priority)[0]
+    def submit(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND,
+               order: int = 0) -> Future:
+        """Queue ``[start, end)`` of ``source``; the future resolves to the bytes.
+        ``order``: among queued tasks of one priority, lower goes first (then first come,
+        first served)."""
+        return self.submit_many([(source, start, end)], priority=priority, order=order)[0]
 
-    def submit_many(self, ranges, *, priority: Priority = Priority.DEMAND) -> list[Future]:
+    def submit_many(self, ranges, *, priority: Priority = Priority.DEMAND,
+                    order: int = 0) -> list[Future]:
         """Queue many ``(source, start, end)`` at once: one lock round and one wake-up
         for the batch (a restore queues ~10k chunks; one by one, the submitting thread
         and 64 woken workers fight over the lock for a second)."""
@@ -90,13 +97,14 @@ class Fetcher:
                     self._counters["deduplicated"] += 1
                     if existing.queued and priority < existing.priority:
                         existing.priority = priority  # promote: re-heapify its host's queue
+                        existing.order = order
                         heapq.heapify(self._heaps[existing.source.host])
                         self._counters["promoted"] += 1
                         promoted = True
                     futures.append(existing.future)
                     continue
                 task = _Task(source, start, end, priority, next(self._seq),
-                             time.monotonic() + self.config.deadline_s)
+                             time.monotonic() + self.config.deadline_s, order)
                 self._by_range[key] = task
                 heapq.heappush(self._heaps.setdefault(source.host, []), task)
                 bisect.insort(self._by_offset.setdefault(source.key, []),
