@@ -1,6 +1,7 @@
 """Striped checkpoint reads, the five variants of issue #6, one command:
 
     .venv/bin/python bench/ckpt/run.py [--size 2GiB] [--link 2gbit] [--per-conn 31250k]
+    .venv/bin/python bench/ckpt/run.py --variants 3 --size 512MiB     (quick: one row)
 
 A torch DCP checkpoint of ``--size`` bytes is generated on a tmpfs the benchmark mounts,
 served by nginx (``limit_rate`` per connection = one storage node's stream) inside a
@@ -9,7 +10,9 @@ namespace. Variants (each a full ``dcp.load`` into preallocated tensors, verifie
 
   1 mount-single      our FUSE mount, one buffer, one request in flight (the fuse-dfs baseline)
   2 fsspec-http       torch's FsspecReader over fsspec's default HTTP file
-  3 mount-striped     our FUSE mount, striped engine
+  3 mount-striped     our FUSE mount, striped engine, served as ``bootseer ckpt mount``
+                      serves it here (devfuse where the kernel has passthrough; then
+                      "3m" is the same through mfusepy); no plan prefetch: read-ahead only
   4 dcp-reader        StripedDCPReader (no mount)
   5 mount-prefetched  (3) after plan prefetch started --lead seconds earlier (second run:
                       staging is warm, i.e. also the "second load from local cache" row)
@@ -27,6 +30,7 @@ Everything started is stopped by PID; mounts, the tmpfs and the namespace are re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -138,6 +142,12 @@ def load_safetensors_mmap(path: Path) -> dict:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vmhwm(pid: int) -> int:
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmHWM:"):
@@ -239,34 +249,50 @@ def inner(args) -> int:
 
     def load(label, fn, hwm_pid=None):
         out = {k: torch.empty_like(v) for k, v in state.items()}
+        server_cpu = cpu_seconds(hwm_pid) if hwm_pid else 0.0
+        own = os.times()
         t = time.monotonic()
         fn(out)
         dt = time.monotonic() - t
+        own_cpu = sum(os.times()[:2]) - sum(own[:2])
         check(out)
         row = {"variant": label, "seconds": round(dt, 2), "GB/s": round(nbytes / dt / 1e9, 3),
-               "link_%": round(100 * nbytes / dt / link_bps, 1)}
+               "link_%": round(100 * nbytes / dt / link_bps, 1),
+               "loader_cpu_s": round(own_cpu, 2)}   # the process calling dcp.load
         if hwm_pid:
             row["fuse_peak_rss_MB"] = round(vmhwm(hwm_pid) / 1e6)
+            row["fuse_cpu_s"] = round(cpu_seconds(hwm_pid) - server_cpu, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del out
 
-    def via_mount(label, mode):
-        mp = scratch / f"mnt-{label.split()[0]}"
+    def via_mount(label, mode, backend=None):
+        """A fresh mount (and staging) of the checkpoint served by ``backend``: ``None``
+        is the server ``bootseer ckpt mount`` picks here (devfuse where the kernel has
+        passthrough, else mfusepy)."""
+        from bootseer.ckpt.mount import mount_backend
+        c = cfg if backend is None else dataclasses.replace(
+            cfg, ckpt=dataclasses.replace(cfg.ckpt, fuse=backend))
+        server_module = mount_backend(c)
+        tag = label.split()[0]
+        mp = scratch / f"mnt-{tag}"
         mp.mkdir()
-        report = scratch / f"stats-{label.split()[0]}.json"
-        staging = scratch / f"staging-{label.split()[0]}"
+        report = scratch / f"stats-{tag}.json"
+        staging = scratch / f"staging-{tag}"
         build = functools.partial(remote_view, server.url, cfg, mode, str(report), str(staging))
-        with mount(build, str(mp), name=f"ckpt-{label.split()[0]}") as h:
+        with server_module.mount(build, str(mp), name=f"ckpt-{tag}") as h:
             load(label, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
         shutil.rmtree(staging, ignore_errors=True)
         s = json.loads(report.read_text())
-        rows[-1].update(stripe_mem_peak_MB=round(s["memory_peak_bytes"] / 1e6),
+        rows[-1].update(fuse="devfuse" if "devfuse" in server_module.__name__ else "mfusepy",
+                        stripe_mem_peak_MB=round(s["memory_peak_bytes"] / 1e6),
                         budget_MB=round(s["memory_budget_bytes"] / 1e6),
                         fetched_over_consumed=round(s["bytes_fetched"] /
                                                     max(1, s["bytes_consumed"]), 3),
-                        first_byte_s=round(s["first_byte_s"] or 0, 3))
+                        first_byte_s=round(s["first_byte_s"] or 0, 3),
+                        stalls=s["stalls"], stall_s=round(s["stall_s"], 2))
         print(json.dumps(rows[-1]), flush=True)
+        return rows[-1]["fuse"]
 
     wanted = set(args.variants.split(","))
     try:
@@ -277,7 +303,9 @@ def inner(args) -> int:
             load("2 fsspec-http", lambda out: dcp.load(
                 out, storage_reader=FsspecReader(server.url)))
         if "3" in wanted:
-            via_mount("3 mount-striped", "striped")
+            # what `ckpt mount` serves here, and mfusepy beside it when that is devfuse
+            if via_mount("3 mount-striped", "striped") == "devfuse":
+                via_mount("3m mount-striped, mfusepy", "striped", backend="mfusepy")
         if "4" in wanted:
             with Engine(cfg.ckpt, cfg.fetch, staging=str(scratch / "staging-4")) as e:
                 load("4 dcp-reader", lambda out: dcp.load(
@@ -336,13 +364,16 @@ def inner(args) -> int:
         server.stop()
     base = next((r["seconds"] for r in rows if r["variant"].startswith("1 ")), None)
     print("\n| variant | s | GB/s | % of link | x vs (1) | stripe memory peak / budget MB "
-          "| fetched/consumed |")
-    print("|---|---|---|---|---|---|---|")
+          "| fetched/consumed | server | reader stalls s | CPU s loader / FUSE |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         x = f"{base / r['seconds']:.1f}" if base else "-"
         mem = (f"{r['stripe_mem_peak_MB']} / {r['budget_MB']}" if "budget_MB" in r else "-")
+        cpu = f"{r['loader_cpu_s']} / {r['fuse_cpu_s']}" if "fuse_cpu_s" in r else \
+            r.get("loader_cpu_s", "-")
         print(f"| {r['variant']} | {r['seconds']} | {r['GB/s']} | {r['link_%']} | {x} | {mem} "
-              f"| {r.get('fetched_over_consumed', '-')} |")
+              f"| {r.get('fetched_over_consumed', '-')} | {r.get('fuse', '-')} "
+              f"| {r.get('stall_s', '-')} | {cpu} |")
     out = HERE.parents[1] / "results" / "ckpt.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
