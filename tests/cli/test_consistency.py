@@ -94,15 +94,55 @@ def test_report_json_dash_is_stdout(world):
     assert r.returncode == 2 and "only one of" in r.stderr
 
 
-def test_readme_command_table_names_every_command():
-    import re
+def _readme_command_cells() -> list[str]:
+    """The first cell of each row of README's Commands table: its command lines."""
     from pathlib import Path
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     table = readme.split("## Commands", 1)[1].split("\n\n", 2)[1]
-    listed = set(re.findall(r"`bootseer (\w+)", table))
+    return [row.split(" | ")[0].removeprefix("| ") for row in table.splitlines()
+            if row.startswith("| `bootseer")]
+
+
+def test_readme_command_table_names_every_command():
+    import re
+    cells = " ".join(_readme_command_cells())
+    listed = set(re.findall(r"`bootseer (\w+)", cells))
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)
     assert commands - listed == set(), "commands missing from README's Commands table"
+
+
+def _leaves(parser, path=()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, sub in action.choices.items():
+            yield from _leaves(sub, (*path, name))
+
+
+def test_readme_command_table_matches_help():
+    """Every verb of ``--help`` is in the row of its command, and every option a row
+    shows exists on that command (no stale flags)."""
+    import re
+    cells = _readme_command_cells()
+    verbs = dict(_leaves(build_parser()))
+    missing = []
+    for path in verbs:
+        rows = " ".join(c for c in cells if re.search(rf"`(bootseer )?{path[0]}\b", c))
+        words = set(re.findall(r"[\w-]+", rows.replace("\\|", " ")))
+        missing += [" ".join(path)] if not set(path[1:]) <= words else []
+    assert not missing, f"verbs missing from README's Commands table: {missing}"
+    stale = []
+    for cell in cells:
+        for part in cell.split(" / "):
+            m = re.match(r"`(?:bootseer )?([\w-]+)(?: ([\w-]+))?", part.strip())
+            named = [p for path, p in verbs.items() if path[0] == m.group(1)
+                     and (len(path) == 1 or path[1] == m.group(2) or "\\|" in part)]
+            options = {o for p in named for a in p._actions for o in a.option_strings}
+            stale += [f"{part.strip()[:40]}: {flag}"
+                      for flag in re.findall(r"--[\w-]+", part) if flag not in options]
+    assert not stale, f"options in README's Commands table that --help does not have: {stale}"
 
 
 def test_every_command_that_uses_a_store_takes_store_after_its_verb():
