@@ -214,3 +214,16 @@ def test_trace_verbs_take_trace_like_run(world):
     assert old.returncode == 0, old.stderr
     events = "".join(p.read_text() for p in trace.rglob("*") if p.is_file())
     assert all(name in events for name in ('"ready"', '"x"', '"again"')), events
+
+
+def test_ckpt_gc_and_prefetch_json(world):
+    ckpt = world.root / "model"
+    ckpt.mkdir()
+    (ckpt / "w.bin").write_bytes(b"w" * 5000)
+    r = world.run("ckpt", "prefetch", f"file://{ckpt}")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["schema"] == 1
+    doc = _json(world.run("ckpt", "gc", "--max-size", "0", "--dry-run", "--json"))
+    assert doc["dry_run"] is True and doc["kept_bytes"] == 0
+    assert [f["action"] for f in doc["files"]] == ["would remove"]
+    assert doc["files"][0]["bytes"] >= 5000

@@ -62,7 +62,7 @@ def write_output(path: str, text: str) -> None:
     outputs.write_text(path, text)
 
 
-def add_gc_verb(verbs, what: str, func) -> None:
+def add_gc_verb(verbs, what: str, func):
     """``gc [--max-size 50G] [--dry-run]``, the same for every node-local store of things
     (environments, staged checkpoints): least recently used first, never one in use."""
     v = verbs.add_parser("gc", help=f"remove this node's least recently used {what} until "
@@ -71,4 +71,5 @@ def add_gc_verb(verbs, what: str, func) -> None:
                    help=f"disk the {what} on this node may use")
     v.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     v.set_defaults(func=func)
+    return v
 

@@ -6,7 +6,7 @@ import functools
 import json
 import sys
 
-from bootseer.cli import add_gc_verb
+from bootseer.cli import JSON_SCHEMA, add_gc_verb, add_json_arg, print_json
 
 STORE_HELP = ("bootseer store of the access profiles recorded at each load (default: "
               "BOOTSEER_STORE_URL, else the embedded default directory)")
@@ -44,7 +44,8 @@ def register(sub) -> None:
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
     v.add_argument("--store", metavar="URL", help=STORE_HELP)
     v.set_defaults(func=_prefetch)
-    add_gc_verb(verbs, "staged checkpoint files", _gc)
+    add_json_arg(add_gc_verb(verbs, "staged checkpoint files", _gc),
+                 "each staged file (name, bytes, action) and what is kept")
 
 
 def _mount(args) -> int:
@@ -85,7 +86,7 @@ def _prefetch(args) -> int:
         extent = _plan_extent(engine, prefetch.spans)
         follow("ckpt prefetch", sum(b - a for ranges in extent.values() for a, b in ranges),
                functools.partial(_staged_bytes, extent), prefetch.join)
-        print(json.dumps({"plan": kind, "stripes": len(prefetch.issued),
+        print(json.dumps({"schema": JSON_SCHEMA, "plan": kind, "stripes": len(prefetch.issued),
                           "failed": prefetch.failed, **engine.statistics().as_dict()}))
     return 1 if prefetch.failed else 0
 
@@ -128,9 +129,14 @@ def _gc(args) -> int:
     from bootseer.config import BootseerConfig, parse_size
     where = node_staging_dir(BootseerConfig.from_env())
     report = gc(where, parse_size(args.max_size, "--max-size"), dry_run=args.dry_run)
+    left = sum(used for _, used, _, action in report if action not in ("removed", "would remove"))
+    if args.json:
+        print_json({"staging": str(where), "dry_run": args.dry_run, "kept_bytes": left,
+                    "files": [{"name": name, "bytes": used, "action": action}
+                              for name, used, _, action in report]})
+        return 0
     for name, used, _, action in report:
         print(f"{action}\t{used / 2**20:.0f} MiB\t{name}")
-    left = sum(used for _, used, _, action in report if action not in ("removed", "would remove"))
     print(f"{where}: {len(report)} staged file(s), {left / 2**20:.0f} MiB kept", file=sys.stderr)
     return 0
 

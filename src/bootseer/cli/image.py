@@ -319,7 +319,8 @@ def _prefetch(args) -> int:
         follow("prefetch", s["planned_chunks"],
                lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],
                _finished(p.wait), unit=" chunks")
-    print(json.dumps(p.stats))
+    from bootseer.cli import JSON_SCHEMA
+    print(json.dumps({"schema": JSON_SCHEMA, **p.stats}))
     return 0
 
 
