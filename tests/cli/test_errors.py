@@ -27,6 +27,9 @@ def scratch(world):
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     (layout / "index.json").write_text('{"schemaVersion": 2, "manifests": [')
     (r / "mnt").mkdir()
+    # a login kept by a credential helper that is not installed (only this host uses it)
+    (r / "auth.json").write_text('{"credHelpers": {"127.0.0.1:9": "nope"}}')
+    world.env["REGISTRY_AUTH_FILE"] = str(r / "auth.json")
     shadow = r / "shadow"   # importing one of these fails as when it is not installed
     for name in MISSING_DRIVER:
         (shadow / name).mkdir(parents=True)
@@ -82,6 +85,11 @@ CASES = [
      None),
     ("ckpt-rank-without-world", ["ckpt", "prefetch", "s3://bucket/ckpt", "--rank", "1"], 2,
      "give --rank and --world together", None),
+    ("convert-credential-helper-missing", ["image", "convert", "127.0.0.1:9/team/app:1"], 1,
+     "docker-credential-nope is not on PATH", None),
+    ("analyze-two-outputs-on-stdout", ["analyze", "sim", "--json", "-", "--html", "-"], 2,
+     "only one of --json, --html can be -", None),
+    ("store-get-output-dir", ["store", "get", DIGEST_OF_HI, "-o", "mnt"], 1, "mnt", None),
 ]
 
 
