@@ -107,8 +107,9 @@ def _config(url):
 def _add_registry_args(v) -> None:
     """skopeo's and podman's spellings for what a registry pull needs."""
     v.add_argument("--authfile", metavar="PATH",
-                   help="registry logins (auth.json); default: $REGISTRY_AUTH_FILE, "
-                        "containers/auth.json, ~/.docker/config.json, as skopeo looks")
+                   help="registry logins (auth.json or docker's config.json, credential "
+                        "helpers included); default: $REGISTRY_AUTH_FILE, "
+                        "containers/auth.json, ~/.docker/config.json, as podman looks")
     v.add_argument("--creds", metavar="USER:PASS",
                    help="registry login (never printed; passed to skopeo in a private file)")
     v.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=None,
