@@ -89,6 +89,14 @@ def test_apache_style_index_links():
                                        ("optim", True)]
 
 
+def test_links_under_the_pages_own_path():
+    page = ('<a href="/">[To Parent Directory]</a><a href="/ckpt/a.bin">a.bin</a>'
+            '<a href="/ckpt/sub/">sub</a><a href="/other/x.bin">x</a>'
+            '<a href="/ckpt/sub/deeper.bin">deeper</a>')
+    assert html_links(page, "/ckpt/") == [("a.bin", False), ("sub", True)]
+    assert html_links(page) == []
+
+
 @pytest.fixture
 def dcp_checkpoint():
     torch = pytest.importorskip("torch")

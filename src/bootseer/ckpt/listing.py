@@ -208,7 +208,8 @@ class RemoteDir:
         if "json" in kind or start == b"[":
             return self._from_json_index(url, body)
         if "html" in kind or start == b"<":
-            links = html_links(body.decode("utf-8", "replace"))
+            links = html_links(body.decode("utf-8", "replace"),
+                               urllib.parse.urlsplit(url).path)
             out: dict[str, Attr | None] = {name: Attr(mode=DIR_MODE, size=0, mtime=0.0, nlink=2)
                                            for name, is_dir in links if is_dir}
             files = [name for name, is_dir in links if not is_dir]
@@ -336,19 +337,26 @@ class _Links(html.parser.HTMLParser):
                 self.hrefs.append(href)
 
 
-def html_links(page: str) -> list[tuple[str, bool]]:
-    """(name, is a directory) of the entries an HTML index page links to: relative links
-    to direct children only (not ``../``, sort links such as Apache's ``?C=N;O=D``, absolute
-    paths or other hosts); ``name/`` is a directory."""
+def html_links(page: str, dir_path: str | None = None) -> list[tuple[str, bool]]:
+    """(name, is a directory) of the entries an HTML index page links to: links to direct
+    children only, relative (``a.bin``, ``./a.bin``) or under the page's own path
+    ``dir_path`` (IIS writes ``/ckpt/a.bin``); not ``../``, sort links such as Apache's
+    ``?C=N;O=D``, other paths or other hosts. ``name/`` is a directory."""
     parser = _Links()
     parser.feed(page)
+    base = urllib.parse.unquote(dir_path).rstrip("/") + "/" if dir_path else None
     out: dict[str, bool] = {}
     for href in parser.hrefs:
         u = urllib.parse.urlsplit(href)
-        if u.scheme or u.netloc or u.query or u.fragment or href.startswith("/"):
+        if u.scheme or u.netloc or u.query or u.fragment:
             continue
-        is_dir = u.path.endswith("/")
-        name = urllib.parse.unquote(u.path.rstrip("/"))
+        path = urllib.parse.unquote(u.path)
+        if path.startswith("/"):
+            if base is None or not path.startswith(base):
+                continue
+            path = path[len(base):]
+        is_dir = path.endswith("/")
+        name = path.rstrip("/")
         while name.startswith("./"):
             name = name[2:]
         if not name or "/" in name or name in (".", ".."):
