@@ -116,11 +116,12 @@ rmtree = place.rmtree
 
 def publish(store, prefix: str, key: str, portable_key: str | None = None, *,
             pins_key: str | None = None, python: str | None = None,
-            root: str | None = None) -> str:
+            root: str | None = None, config=None) -> str:
     """Snapshot the environment built for ``prefix`` (its files at ``root``, by default
     the prefix itself) and publish it under ``key`` (and ``portable_key``, so that the same
     pins wanted at another prefix are relocated, not rebuilt; and ``pins_key``, so that a
-    node with another interpreter can say why it builds)."""
+    node with another interpreter can say why it builds). With ``config``, also the
+    snapshot's torrent for restores through peers (docs/peers.md)."""
     from bootseer.tree.build import TreeBuilder, add_directory
     root = root or prefix
     with tracing.phase("deps.publish"):
@@ -133,6 +134,9 @@ def publish(store, prefix: str, key: str, portable_key: str | None = None, *,
         d = publish_manifest(store, manifest, key, portable_key)
         if pins_key is not None:
             store.set_ref(pins_ref(pins_key), d)
+        if config is not None:
+            from bootseer.peers.publish import publish_for_tree_dir
+            publish_for_tree_dir(config, store, tree, root)
         return tree
 
 

@@ -50,7 +50,7 @@ def share_for(config, store):
                 share = PeerShare(store, swarm, job, node,
                                   str(Path(config.cache.dir).parent / "peers"),
                                   stall_s=p.stall_s, wait_s=p.wait_s,
-                                  attempt=config.trace.attempt)
+                                  attempt=config.trace.attempt, nodes=p.nodes)
             except Exception as e:  # noqa: BLE001 - peers only cost time (ImportError too)
                 log.warning("peers: off for this node: %s", e)
                 return None

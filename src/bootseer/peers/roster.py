@@ -1,5 +1,6 @@
 """Who is in the job: each node announces ``ip:port`` under the store ref
-``peers/<job>/nodes/<node>`` (a small JSON blob), and reads the others' the same way.
+``peers/<job>/nodes/<node>`` (a small JSON blob), and reads the others' the same way: once
+when it joins, and again only when a node it does not know yet calls it (``PeerShare``).
 Announcements are untrusted like any blob: only a well-formed IPv4 ``ip:port`` is used."""
 
 from __future__ import annotations

@@ -1,26 +1,37 @@
 """A hot set shared among the nodes of one job.
 
-The first node to ask for a set (an exclusive per-job ref) fetches it from the origin like
-any node, then makes the set's torrent, publishes it to the store and seeds. The others
-wait for the torrent, fetch the set from the job's peers, and fall back to the origin for
-whatever peers do not deliver (no peer reachable, a peer gone mid-transfer, no progress for
-``stall_s``). Every chunk from peers goes through the same check as a chunk from the store
-(``deliver``: decompress, sha256 against the digest, then the node cache); libtorrent's v2
-piece hashes are a second check that lets it ban a lying peer early. Chunks fetched from the
-origin are handed to libtorrent too, so every node seeds what it has.
+The set's torrent is made once, where the set is published (``bootseer.peers.publish``:
+the recording node when it pushes the profile, the builder of an environment snapshot).
+On a start every node finds it at once, links the chunks its node cache already holds into
+its seed copy, joins the swarm, and from then on takes each chunk from whichever source
+comes first: its share of the set from the origin (the set is cut into segments, and the
+segments are dealt out among the job's nodes), the rest from the peers that fetched theirs.
+Nobody waits for anybody's whole fetch; a chunk some peer already has is not fetched from the
+origin; a node that is gone (or never came) has its segments dealt to the others.
+
+A set with no published torrent (a profile pushed before peers, a first restore) falls back
+to one maker per job: it fetches the set from the origin, makes and publishes the torrent and
+seeds; the others wait for it.
+
+Trust: the torrent's files hold the chunks as the node cache holds them (uncompressed), so
+every chunk from a peer is checked by its sha256 against its digest before it enters the
+cache; libtorrent's v2 piece hashes are a second check that lets it ban a lying peer early.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import ipaddress
 import logging
 import os
+import queue
 import shutil
 import socket
 import struct
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,8 +41,17 @@ from bootseer.peers import roster
 from bootseer.peers.swarm import Swarm
 from bootseer.peers.torrent import file_name, load_torrent, make_torrent, set_key, torrent_name
 from bootseer.store.digest import sha256_digest, verify
+from bootseer.store.fetch import Priority
 
 log = logging.getLogger(__name__)
+
+SEGMENT_BYTES = 1 << 20     # the unit of the origin's work dealt to nodes (coalesced reads)
+ORIGIN_WINDOW = 4 << 20     # origin bytes in flight per node: small, so a new view applies fast
+JOIN_GRACE_S = 1.5          # how long the origin's work waits for announced nodes to connect
+                            # (a node learned by its knock calls back within a second)
+JOIN_WAIT_S = 0.3           # at join, how long to look for the job's other nodes announcing
+RECALL_S = 2.0              # a node not connected to an announced peer calls it again this often
+REDIAL_S = 0.25             # ... and this often while it is connected to nobody
 
 
 def torrent_ref(key: str) -> str:
@@ -39,57 +59,69 @@ def torrent_ref(key: str) -> str:
 
 
 class PeerShare:
-    """Peers for hot sets on this node: one swarm, refreshed from the job's roster."""
+    """Peers for sets on this node: one swarm; the roster read when this node joins and
+    again only when an unknown node calls (a knock: it joined later)."""
 
     def __init__(self, store, swarm: Swarm, job: str, node: str, work_dir: str, *,
-                 stall_s: float = 5.0, wait_s: float = 120.0, refresh_s: float = 1.0,
-                 attempt: int = 0):
+                 stall_s: float = 5.0, wait_s: float = 120.0, attempt: int = 0,
+                 nodes: int = 0, refresh_s: float = 0.05):
         self.store, self.swarm, self.job, self.node = store, swarm, job, node
         self.attempt = attempt   # a restart of the job has its own maker
+        self.nodes = nodes   # the job's size (0: unknown)
         self.work_dir = Path(work_dir)
         remove_unused_sets(self.work_dir)
         self.stall_s, self.wait_s, self.refresh_s = stall_s, wait_s, refresh_s
         self.announcement = roster.announce(store, job, node, swarm.addr)
         self.handles: list = []
         self.min_set_bytes = 0   # smaller sets are not worth a torrent (share_for sets it)
+        self.roster_reads = 0
         self.stats = {"role": None, "peer_chunks": 0, "peer_bytes": 0, "rejected": 0,
                       "banned": [], "peers": 0, "seconds": 0.0}
         self._stop = threading.Event()
-        threading.Thread(target=self._follow, daemon=True, name="bootseer-peers").start()
+        self._roster_lock = threading.Lock()
+        self.read_roster()
+        threading.Thread(target=self._learn, daemon=True, name="bootseer-peers").start()
 
     # -- the roster ---------------------------------------------------------------------------
-    def _connect_members(self, handle=None) -> None:
-        """Admit the roster; connect every torrent to nodes new to this one, and
-        ``handle`` (a torrent just added) to all. Connecting again to a connected node
-        only makes both sides drop a duplicate connection."""
-        found = roster.members(self.store, self.job)
-        self.stats["peers"] = len([a for a in found.values() if a != self.swarm.addr])
-        # Downloaders connect out, seeds wait to be called: two nodes calling each other
-        # at once drop both calls (duplicate peer id) and lose a second.
-        for ep in self.swarm.admit(found.values()):
+    def read_roster(self) -> list[tuple[str, int]]:
+        """Admit the job's announced nodes; call the new ones from every torrent (they
+        called this node and were refused, or will find it seeding). Returns the new."""
+        with self._roster_lock:
+            found = roster.members(self.store, self.job)
+            self.roster_reads += 1
+            self.stats["peers"] = len([a for a in found.values() if a != self.swarm.addr])
+            new = self.swarm.admit(found.values())
+        for ep in new:
             for h in list(self.handles):
-                if h != handle and not h.status().is_seeding:
-                    h.connect_peer(ep)
-        if handle is not None:
-            deadline = time.monotonic() + 5   # called while checking, a peer hangs up
-            while (handle.status().state in (lt.torrent_status.checking_files,
-                                             lt.torrent_status.checking_resume_data)
-                   and time.monotonic() < deadline):
-                time.sleep(0.01)
-            for ep in self.swarm.endpoints():
-                handle.connect_peer(ep)
+                h.connect_peer(ep)
+        return new
 
-    def _follow(self) -> None:
-        """Admit (and connect to) nodes that join later."""
-        while not self._stop.wait(self.refresh_s):
+    def await_members(self, nodes: int, wait_s: float = JOIN_WAIT_S) -> None:
+        """At join: read the roster until the job's ``nodes`` have announced (nodes that
+        start at once), for ``wait_s`` at most; the torrent is added after, so its first
+        calls (made at once; later calls wait for libtorrent's next round, up to a second)
+        reach nodes that know this one. Later nodes are learned by their knocks."""
+        deadline = time.monotonic() + wait_s
+        while (self.stats["peers"] + 1 < nodes and time.monotonic() < deadline
+               and not self._stop.wait(0.05)):
+            self.read_roster()
+
+    def _learn(self) -> None:
+        """A knock (a call from an address not admitted) means a node joined after this one
+        read the roster: read it again, at most every ``refresh_s``."""
+        while not self._stop.is_set():
+            if not self.swarm.knocked.wait(1.0):
+                continue
+            time.sleep(self.refresh_s)   # knocks come in bursts: one read for all of them
+            self.swarm.knocked.clear()
             try:
-                self._connect_members()
+                self.read_roster()
             except Exception as e:  # noqa: BLE001 - sharing never fails the node
-                log.info("peers: roster refresh failed: %s", e)
+                log.info("peers: roster read failed: %s", e)
 
     # -- one set ------------------------------------------------------------------------------
-    def open_set(self, refs: list[list]) -> "SetTransfer":
-        return SetTransfer(self, refs)
+    def open_set(self, refs: list[list], reader=None, stats: dict | None = None) -> "SetTransfer":
+        return SetTransfer(self, refs, reader, stats)
 
     def close(self) -> None:
         self._stop.set()
@@ -97,23 +129,43 @@ class PeerShare:
 
 
 class SetTransfer:
-    """The transfer of one set on this node (``refs``: tree chunk refs, digest first and
-    the stored size fourth)."""
+    """The transfer of one set on this node (``refs``: tree chunk refs, digest first, stored
+    size fourth, size fifth). ``reader`` (a TreeReader) fetches from the origin, verifies
+    and caches; ``stats`` (the prefetch figures) are counted as chunks arrive."""
 
-    def __init__(self, share: PeerShare, refs: list[list]):
-        self.share = share
+    def __init__(self, share: PeerShare, refs: list[list], reader=None,
+                 stats: dict | None = None):
+        self.share, self.reader = share, reader
+        self.cache = getattr(reader, "cache", None)
         self.refs = {file_name(r[0]): r for r in refs}
-        self.items = sorted({(r[0], r[3]) for r in refs})
+        self.items = sorted({(r[0], r[4]) for r in refs})
         self.key = set_key(self.items)
         self.dir = share.work_dir / self.key
         self._lock = hold_set(self.dir)   # while this process lives, nobody removes it
         self.files = self.dir / torrent_name(self.key)
+        self.stats = stats if stats is not None else {}
+        for k in ("fetched_chunks", "fetched_bytes", "origin_bytes", "peer_bytes",
+                  "already_local"):
+            self.stats.setdefault(k, 0)
         self.handle = None
         self.ti = None
         self._names: list[str] = []
         self.layout: dict[str, tuple[int, int]] = {}
         self.delivered: set[str] = set()
+        self.prefetched: set[str] = set()   # digests this transfer put in the cache
         self._stop = threading.Event()
+        # Segments: runs of the plan, in its order, dealt out to nodes for the origin.
+        self.segments: list[list[str]] = []
+        cur: list[str] = []
+        size = 0
+        for name, r in self.refs.items():
+            if cur and size + r[4] > SEGMENT_BYTES:
+                self.segments.append(cur)
+                cur, size = [], 0
+            cur.append(name)
+            size += r[4]
+        if cur:
+            self.segments.append(cur)
 
     def summary(self) -> dict:
         """Flat figures for the trace (prefetch attributes of ``image.window``)."""
@@ -137,37 +189,37 @@ class SetTransfer:
             if time.monotonic() >= deadline or self._stop.wait(0.1):
                 return None
 
-    def fetch(self, deliver, stop: threading.Event | None = None) -> list[list]:
-        """Bring the set from peers; ``deliver(ref, raw)`` verifies and caches one chunk
-        (raises on a bad one); ``stop`` ends it early. Returns the refs left for the
-        origin."""
+    def fetch(self, stop: threading.Event | None = None) -> list[list]:
+        """Bring the set from peers and this node's share of the origin; ``stop`` ends it
+        early. Returns the refs left for the origin (peers stalled, or no torrent)."""
         self._stop = stop or self._stop
         share, stats = self.share, self.share.stats
         t0 = time.monotonic()
         try:
-            # One node per job takes the set from the origin and seeds it. A torrent from
-            # an earlier job says nothing about who has the bytes now; but with it, the
-            # maker seeds each chunk as it arrives instead of after the whole set.
-            if share.store.set_ref(self._maker_ref(), share.announcement, exclusive=True):
-                stats["role"] = "maker"
-                ti = self._torrent(0)
-                if ti is not None:
-                    self._attach(ti)
-                    self.handle.prioritize_files([0] * len(self._names))   # offer() feeds it
-                return list(self.refs.values())
-            ti = self._torrent(share.wait_s)
+            ti = self._torrent(0)
             if ti is None:
-                stats["role"] = "origin"
-                log.info("peers: no torrent for set %s after %.0fs: origin", self.key[:12],
-                         share.wait_s)
-                return list(self.refs.values())
+                # No torrent published: one node per job takes the set from the origin,
+                # makes the torrent and seeds (finish); the others wait for it.
+                if share.store.set_ref(self._maker_ref(), share.announcement, exclusive=True):
+                    stats["role"] = "maker"
+                    self.files.mkdir(parents=True, exist_ok=True)
+                    self._link_cached()   # offer() brings the rest
+                    return list(self.refs.values())
+                ti = self._torrent(share.wait_s)
+                if ti is None:
+                    stats["role"] = "origin"
+                    log.info("peers: no torrent for set %s after %.0fs: origin", self.key[:12],
+                             share.wait_s)
+                    return list(self.refs.values())
             stats["role"] = "peer"
+            share.await_members(share.nodes)
             self._attach(ti)
-            self._download(deliver)
+            self._swarm_fetch()
         except Exception as e:  # noqa: BLE001 - peers only cost time, the origin is there
             log.warning("peers: set %s: %s; the rest comes from the origin", self.key[:12], e)
         finally:
             stats["seconds"] += time.monotonic() - t0
+            stats["banned"] = sorted(share.swarm.banned)
         left = [r for name, r in self.refs.items() if name not in self.delivered]
         if self.handle is not None and left:
             # the origin brings these (and offer() hands them over): no second copy
@@ -177,8 +229,9 @@ class SetTransfer:
         return left
 
     def _attach(self, ti) -> None:
-        """Add the torrent to the swarm; note where each item lies (v2 torrents align
-        every file to a piece with pad files, which are no item)."""
+        """Add the torrent to the swarm, seeding what the node cache holds already (linked
+        into the seed copy: no download, no second copy on disk); note where each item
+        lies (v2 torrents align every file to a piece with pad files, which are no item)."""
         self.files.mkdir(parents=True, exist_ok=True)
         self.ti, fs, plen = ti, ti.layout(), ti.piece_length()
         self._names, self.layout = [], {}
@@ -189,41 +242,123 @@ class SetTransfer:
                 continue
             first, size = fs.piece_index_at_file(i), fs.file_size(i)
             self.layout[name] = (first, max(1, -(-size // plen)))
+        linked = self._link_cached()
         self.handle = self.share.swarm.add(ti, str(self.dir))
         self.share.handles.append(self.handle)
-        self.share._connect_members(self.handle)
+        deadline = time.monotonic() + 60   # libtorrent hashes what was linked
+        while (self.handle.status().state in (lt.torrent_status.checking_files,
+                                              lt.torrent_status.checking_resume_data)
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        pieces = self.handle.status(lt.torrent_handle.query_pieces).pieces
+        for name in linked:
+            first, n = self.layout[name]
+            if all(pieces[first + k] for k in range(n)):
+                self.delivered.add(name)
+                self.stats["already_local"] += 1
+        # Of two nodes that know each other, the one with the higher address calls: two
+        # calls crossing are both dropped (one connection per pair) and retried a second later.
+        me = (self.share.swarm.ip, self.share.swarm.port)
+        for ep in self.share.swarm.endpoints():
+            if ep < me:
+                self.handle.connect_peer(ep)
 
-    def _download(self, deliver) -> None:
-        """Until every item is delivered, or peers make no progress for ``stall_s``.
-        Pieces are read back through libtorrent (its disk cache may not have written
-        them to the file yet)."""
-        share, h = self.share, self.handle
+    def _link_cached(self) -> list[str]:
+        """Hard links from the node cache's entries of the set into the seed copy (the
+        cache's files hold exactly the torrent's bytes); libtorrent checks them."""
+        linked = []
+        if self.cache is None:
+            return linked
+        for name, ref in self.refs.items():
+            dest = self.files / name
+            src = self.cache.path(ref[0])
+            if src is None and not dest.exists():
+                continue
+            try:
+                if not dest.exists():
+                    os.link(src, dest)
+                linked.append(name)
+            except OSError as e:   # another file system: libtorrent downloads it
+                log.debug("peers: cannot link %s into the seed copy: %s", name, e)
+        return linked
+
+    # -- who fetches what from the origin -----------------------------------------------------
+    def _view(self) -> list[str]:
+        """This node and the peers connected now (handshake done, by address), sorted."""
+        half = lt.peer_info.connecting | lt.peer_info.handshake
+        ips = {p.ip[0] for p in self.handle.get_peer_info() if not p.flags & half}
+        return sorted((ips - self.share.swarm.banned) | {self.share.swarm.ip})
+
+    def _mine(self, view: list[str], dealt: bool) -> list[int]:
+        """Indexes of the segments this node fetches from the origin, in order. Once every
+        node of the job is connected (or the join grace is over) the segments are dealt
+        round-robin over the nodes connected (sorted by address: every node deals alike);
+        a node gone drops out of the view and its segments are dealt again. Before that,
+        all of them from a point of its own (its address's hash), so that nodes starting
+        at once begin in different places and a node alone (firewalled) loses no time."""
+        n = len(self.segments)
+        if not dealt:
+            start = int.from_bytes(hashlib.sha256(self.share.swarm.ip.encode()).digest()[:4],
+                                  "big") % max(n, 1)
+            return [(start + i) % n for i in range(n)]
+        k, m = view.index(self.share.swarm.ip), len(view)
+        return [i for i in range(n) if i % m == k]
+
+    def _swarm_fetch(self) -> None:
+        """Until every item is here, or neither peers nor the origin made progress for
+        ``stall_s``. Pieces from peers are read back through libtorrent (its disk cache may
+        not have written them yet) and checked by digest before they enter the cache."""
+        share, h, swarm = self.share, self.handle, self.share.swarm
+        pieces_q = swarm.pieces(self.ti)
         piece_of = {p: name for name, (first, n) in self.layout.items()
                     for p in range(first, first + n)}
         got: dict[int, bytes] = {}
         asked: set[int] = set()
-        last_done, last_progress, last_roster = -1, time.monotonic(), time.monotonic()
+        inflight: dict[str, Future] = {}
+        t_start = last_progress = last_call = time.monotonic()
+        last_done, view, mine, was_dealt = -1, None, [], None
         while len(self.delivered) < len(self.refs) and not self._stop.is_set():
-            share.swarm.check_peers(h)
-            for a in share.swarm.alerts():   # also notes bans
-                if isinstance(a, lt.read_piece_alert) and a.handle == h:
-                    if a.error.value():
-                        asked.discard(a.piece)
-                    else:
-                        got[a.piece] = bytes(a.buffer)
-            for p, have in enumerate(h.status(lt.torrent_handle.query_pieces).pieces):
-                if have and p in piece_of and p not in asked:
+            progressed = False
+            swarm.check_peers(h)
+            while True:
+                try:
+                    p, data = pieces_q.get_nowait()
+                except queue.Empty:
+                    break
+                if data is None:
+                    asked.discard(p)
+                else:
+                    got[p] = data
+            st = h.status(lt.torrent_handle.query_pieces)
+            for p, have in enumerate(st.pieces):
+                if have and p in piece_of and p not in asked and piece_of[p] not in self.delivered:
                     asked.add(p)
                     h.read_piece(p)
             for name, (first, n) in self.layout.items():
                 if name not in self.delivered and all(first + k in got for k in range(n)):
                     raw = b"".join(got.pop(first + k) for k in range(n))
-                    self._take(name, raw, deliver)
-            done = h.status().total_payload_download   # partial pieces count as progress
+                    self._take(name, raw)
+                    progressed = True
+            for name in [n for n, f in inflight.items() if f.done()]:
+                progressed |= self._from_origin(name, inflight.pop(name))
+            # the origin: this node's segments, each chunk no peer has or is sending
             now = time.monotonic()
-            if done != last_done:
-                last_done, last_progress = done, now
-            elif share.swarm.banned and not share.swarm.endpoints():
+            v = self._view()
+            dealt = len(v) >= max(share.nodes, 2) or now - t_start > JOIN_GRACE_S
+            if v != view or dealt != was_dealt:
+                view, was_dealt, mine = v, dealt, self._mine(v, dealt)
+            if dealt:
+                self._submit_origin(mine, inflight, st, ORIGIN_WINDOW)
+            elif not [ip for ip, _ in swarm.endpoints()
+                      if ip not in v and swarm.unreachable.get(ip, 0) < t_start]:
+                # nobody else announced (after the join wait), or none reachable
+                # (firewalled): on alone, from its own starting point
+                self._submit_origin(mine, inflight, st, ORIGIN_WINDOW)
+            if st.total_payload_download != last_done:   # partial pieces count as progress
+                last_done, progressed = st.total_payload_download, True
+            if progressed or inflight:
+                last_progress = now
+            elif swarm.banned and not swarm.endpoints():
                 log.info("peers: every peer of set %s is banned: origin for the rest",
                          self.key[:12])
                 break
@@ -231,19 +366,92 @@ class SetTransfer:
                 log.info("peers: no progress for %.1fs on set %s: origin for the rest",
                          share.stall_s, self.key[:12])
                 break
-            if now - last_roster > share.refresh_s:
-                share._connect_members()
-                if h.status().num_peers == 0:   # refused calls are retried late: call again
-                    for ep in share.swarm.endpoints():
-                        h.connect_peer(ep)
-                last_roster = now
-            time.sleep(0.05)
-        share.stats["banned"] = sorted(share.swarm.banned)
+            if now - last_call > RECALL_S or (len(v) == 1 and now - last_call > REDIAL_S):
+                self._call_again()
+                last_call = now
+            time.sleep(0.02)
+        for name, fut in inflight.items():   # already asked: let them land
+            try:
+                self._from_origin(name, fut)
+            except Exception:  # noqa: BLE001 - the caller's origin pass refetches it
+                pass
 
-    def _take(self, name: str, raw: bytes, deliver) -> None:
+    def _call_again(self) -> None:
+        """Call the announced nodes not connected. libtorrent makes a call asked of a
+        running torrent only in its next round (up to a second); a torrent just resumed
+        calls at once. So a node connected to nobody (its first calls were refused: they
+        did not know it yet) pauses and resumes its torrent first, which drops nothing."""
+        h = self.handle
+        connected = {p.ip[0] for p in h.get_peer_info()}
+        if not connected:
+            h.pause()
+            h.resume()
+        for ep in self.share.swarm.endpoints():
+            if ep[0] not in connected:
+                h.connect_peer(ep)
+
+    def _submit_origin(self, mine: list[int], inflight: dict, st, window: int) -> None:
+        if self.reader is None:
+            return
+        room = window - sum(self.refs[n][3] for n in inflight)
+        if room <= 0:
+            return
+        if any(p.flags & lt.peer_info.seed for p in self.handle.get_peer_info()):
+            return   # a seed has every piece (its pieces are not in the availability)
+        avail = self.handle.piece_availability()
+        busy = {q["piece_index"] for q in self.handle.get_download_queue()}
+        todo = []
+        for i in mine:
+            for name in self.segments[i]:
+                if name in self.delivered or name in inflight:
+                    continue
+                first, _ = self.layout[name]
+                if avail[first] > 0 or first in busy or st.pieces[first]:
+                    continue   # a peer has it or is sending it
+                todo.append(self.refs[name])
+                room -= self.refs[name][3]
+                if room <= 0:
+                    break
+            if room <= 0:
+                break
+        if not todo:
+            return
+        todo.sort(key=lambda c: (c[1], c[2]))   # pack order: the fetcher coalesces
+        for ref, fut in zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH)):
+            inflight[file_name(ref[0])] = fut
+
+    def _from_origin(self, name: str, fut: Future) -> bool:
         ref = self.refs[name]
         try:
-            deliver(ref, raw)
+            raw = fut.result()
+            data = self.reader.store_chunk(ref, raw)   # verified, cached
+        except Exception as e:  # noqa: BLE001 - left for the origin pass after this one
+            log.info("peers: origin fetch of %s failed: %s", ref[0][:19], e)
+            return False
+        if name in self.delivered:
+            return False
+        self.delivered.add(name)
+        self.prefetched.add(ref[0])
+        self.stats["fetched_chunks"] += 1
+        self.stats["fetched_bytes"] += ref[4]
+        self.stats["origin_bytes"] += len(raw)
+        self._add_pieces(name, data)
+        return True
+
+    def _add_pieces(self, name: str, data: bytes) -> None:
+        first, _ = self.layout[name]
+        plen = self.ti.piece_length()
+        for k in range(0, max(len(data), 1), plen):
+            self.handle.add_piece(first + k // plen, data[k:k + plen], 0)
+
+    def _take(self, name: str, data: bytes) -> None:
+        """A chunk from peers: its digest is the trust root (the node cache checks it)."""
+        ref = self.refs[name]
+        try:
+            if sha256_digest(data) != ref[0]:
+                raise ValueError(f"the bytes hash to {sha256_digest(data)}")
+            if self.cache is not None:
+                self.cache.offer(ref[0], data)
         except Exception as e:  # noqa: BLE001 - a bad chunk is refetched from the origin
             self.share.stats["rejected"] += 1
             log.warning("peers: chunk %s from peers failed verification (%s): refetched from "
@@ -251,24 +459,25 @@ class SetTransfer:
             raise RuntimeError(f"torrent of set {self.key[:12]} serves chunk {ref[0]} "
                                f"that fails its digest") from e
         self.delivered.add(name)
+        self.prefetched.add(ref[0])
         self.share.stats["peer_chunks"] += 1
-        self.share.stats["peer_bytes"] += len(raw)
+        self.share.stats["peer_bytes"] += len(data)
+        self.stats["fetched_chunks"] += 1
+        self.stats["fetched_bytes"] += ref[4]
+        self.stats["peer_bytes"] += len(data)
 
     # -- what the origin brought --------------------------------------------------------------
-    def offer(self, ref: list, raw: bytes) -> None:
-        """A verified chunk from the origin: kept so this node seeds it."""
+    def offer(self, ref: list, data: bytes) -> None:
+        """A verified chunk (uncompressed) from the origin: kept so this node seeds it."""
         name = file_name(ref[0])
         if name not in self.refs or name in self.delivered:
             return
         if self.handle is not None:
-            first, _ = self.layout[name]
-            plen = self.ti.piece_length()
-            for k in range(0, max(len(raw), 1), plen):
-                self.handle.add_piece(first + k // plen, raw[k:k + plen], 0)
+            self._add_pieces(name, data)
             return
         self.files.mkdir(parents=True, exist_ok=True)
         tmp = self.files / f".{name}.tmp"
-        tmp.write_bytes(raw)
+        tmp.write_bytes(data)
         os.replace(tmp, self.files / name)
 
     def finish(self) -> bool:

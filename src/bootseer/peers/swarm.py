@@ -5,12 +5,18 @@ IP filter admits the job's announced nodes and nobody else (both ways), and the 
 applies to every peer (libtorrent exempts private networks from rate limits by default, and
 a job's network is usually one). A peer that sends data failing its v2 piece hash is banned
 by libtorrent; the ban is noted here and the address blocked for the node's lifetime.
+
+One thread pumps the session's alerts: bans are applied, pieces read back are queued per
+torrent (so several sets can move at once in one process), and a call from an address the
+filter does not know yet (a node that joined after this one read the roster) is noted as a
+knock: the share then reads the roster once and calls the newcomer back. Nobody polls.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import queue
 import socket
 import threading
 import time
@@ -21,7 +27,8 @@ log = logging.getLogger(__name__)
 
 _ALERTS = (lt.alert.category_t.error_notification | lt.alert.category_t.peer_notification
            | lt.alert.category_t.status_notification | lt.alert.category_t.storage_notification
-           | lt.alert.category_t.connect_notification)
+           | lt.alert.category_t.connect_notification
+           | lt.alert.category_t.ip_block_notification)
 _ALL_V4 = ("0.0.0.0", "255.255.255.255")
 BLOCKED = 1
 
@@ -51,18 +58,24 @@ class Swarm:
         self._endpoints: set[tuple[str, int]] = set()
         self.banned: set[str] = set()
         self.hash_failures = 0
+        self.knocked = threading.Event()   # an unknown address called: read the roster
+        self.knockers: set[str] = set()
+        self.unreachable: dict[str, float] = {}   # ip -> when a call to it last failed
+        self._pieces: dict[str, queue.SimpleQueue] = {}   # torrent name -> read pieces
+        self._closed = threading.Event()
         self.session = lt.session({
             "listen_interfaces": f"{ip}:{self.port}", "outgoing_interfaces": ip,
             "enable_dht": False, "enable_lsd": False, "enable_upnp": False,
             "enable_natpmp": False, "enable_outgoing_utp": False,
             "enable_incoming_utp": False, "upload_rate_limit": upload_cap,
-            "alert_mask": _ALERTS, "user_agent": "bootseer",
+            "alert_mask": _ALERTS, "user_agent": "bootseer", "tick_interval": 100, "min_reconnect_time": 0, "connection_speed": 200,
         })
         # Every IPv4 peer in the global class: the cap holds on private networks too.
         classes = lt.ip_filter()
         classes.add_rule(*_ALL_V4, 1 << lt.session.global_peer_class_id)
         self.session.set_peer_class_filter(classes)
         self._apply_filter()
+        threading.Thread(target=self._pump, daemon=True, name="bootseer-peers-alerts").start()
 
     @property
     def addr(self) -> str:
@@ -97,6 +110,8 @@ class Swarm:
             return sorted(ep for ep in self._endpoints if ep[0] not in self.banned)
 
     def add(self, ti: lt.torrent_info, save_path: str, *, seed: bool = False):
+        """Add a torrent; its pieces read back (``read_piece``) arrive on ``pieces(ti)``."""
+        self._pieces.setdefault(ti.name(), queue.SimpleQueue())
         params = lt.add_torrent_params()
         params.ti, params.save_path = ti, save_path
         params.flags = (lt.torrent_flags.disable_dht | lt.torrent_flags.disable_lsd
@@ -123,22 +138,49 @@ class Swarm:
             if p.num_hashfails > 0:
                 self.ban(p.ip[0], f"sent data that failed its piece hash ({p.num_hashfails})")
 
-    def alerts(self) -> list:
-        """Pending alerts; bans are noted (and blocked) on the way."""
-        out = self.session.pop_alerts()
-        for a in out:
-            if isinstance(a, lt.peer_ban_alert):
+    def pieces(self, ti: lt.torrent_info) -> queue.SimpleQueue:
+        """(piece, bytes or None on a read error) of ``ti``'s pieces read back."""
+        return self._pieces.setdefault(ti.name(), queue.SimpleQueue())
+
+    def _pump(self) -> None:
+        while not self._closed.is_set():
+            try:
+                if self.session.wait_for_alert(200) is not None:
+                    self._note(self.session.pop_alerts())
+            except Exception as e:  # noqa: BLE001 - a bad alert must not stop the pump
+                log.info("peers: alert pump: %s", e)
+
+    def _note(self, alerts) -> None:
+        """Act on alerts: bans blocked, pieces queued, knocks noted."""
+        for a in alerts:
+            if isinstance(a, lt.read_piece_alert):
+                q = self._pieces.get(a.torrent_name)
+                if q is not None:
+                    q.put((a.piece, None if a.error.value() else bytes(a.buffer)))
+            elif isinstance(a, lt.peer_blocked_alert):
+                ip = a.ip[0] if isinstance(a.ip, tuple) else str(a.ip)
+                with self._lock:
+                    fresh = ip not in self.banned and ip not in self.members and ip != self.ip
+                    if fresh:
+                        self.knockers.add(ip)
+                if fresh:
+                    self.knocked.set()
+            elif isinstance(a, lt.peer_ban_alert):
                 self.ban(a.endpoint[0], "libtorrent banned it (corrupt pieces)")
             elif isinstance(a, lt.hash_failed_alert):
                 self.hash_failures += 1
             elif isinstance(a, (lt.peer_disconnected_alert, lt.peer_error_alert)):
+                # a call that never connected: nobody listens there, or a firewall (a node
+                # that has not admitted this one yet accepts, then hangs up: not this)
+                if a.op == lt.operation_t.connect:
+                    self.unreachable[a.ip[0]] = time.monotonic()
                 log.debug("peers: %s", a.message())
             elif isinstance(a, lt.listen_failed_alert):
                 log.warning("peers: %s", a.message())
-        return out
 
     def close(self) -> None:
         """Stop serving and drop every connection (the session object may outlive this)."""
+        self._closed.set()
         self.session.pause()
         for h in self.session.get_torrents():
             self.session.remove_torrent(h)

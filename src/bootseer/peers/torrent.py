@@ -1,8 +1,9 @@
 """One BitTorrent v2 torrent per blob set, made the same way on every node.
 
 The set is a list of items ``(digest, size)``: each item is one file of the torrent, named
-by the digest's hex, holding the bytes as the store serves them (a hot chunk's compressed
-bytes, an environment pack). Everything in the info dictionary follows from the digests
+by the digest's hex, holding the chunk's bytes as the node cache holds them (uncompressed:
+sha256 of the file is the digest, so a node seeds its cache's entries as they are and
+checks a chunk from a peer with one hash). Everything in the info dictionary follows from the digests
 and sizes: the name (from the set's key), the file order (by name), the piece size (the
 next power of two above the largest item, so a small item is one piece). Two nodes that
 make the torrent of one set get the same info hash, so the torrent a node publishes to the

@@ -51,9 +51,10 @@ class Prefetcher:
             if self.peers is not None and self.stats["planned_bytes"] >= self.peers.min_set_bytes:
                 # Peers first (each chunk verified as from the store); the origin gets what
                 # they did not deliver. Demand reads go to the store meanwhile.
-                self._transfer = self.peers.open_set(self.plan)
-                left = {r[0] for r in self._transfer.fetch(self._from_peer, self._stop)}
+                self._transfer = self.peers.open_set(self.plan, self.reader, self.stats)
+                left = {r[0] for r in self._transfer.fetch(self._stop)}
                 self.stats.update(self._transfer.summary())
+                self.prefetched |= self._transfer.prefetched
                 plan = [r for r in self.plan if r[0] in left]
             # Batches of the plan in recorded order, each submitted in pack order: the
             # fetcher then coalesces neighbours (small files are one small chunk each, and
@@ -88,25 +89,18 @@ class Prefetcher:
     def _complete(self, ref, fut) -> None:
         try:
             raw = fut.result()
-            self.reader.store_chunk(ref, raw)
+            data = self.reader.store_chunk(ref, raw)
             self.prefetched.add(ref[0])
             self.stats["fetched_chunks"] += 1
             self.stats["fetched_bytes"] += ref[4]
             self.stats["origin_bytes"] += len(raw)
             if self._transfer is not None:
-                self._transfer.offer(ref, raw)
+                self._transfer.offer(ref, data)
         except Exception as e:  # noqa: BLE001
             self.stats["errors"] += 1
             log.info("prefetch of chunk %s failed: %s", ref[0][:19], e)
             if self.stats["errors"] > 20:
                 raise
-
-    def _from_peer(self, ref, raw: bytes) -> None:
-        self.reader.store_chunk(ref, raw)   # the store's check: raises on a bad chunk
-        self.prefetched.add(ref[0])
-        self.stats["fetched_chunks"] += 1
-        self.stats["fetched_bytes"] += ref[4]
-        self.stats["peer_bytes"] += len(raw)
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread:

@@ -121,4 +121,8 @@ def publish_recorded(config, path: str) -> str | None:
     with open(path) as f:
         new = json.load(f)
     old = latest(store, new["tree"])
-    return push(store, merge([new] + ([old] if old else [])))
+    merged = merge([new] + ([old] if old else []))
+    digest = push(store, merged)
+    from bootseer.peers.publish import publish_for_profile
+    publish_for_profile(config, store, merged)   # later starts' nodes join their peers at once
+    return digest

@@ -202,11 +202,12 @@ class TreeReader:
         except Exception as e:  # noqa: BLE001 - read-ahead never fails a read
             log.debug("read-ahead of %s failed: %s", ref[0][:19], e)
 
-    def store_chunk(self, ref: list, raw: bytes) -> None:
-        """Verify and cache a chunk fetched by prefetch."""
+    def store_chunk(self, ref: list, raw: bytes) -> bytes:
+        """Verify and cache a chunk fetched by prefetch; returns its verified bytes."""
         data = self._decompress(raw, ref)
         if self.cache is not None:
             self.cache.offer(ref[0], data)
+        return data
 
     def read(self, path: str, size: int, offset: int) -> bytes:
         e = self.entry(path)
