@@ -141,7 +141,13 @@ def test_convert_uses_a_credential_helper(home, auth_registry, tmp_path):
     subject = repo.get_manifest("1")[2]
     assert json.loads(repo.get_manifest(referrer.tag_for(subject))[0])["manifests"]
 
+    # a global store whose helper is gone: a warning, and the pull goes on without a login
     (home / "bin/docker-credential-vault").unlink()
+    gone = bootseer("image", "convert", f"{host}/team/app:1", "--store", store)
+    assert gone.returncode == 1 and "cannot read image" in gone.stderr.splitlines()[-1]
+    assert "docker-credential-vault is not on PATH" in gone.stderr
+    # a registry's own helper that is gone: one error line
+    write_json(home / ".docker/config.json", {"credHelpers": {host: "vault"}})
     gone = bootseer("image", "convert", f"{host}/team/app:1", "--store", store)
     assert gone.returncode == 1
     assert "docker-credential-vault is not on PATH" in one_error_line(gone)

@@ -10,6 +10,8 @@ Files, first found wins (as podman and skopeo look): ``--authfile``, else
 (base64 ``user:password`` in ``auth``). A helper is ``docker-credential-NAME`` on PATH, run
 as ``docker-credential-NAME get`` with the server on standard input; it answers
 ``{"ServerURL", "Username", "Secret"}`` (user ``<token>``: the secret is an identity token).
+A registry's own helper that is missing or fails is an error; a global ``credsStore``
+whose helper is not installed (a desktop's leftover config) is a warning.
 
 The secret is never logged, shown in an error, or put on a command line.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +29,8 @@ from pathlib import Path
 
 from bootseer import redact
 from bootseer.errors import BootseerError
+
+log = logging.getLogger(__name__)
 
 HELPER_TIMEOUT_S = 30.0
 IDENTITY_TOKEN_USER = "<token>"
@@ -92,9 +97,14 @@ def login_in(path: Path, host: str) -> Login | None:
         return run_helper(helper, host, path)
     store = config.get("credsStore")
     if isinstance(store, str) and store:
-        login = run_helper(store, host, path)
-        if login is not None:
-            return login
+        if shutil.which(f"docker-credential-{store}") is None:
+            # a desktop's leftover global store must not fail every anonymous pull
+            log.warning("%s names the credential store %r, but docker-credential-%s is not "
+                        "on PATH: no login from it for %s", path, store, store, host)
+        else:
+            login = run_helper(store, host, path)
+            if login is not None:
+                return login
     entry = _entry(config.get("auths"), host)
     return _inline(entry) if isinstance(entry, dict) else None
 
