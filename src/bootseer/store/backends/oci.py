@@ -168,7 +168,10 @@ class OciBackend:
                 return False
             self._standard_login_tried = True
         from bootseer.store import logins
-        login = logins.find(self.host)
+        try:
+            login = logins.find(self.host)
+        except logins.CredentialHelperError as e:   # a store error, as callers expect
+            raise StoreError(str(e), url=self.url) from None
         if login is None or login.identity_token:
             return False
         with self._lock:
