@@ -29,7 +29,7 @@ from typing import Callable
 
 from bootseer import redact, trace as tracing
 from bootseer.config import BootseerConfig
-from bootseer.deps import compat, kernel_restore, relocate
+from bootseer.deps import compat, relocate
 from bootseer.deps.lease import LEASE_TTL_S, Lease
 from bootseer.deps.resolve import DepsError, python_of, resolve_key
 from bootseer.deps import place
@@ -37,7 +37,6 @@ from bootseer.deps.snapshot import (check_driver, env_ref, load_manifest, pins_r
                                     portable_ref, publish, publish_manifest, read_marker,
                                     restore, write_marker)
 from bootseer.errors import ReadOnlyStore, StoreError
-from bootseer.mount.erofs import kernel
 from bootseer.store import open_store
 
 log = logging.getLogger(__name__)
@@ -117,8 +116,10 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
             return done("warm", key)
         place.sweep_leftovers(prefix)
         # this node has the key's blob: mounted without the store
-        if as_mount and kernel_restore.mount_cached(config, prefix, key, writable=writable):
-            return done("restored", key)
+        if as_mount:
+            from bootseer.deps import kernel_restore
+            if kernel_restore.mount_cached(config, prefix, key, writable=writable):
+                return done("restored", key)
         deadline = time.time() + wait_s
         lease = Lease(store, key, lease_ttl_s)
         why = "no snapshot"
@@ -223,6 +224,8 @@ def _restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: st
              *, as_mount: bool, writable: bool) -> None:
     """Restore as a kernel mount when asked and possible, else by extraction. A snapshot
     made at another prefix needs rewritten files: always extracted (and relocated)."""
+    from bootseer.deps import kernel_restore
+    from bootseer.mount.erofs import kernel
     why = kernel_restore.unavailable(config) if as_mount else None
     if why is not None:
         kernel_restore.say_fallback(why)

@@ -14,7 +14,9 @@ written before the mount and completed after it, so a command killed in between 
 mount the next ensure recognises as ours and undoes. A blob is re-verified chunk by
 chunk when its file changed since it was last verified (``<blob>.verified`` holds the
 size, inode, mtime and ctime it had then: any write changes the ctime); one unchanged is
-mounted at once. A blob that fails is removed and fetched again; a metadata image that
+mounted at once, in the boot that verified it: a crash can leave a renamed blob whose
+data never reached the disk (it is written without fsync), so after a reboot every blob
+is re-verified once. A blob that fails is removed and fetched again; a metadata image that
 does not match its sum is written again: neither is ever mounted.
 ``<cache>/erofs/env-<key>.json`` remembers which blob and metadata image serve a key, so
 a node with them mounts without asking the store.
@@ -34,13 +36,12 @@ from typing import Callable
 from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
 from bootseer.deps import place
-from bootseer.deps.mounted import is_mount_point, sidecar, state_dir
+from bootseer.deps.mounted import KERNEL_BACKEND, is_mount_point, sidecar, state_dir
 from bootseer.errors import BootseerError, StoreError
 from bootseer.mount import points
 from bootseer.mount.erofs import kernel
 
 log = logging.getLogger(__name__)
-BACKEND = "erofs"             # the sidecar's "backend" of a kernel mount (no server)
 _fallback_said = False
 
 
@@ -77,10 +78,18 @@ def _index_path(config: BootseerConfig, key: str) -> Path:
     return _erofs_dir(config) / f"env-{key.removeprefix('sha256:')}.json"
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""   # never equal to a recorded one: re-verified
+
+
 def _stamp(path: str) -> dict:
+    """What a blob shows while unchanged since it was verified, in this boot."""
     st = os.stat(path)
     return {"size": st.st_size, "dev": st.st_dev, "ino": st.st_ino,
-            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "boot": _boot_id()}
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -91,7 +100,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _verified_unchanged(blob: str) -> bool:
     try:
-        return json.loads(Path(blob + ".verified").read_text()) == _stamp(blob)
+        stamp = _stamp(blob)
+        return bool(stamp["boot"]) and json.loads(Path(blob + ".verified").read_text()) == stamp
     except (OSError, ValueError):
         return False
 
@@ -167,6 +177,8 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
             raise KernelMountError(str(e)) from e
         blob = str(local_blob_path(config, layout))
         if os.path.exists(blob) and not _verified_unchanged(blob):
+            log.info("verifying the node's blob of %s (changed since it was verified, or "
+                     "verified before this boot)", key[:19])
             try:
                 verify_blob(layout, blob)
                 _write_json(Path(blob + ".verified"), _stamp(blob))
@@ -196,7 +208,7 @@ def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: 
     state = state_dir(prefix)
     sweep(prefix)
     os.makedirs(prefix, exist_ok=True)
-    info = {"key": key, "tree": tree, "backend": BACKEND, "writable": writable,
+    info = {"key": key, "tree": tree, "backend": KERNEL_BACKEND, "writable": writable,
             "blob": blob, "meta": meta, "mount_id": None, "started": time.time()}
     _write_json(Path(sidecar(prefix)), info)
     try:
@@ -228,14 +240,7 @@ def _overlay(prefix: str, lower: str, upper: str, work: str) -> None:
         raise KernelMountError(f"cannot mount the overlay at {prefix}: {os.strerror(e)}")
 
 
-# -- liveness and unmount -----------------------------------------------------------------
-def is_live(prefix: str, info: dict) -> bool:
-    """Whether the kernel mount the sidecar ``info`` names is the one at ``prefix``."""
-    entry = points.find(prefix)
-    return entry is not None and info.get("mount_id") is not None and \
-        entry.mount_id == info["mount_id"]
-
-
+# -- unmount ---------------------------------------------------------------------------------
 def unmount(prefix: str, info: dict | None = None) -> bool:
     """Unmount the environment at ``prefix`` (the overlay, then EROFS beneath it), lazily
     where files are held open (the kernel keeps the filesystems for the open files and

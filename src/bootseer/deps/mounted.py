@@ -65,10 +65,21 @@ def _sidecar_info(prefix: str) -> dict | None:
     return info if isinstance(info, dict) else None
 
 
+KERNEL_BACKEND = "erofs"      # the sidecar's "backend" of a kernel restore (no server)
+
+
 def is_kernel(info: dict | None) -> bool:
     """Whether the sidecar names a kernel mount (a restore: EROFS, no server)."""
-    from bootseer.deps.kernel_restore import BACKEND
-    return bool(info) and info.get("backend") == BACKEND
+    return bool(info) and info.get("backend") == KERNEL_BACKEND
+
+
+def kernel_mount_live(prefix: str, info: dict) -> bool:
+    """Whether the kernel mount the sidecar ``info`` names is the one at ``prefix`` (the
+    topmost mount there has the mount id recorded when it was made)."""
+    from bootseer.mount import points
+    entry = points.find(prefix)
+    return entry is not None and info.get("mount_id") is not None and \
+        entry.mount_id == info["mount_id"]
 
 
 def mounted_info(prefix: str) -> dict | None:
@@ -78,8 +89,7 @@ def mounted_info(prefix: str) -> dict | None:
     if info is None:
         return None
     if is_kernel(info):
-        from bootseer.deps.kernel_restore import is_live
-        return info if is_live(prefix, info) else None
+        return info if kernel_mount_live(prefix, info) else None
     if is_mount_point(prefix) and pid_alive(int(info.get("pid", 0))):
         return info
     return None
