@@ -6,7 +6,7 @@
 Stacks (bench/deps/stacks.py): ``large`` (default; issue #14) is 73 exact pins, the closure
 of numpy, scipy, pandas, pyarrow, polars, scikit-learn, transformers, datasets, matplotlib,
 sympy, networkx, pillow, statsmodels, ... (CPU-only CPython 3.11 manylinux wheels, about
-330 MB; 1.2 GB and 30k files installed with bytecode); ``small`` is issue #5's 8 packages
+270 MB; 1.2 GB and 30k files installed with bytecode); ``small`` is issue #5's 8 packages
 (numpy, scipy, pandas, pyarrow, safetensors, tokenizers, tqdm, PyYAML; torch CPU too with
 --with-torch). The wheels are downloaded once into a persistent cache outside the repository
 (--wheel-cache/<stack>-<pin set digest>) and served by nginx as a PEP 503 index inside a
@@ -208,7 +208,8 @@ class Bench:
         said = ensure_json(out)
         os.sync()   # the next variant does not pay for this one's writeback
         return {"seconds": marks["STEP"][0] / 1e6, "import_s": marks["IMPORT"][0],
-                "how": said.get("how"), "backend": said.get("backend") or node.backend()}
+                "how": said.get("how"), "form": said.get("form"),
+                "backend": said.get("backend") or node.backend()}
 
     def hot_import(self, node: Node) -> float:
         return parse_marks(self.run(node, self.import_cmd("HOT")))["HOT"][0]
@@ -298,7 +299,8 @@ class Rows:
         self.rows[name] = r
         print(f"  {name:<28} {r['seconds']:7.2f} s   index requests {n:4d}"
               + (f"   first import {r['import_s']:5.2f} s" if "import_s" in r else "")
-              + (f"   {r['how']} [{r['backend']}]" if r.get("how") else ""), flush=True)
+              + (f"   {r['how']} ({r['form']}) [{r['backend']}]" if r.get("how") else ""),
+              flush=True)
 
 
 def run_variants(b: Bench, nodes: int, row: Rows, hot: dict) -> None:

@@ -28,7 +28,7 @@ SMALL = Stack(
     nodes=4, installers=True)
 
 # Issue #14's realistic stack: a data and model-tooling environment without torch (too big
-# for the link and disk here): 73 pins, about 330 MB of wheels, 1.2 GB and 30k files
+# for the link and disk here): 73 pins, about 270 MB of wheels, 1.2 GB and 30k files
 # installed with bytecode (17k without). The closure of numpy scipy pandas pyarrow polars
 # scikit-learn transformers datasets matplotlib seaborn sympy networkx pillow tokenizers
 # safetensors sentencepiece huggingface-hub statsmodels h5py pydantic rich einops PyYAML
