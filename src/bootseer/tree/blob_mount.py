@@ -28,6 +28,7 @@ import logging
 import os
 import tempfile
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from bootseer import alive
@@ -207,6 +208,14 @@ def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: 
     return BlobView(s.reader, layout, on_close=s.finish)
 
 
+def _unmount_once_started(starting: Future) -> None:
+    try:
+        server = starting.result()
+    except Exception:  # noqa: BLE001 - the error that ends the mount is the caller's
+        return
+    server.unmount()
+
+
 def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict | None,
                      mountpoint: str, state_dir: str, *, record: bool = True,
                      window_timeout_s: float = 600.0,
@@ -221,10 +230,10 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     state.mkdir(parents=True, exist_ok=True)
     hot = [row[0] for row in profile["chunks"]] if profile else []
     layout = BlobLayout(toc, hot)
-    meta = metadata_image(config, tree, toc, layout, state)
 
     local = _local_blob(config, layout)
     if local is not None:
+        meta = metadata_image(config, tree, toc, layout, state)
         kernel.mount_with_read_ahead(str(meta), mountpoint, local)
         handle = ErofsTreeHandle(mountpoint, None, backend="erofs-local")   # noted at once
         # no Python sees the reads: nothing to record, nothing to prefetch
@@ -242,8 +251,19 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     blob_mp.mkdir(exist_ok=True)
     factory = functools.partial(blob_server_view, config, tree, str(state), record, profile,
                                 window_timeout_s, hot, layout.key)
-    # EROFS reads the blob with O_DIRECT, so the blob mount's own read-ahead never runs
-    server = mount(factory, str(blob_mp), name=f"{name}-blob-{tree[7:19]}", read_ahead_kb=0)
+    # The blob server starts (a process of its own: imports, the TOC, the session) while
+    # this one writes the metadata image (tens of microseconds a file: a second or more
+    # for a large image on a fresh node): both are on the path to the job's start.
+    # EROFS reads the blob with O_DIRECT, so the blob mount's own read-ahead never runs.
+    with ThreadPoolExecutor(1, thread_name_prefix="bootseer-blob-server") as pool:
+        starting = pool.submit(mount, factory, str(blob_mp), name=f"{name}-blob-{tree[7:19]}",
+                               read_ahead_kb=0)
+        try:
+            meta = metadata_image(config, tree, toc, layout, state)
+        except BaseException:
+            _unmount_once_started(starting)
+            raise
+        server = starting.result()
     try:
         kernel.mount_with_read_ahead(str(meta), mountpoint, str(blob_mp / BLOB_NAME),
                                      directio=True)

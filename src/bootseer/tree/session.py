@@ -71,7 +71,9 @@ class TreeSession:
         rec = self.recorder
         read = set(rec.chunks)
         pre = self.prefetcher
-        prefetched = pre.prefetched if pre else set()
+        # a copy: the prefetch may still be adding (set() copies a set without running
+        # Python code, so under the GIL; iterating the live set raised RuntimeError)
+        prefetched = set(pre.prefetched) if pre else set()
         sizes = {c[0]: c[4] for c in self.reader.all_chunks()}
         pre_bytes = sum(sizes.get(d, 0) for d in prefetched)
         used = sum(sizes.get(d, 0) for d in prefetched & read)
