@@ -156,3 +156,36 @@ def test_a_new_stream_s_read_ahead_goes_before_what_an_old_one_left_queued(tmp_p
     finally:
         src.release()
         e.close()
+
+
+def test_a_demanded_stripe_does_not_wait_behind_a_host_full_of_read_ahead(tmp_path):
+    """Every connection to the host carries prefetch: a reader's stripe nobody asked for
+    yet goes out at once, in parts, on the connections only demand may use (it queued
+    behind them, then came at one connection's share of the link)."""
+    big = 2048 * KiB
+    data = random.Random(4).randbytes(16 * big)
+    src = RecordedSource(data)
+    e = engine(tmp_path, stripe_bytes=big, memory_budget_bytes=64 * big, per_host=4,
+               max_stripes_in_flight=16, readahead_max_bytes=2 * big)
+    try:
+        from bootseer.ckpt.prefetch import Prefetch, Span
+        src.hold()
+        plan = Prefetch(e, [Span(src, 8 * big, 12 * big)])   # four stripes: the host is full
+        src.wait_requests(4)
+        got = {}
+        reader = threading.Thread(target=lambda: got.setdefault("head", e.file(src).read(0, 4096)))
+        reader.start()
+        src.wait_requests(6)
+        part = big // 8
+        assert {0, part} <= src.starts()   # the demand's first parts, with the host full
+        assert all(b - a == part for a, b in src.requests if a < big)
+        src.release()
+        reader.join(10)
+        assert got["head"] == data[:4096]
+        assert plan.join(10) and plan.failed == 0
+        wait_idle(e)
+        f = e.file(src)
+        assert f.read(0, 16 * big) == data   # parts joined in order, every stripe right
+    finally:
+        src.release()
+        e.close()

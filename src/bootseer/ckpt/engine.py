@@ -39,6 +39,37 @@ from bootseer.store.fetch import Fetcher, Priority
 
 MAX_CURSORS = 32  # per file; DCP reads one cursor per tensor it slices, mmap a few
 MODES = ("striped", "single")
+DEMAND_PARTS = 8                  # a demanded stripe nobody asked for yet goes out in parts
+DEMAND_PART_MIN_BYTES = 256 << 10
+
+
+def demand_part_bytes(stripe_bytes: int) -> int:
+    """Size of the parts a demanded stripe is fetched in, in parallel, on the connections
+    only demand may use: with read-ahead on every connection, a whole stripe on one more
+    connection would get a small share of the link and keep the reader waiting for it
+    (seen: half a second per DCP tensor taken out of file order)."""
+    return max(DEMAND_PART_MIN_BYTES, -(-stripe_bytes // DEMAND_PARTS))
+
+
+def _joined(parts: list[Future]) -> Future:
+    """One future for the bytes of consecutive ``parts`` (the first error, if any)."""
+    whole: Future = Future()
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def done(_):
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        error = next((f.exception() for f in parts if f.exception() is not None), None)
+        if error is not None:
+            whole.set_exception(error)
+        else:
+            whole.set_result(b"".join(f.result() for f in parts))
+    for f in parts:
+        f.add_done_callback(done)
+    return whole
 
 
 class Engine:
@@ -52,7 +83,8 @@ class Engine:
         self.fetcher = Fetcher(dataclasses.replace(
             fetch or FetchConfig(), max_inflight=self.config.max_stripes_in_flight,
             connections_per_host=self.config.per_host, part_bytes=self.config.stripe_bytes,
-            max_coalesced_bytes=self.config.stripe_bytes))
+            max_coalesced_bytes=demand_part_bytes(self.config.stripe_bytes)),
+            demand_reserve=max(1, self.config.per_host // 2))
         try:
             self.budget = MemoryBudget(self.config.memory_budget_bytes, self.config.stripe_bytes)
         except BudgetError:
@@ -182,10 +214,16 @@ class StripedFile:
             if got is not None:  # another thread got there first
                 budget.release(end - start)
                 return got
-            priority = (Priority.DEMAND if demand else Priority.PREFETCH if order is None
-                        else Priority.READAHEAD)
-            fut = self.engine.fetcher.submit(self.source, start, end, priority=priority,
-                                             order=order or 0)
+            part = demand_part_bytes(self.S)
+            if demand and end - start > part:
+                fut = _joined(self.engine.fetcher.submit_many(
+                    [(self.source, a, min(a + part, end)) for a in range(start, end, part)],
+                    priority=Priority.DEMAND))
+            else:
+                priority = (Priority.DEMAND if demand else Priority.PREFETCH if order is None
+                            else Priority.READAHEAD)
+                fut = self.engine.fetcher.submit(self.source, start, end, priority=priority,
+                                                 order=order or 0)
             got = self._inflight[idx] = _InFlight(fut, demand)
         fut.add_done_callback(lambda f: self._land(idx, f, end - start))
         return got

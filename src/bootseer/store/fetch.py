@@ -51,8 +51,13 @@ class _Task:
 
 
 class Fetcher:
-    def __init__(self, config: FetchConfig | None = None):
+    def __init__(self, config: FetchConfig | None = None, *, demand_reserve: int = 0):
+        """``demand_reserve``: connections per host beyond ``connections_per_host`` that
+        only DEMAND reads may use, so a reader waiting is never queued behind a host's
+        worth of read-ahead (the checkpoint engine reserves some; the workers, at most
+        ``max_inflight``, still cap the whole)."""
         self.config = config or FetchConfig()
+        self.demand_reserve = demand_reserve
         self._lock = threading.Condition()
         # Queued tasks, two ways: a heap per storage host (the most urgent task of a host
         # with a free connection is found without touching the others' queues), and per
@@ -178,8 +183,11 @@ class Fetcher:
                 for host, heap in self._heaps.items():
                     while heap and not heap[0].queued:
                         heapq.heappop(heap)
-                    if heap and self._host_busy.get(host, 0) < cap and (
-                            task is None or heap[0] < task):
+                    if not heap:
+                        continue
+                    limit = cap + (self.demand_reserve if heap[0].priority == Priority.DEMAND
+                                   else 0)
+                    if self._host_busy.get(host, 0) < limit and (task is None or heap[0] < task):
                         task = heap[0]
                 if task is None:
                     self._lock.wait()
