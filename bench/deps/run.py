@@ -66,7 +66,8 @@ from bootseer.demo.assets import write_simple_index  # noqa: E402
 from bootseer.demo.main import node_disks, scratch_tmpfs, shaped_link  # noqa: E402
 from bootseer.testing import servers  # noqa: E402
 from stacks import (PYTHON_VERSION, STACKS, TORCH, Stack, env_backend,  # noqa: E402
-                    ensure_json, parse_marks, ratio_line, wheelhouse_name)
+                    ensure_json, parse_figures, parse_marks, ratio_line,
+                    wheelhouse_name)
 
 PYTHON = f"/usr/bin/python{PYTHON_VERSION}"
 LOG = ROOT / "bench/results/deps.log"
@@ -231,13 +232,15 @@ class Bench:
         return (f"{shlex.quote(sys.executable)} -m bootseer deps ensure {self.spec} "
                 f"--prefix {PREFIX} --python {PYTHON} --index-url {self.index_url}{k}{m} --json")
 
-    def umount(self, node: Node) -> None:
-        """Stop the lazy mount (publishing the profile); its time is not the start's. Its
-        server's log goes into deps.log."""
+    def umount(self, node: Node) -> dict:
+        """Stop the lazy mount (publishing the profile); its time is not the start's.
+        Returns its recording figures; its server's log goes into deps.log."""
         from bootseer.deps.mounted import state_dir
-        self.run(node, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}; "
-                       f"rc=$?; cat {shlex.quote(state_dir(PREFIX))}/server.log 2>/dev/null; "
-                       f"exit $rc")
+        state = shlex.quote(state_dir(PREFIX))
+        return parse_figures(self.run(
+            node, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}; rc=$?; "
+                  f"cat {state}/server.log 2>/dev/null; "
+                  f"echo \"FIGURES $(cat {state}/rec/figures.json 2>/dev/null)\"; exit $rc"))
 
     def key(self) -> str:
         p = subprocess.run([*(["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns
@@ -287,6 +290,14 @@ class Rows:
         with open(self.access, errors="replace") as f:
             return sum(1 for line in f if "/pypi/" in line)
 
+    def add(self, name: str, figures: dict) -> None:
+        """A lazy mount's recording figures, known once it is unmounted."""
+        self.rows[name].update(figures)
+        if figures:
+            print(f"  ({name}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float)
+                                             else f"{k} {v}" for k, v in figures.items())
+                  + ")", flush=True)
+
     def skip_requests(self) -> None:
         self.seen = self._requests()
 
@@ -329,7 +340,7 @@ def run_variants(b: Bench, nodes: int, row: Rows, hot: dict) -> None:
     row("bootseer warm", b.timed(restored, b.ensure(key)))
     n = b.node()
     row("bootseer mount", b.timed(n, b.ensure(key, mount=True)))
-    b.umount(n)    # publishes the recorded profile
+    row.add("bootseer mount", b.umount(n))    # publishes the recorded profile
     n.close()
     mounted = b.node()
     row("bootseer mount+prof", b.timed(mounted, b.ensure(key, mount=True)))
@@ -338,7 +349,7 @@ def run_variants(b: Bench, nodes: int, row: Rows, hot: dict) -> None:
         for name, n in (("local (uv cold)", local), ("restored", restored),
                         ("mount+prof", mounted)):
             hot.setdefault(name, []).append(b.hot_import(n))
-    b.umount(mounted)
+    row.add("bootseer mount+prof", b.umount(mounted))
     for n in (local, restored, mounted):
         n.close()
     if nodes:

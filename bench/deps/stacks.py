@@ -152,6 +152,25 @@ def ensure_json(output: str) -> dict:
     return found
 
 
+WINDOW_FIGURES = ("coverage", "precision", "stall_s", "demand_chunks", "read_bytes",
+                  "store_bytes", "window_s", "backend")
+
+
+def parse_figures(output: str) -> dict:
+    """A lazy mount's recording figures (its ``figures.json``, printed on a ``FIGURES``
+    line): coverage of the start's reads by the prefetch, stalls, chunks fetched on demand,
+    bytes; {} when the mount wrote none."""
+    import json
+    for line in output.splitlines():
+        if line.startswith("FIGURES {"):
+            try:
+                figures = json.loads(line[len("FIGURES "):])
+            except ValueError:
+                return {}
+            return {k: figures[k] for k in WINDOW_FIGURES if figures.get(k) is not None}
+    return {}
+
+
 def ratio_line(name: str, value: float, goal: float, unit: str = "x") -> str:
     """``name 0.42x (goal <= 0.5x: met)``."""
     verdict = "met" if value <= goal else "missed"

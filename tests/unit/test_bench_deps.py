@@ -99,3 +99,11 @@ def test_ensure_json_takes_the_result_line_and_ignores_other_json():
 def test_ratio_line_says_met_or_missed():
     assert stacks.ratio_line("restore", 0.42, 0.5) == "restore 0.42x (goal <= 0.5x: met)"
     assert stacks.ratio_line("warm", 0.25, 0.1, " s") == "warm 0.25 s (goal <= 0.1 s: missed)"
+
+
+def test_parse_figures_keeps_the_window_numbers():
+    out = ('published\nFIGURES {"tree": "sha256:ab", "coverage": 0.97, "precision": null, '
+           '"stall_s": 1.5, "demand_chunks": 12, "prefetch": {"chunks": 40}}\n')
+    assert stacks.parse_figures(out) == {"coverage": 0.97, "stall_s": 1.5, "demand_chunks": 12}
+    assert stacks.parse_figures("FIGURES \n") == {}
+    assert stacks.parse_figures("FIGURES {broken\n") == {}
