@@ -118,16 +118,21 @@ def test_convert_shows_the_layers_of_their_total(world):
     assert "layers: 100%" in shown, shown
 
 
-def test_convert_shows_the_registry_pull(world, registry):
-    from tests.image.test_convert_registry import need_skopeo, push
+@pytest.mark.parametrize("multi_platform", [False, True])
+def test_convert_shows_the_registry_pull_of_its_total(world, registry, multi_platform):
+    from tests.image.test_convert_registry import multi_platform_layout, need_skopeo, push
     from tests.image.test_image import oci_layout, tar_layer
     need_skopeo()
-    oci_layout(world.root / "img", [tar_layer([("a", os.urandom(2_000_000), "f")])])
     ref = f"127.0.0.1:{registry.port}/team/bar:1"
-    push(f"oci:{world.root / 'img'}", ref)
+    if multi_platform:   # the total is the chosen platform's manifest's, not the index's
+        push(f"oci:{multi_platform_layout(world.root / 'multi')}:multi", ref,
+             all_platforms=True)
+    else:
+        oci_layout(world.root / "img", [tar_layer([("a", os.urandom(2_000_000), "f")])])
+        push(f"oci:{world.root / 'img'}", ref)
     rc, out, shown = on_a_terminal(world, "image", "convert", ref, "--no-referrer")
     assert rc == 0 and out.startswith("sha256:"), shown
-    assert "pull: " in shown and "layers: 100%" in shown, shown
+    assert "pull: 100%" in shown and "layers: 100%" in shown, shown
     rc, _, shown = on_a_terminal(world, "--no-progress", "image", "convert", ref,
                                  "--no-referrer")
     assert rc == 0 and "pull" not in shown and "%" not in shown, shown

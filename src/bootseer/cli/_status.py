@@ -95,6 +95,8 @@ class StageBars:
             self.stage = stage
             self.bar = tqdm(total=total, desc=stage, unit="B", unit_scale=True,
                             file=sys.stderr, dynamic_ncols=True)
+        if total:
+            done = min(done, total)   # the pull's layout holds its index files too
         self.bar.update(max(0, done - self.bar.n))
 
     def close(self) -> None:

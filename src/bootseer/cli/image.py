@@ -131,10 +131,10 @@ def _convert(args) -> int:
                                tls_verify=args.tls_verify, platform=args.platform,
                                referrer=args.referrer)
     store = open_store(args.store, _config(args.store))
-    from bootseer.cli._status import StageBars
-    with StageBars() as bars:   # the registry pull, then the layers (of their total)
+    from bootseer.cli._status import StageBars, show_progress
+    with StageBars() as bars:   # the registry pull, then the layers (of their totals)
         digest = convert(args.src, store, chunk_size=parse_size(args.chunk_size, "--chunk-size"),
-                         progress=bars, registry=registry)
+                         progress=bars if show_progress() else None, registry=registry)
     if args.json:
         print_json({"digest": digest, **_tree_figures(store, digest)})
     else:

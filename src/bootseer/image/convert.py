@@ -26,7 +26,7 @@ from bootseer import alive, redact
 from bootseer import proc as procs
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
-from bootseer.image.registry import TRANSPORTS, RegistryOptions, registry_host
+from bootseer.image.registry import TRANSPORTS, RegistryOptions, pull_bytes, registry_host
 from bootseer.store.digest import VerifyingReader, parse, parse_oci
 from bootseer.tree.build import TreeBuilder, TreeBuildError
 
@@ -47,10 +47,12 @@ def ref_name(image: str) -> str:
 def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=None) -> None:
     """Copy ``src`` (a transport skopeo knows, or a bare registry reference) into the OCI
     layout ``dest``: the platform ``registry`` names, with its credentials and TLS.
-    ``progress("pull", bytes, None)`` says, while it copies, how much is in ``dest``."""
+    ``progress("pull", bytes, total)`` says, while it copies, how much is in ``dest`` (the
+    total: what the registry's manifest lists; None for other transports)."""
     transport = src if src.startswith(TRANSPORTS) else f"docker://{src}"
     host = registry_host(transport)
     source = registry.skopeo_source_args(host, dest.parent) if host else []
+    total = pull_bytes(transport, registry, source) if host and progress else None
     proc = subprocess.Popen(["skopeo", *registry.skopeo_global_args(), "copy", "-q", *source,
                              transport, f"oci:{dest}:src"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -62,7 +64,7 @@ def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=
                 break
             except subprocess.TimeoutExpired:
                 if progress:
-                    progress("pull", _bytes_under(dest), None)
+                    progress("pull", _bytes_under(dest), total)
     finally:
         if proc.poll() is None:   # interrupted: skopeo goes with us
             proc.kill()
@@ -71,7 +73,7 @@ def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=
         raise ConvertError(f"cannot read image {redact.text(src)}: "
                            f"{redact.text(err.strip()[-500:])}")
     if progress:
-        progress("pull", _bytes_under(dest), None)
+        progress("pull", _bytes_under(dest), total)
 
 
 def _bytes_under(root: Path) -> int:
@@ -299,8 +301,9 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
             progress=None, registry: RegistryOptions | None = None) -> str:
     """Convert ``src`` and publish it; return the tree digest. ``registry``: credentials,
     TLS, platform and referrer of a registry source (default: ``RegistryOptions()``).
-    ``progress(stage, done, total)``: ``"pull"`` (bytes skopeo copied so far; no total),
-    then ``"layers"`` (bytes of the layer blobs applied, of their total)."""
+    ``progress(stage, done, total)``: ``"pull"`` (bytes skopeo copied so far, of what the
+    registry's manifest lists), then ``"layers"`` (bytes of the layer blobs applied, of
+    their total)."""
     registry = registry or RegistryOptions()
     tmp = state = None
     path = Path(src)

@@ -115,3 +115,36 @@ def registry_host(spec: str) -> str | None:
     if not spec.startswith("docker://"):
         return None
     return spec.removeprefix("docker://").split("/", 1)[0]
+
+
+def pull_bytes(transport: str, registry: RegistryOptions, source_args: list[str]) -> int | None:
+    """Bytes ``skopeo copy`` of the ``docker://`` source will fetch (its manifest's config
+    and layers, for ``registry``'s platform): the total of the pull's progress bar. None
+    when skopeo cannot say (the copy then reports what it failed on)."""
+    import subprocess
+
+    from bootseer import proc as procs
+    args = [a.replace("--src-", "--", 1) for a in source_args]   # inspect's spellings
+
+    def raw(ref: str) -> dict | None:
+        try:
+            p = subprocess.run(["skopeo", "inspect", "--raw", *args, ref], capture_output=True,
+                               text=True, timeout=60, preexec_fn=procs.preexec())
+            doc = json.loads(p.stdout) if p.returncode == 0 else None
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    manifest = raw(transport)
+    if manifest is not None and isinstance(manifest.get("manifests"), list):
+        entry = next((m for m in manifest["manifests"] if isinstance(m, dict)
+                      and registry.matches(m.get("platform") or {})), None)
+        name = transport.split("@", 1)[0]
+        repo, _, last = name.rpartition("/")
+        manifest = raw(f"{repo}/{last.split(':', 1)[0]}@{entry['digest']}") \
+            if entry and isinstance(entry.get("digest"), str) else None
+    if manifest is None:
+        return None
+    blobs = [manifest.get("config") or {}, *(manifest.get("layers") or [])]
+    sizes = [b.get("size") for b in blobs if isinstance(b, dict)]
+    return sum(n for n in sizes if isinstance(n, int) and n >= 0) or None
