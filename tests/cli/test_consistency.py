@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -189,6 +191,10 @@ def test_dash_is_stdout_for_every_output_file(world):
     merged = world.run("image", "profile", "merge", str(profile), "-o", "-")
     assert merged.returncode == 0, merged.stderr
     assert json.loads(merged.stdout)["kind"] == "bootseer.profile"
+    piped = subprocess.run([sys.executable, "-m", "bootseer", "image", "profile", "merge", "-"],
+                           input=merged.stdout, capture_output=True, text=True, cwd=world.root,
+                           env=world.env, timeout=60)   # and - is standard input
+    assert piped.returncode == 0 and json.loads(piped.stdout)["runs"] == 1, piped.stderr
     sim = world.run("simulate", "sim", "--jobs", "20")
     assert sim.returncode == 0, sim.stderr
     analyzed = world.run("analyze", "sim", "--json", "-")

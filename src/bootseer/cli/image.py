@@ -60,14 +60,16 @@ def register(sub) -> None:
     pr = verbs.add_parser("profile", help="merge, push, show hot-block profiles")
     pv = pr.add_subparsers(dest="pverb", metavar="ACTION", required=True)
     x = pv.add_parser("merge", help="merge recorded profiles (files) into one")
-    x.add_argument("files", nargs="+", metavar="FILE", help="recorded profile (JSON)")
+    x.add_argument("files", nargs="+", metavar="FILE",
+                   help="recorded profile (JSON); - is standard input")
     x.add_argument("--min-support", type=float, default=0.0, metavar="FRACTION",
                    help="keep only chunks read by at least this fraction of the runs")
     x.add_argument("--budget", default=None, help="byte budget, e.g. 2GiB")
     x.add_argument("-o", "--output", help="write here; - is standard output (the default)")
     x.set_defaults(func=_merge)
     x = pv.add_parser("push", help="store a profile file; point the tree's profile ref at it")
-    x.add_argument("file", help="profile (JSON) from `image profile merge` or a recording")
+    x.add_argument("file", help="profile (JSON) from `image profile merge` or a recording; "
+                               "- is standard input")
     x.add_argument("--store", metavar="URL", help=STORE_HELP)
     x.set_defaults(func=_push)
     x = pv.add_parser("show", help="show the latest profile of an image")
@@ -354,10 +356,15 @@ def _merge(args) -> int:
 
 
 def _read_profile(path: str) -> dict:
+    """A profile file; ``-`` is standard input (``image profile merge ... | image profile
+    push -``)."""
     from bootseer.tree import profile as prof
     try:
-        with open(path) as f:
-            profile = json.load(f)
+        if path == "-":
+            profile = json.load(sys.stdin)
+        else:
+            with open(path) as f:
+                profile = json.load(f)
     except OSError as e:
         raise prof.ProfileError(f"cannot read the profile {path}: {e.strerror}") from None
     except ValueError as e:
