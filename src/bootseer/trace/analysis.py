@@ -140,21 +140,24 @@ def wall_times(evs: list[dict]) -> tuple[list[tuple[float, float]], int]:
     median) places an event whose own difference or duration disagrees with it, and its
     duration is the monotonic one. Events without monotonic times keep their wall times.
     Returns the times and how many events were placed from the monotonic clock."""
-    times = [(e["start"], e["end"]) for e in evs]
-    with_mono = [i for i, e in enumerate(evs)
-                 if type(e.get("mono_start")) in _NUMBER and type(e.get("mono_end")) in _NUMBER]
-    if not with_mono:
+    times = []
+    mono = []   # (index, start, end, mono_start, mono_end) of the events with both clocks
+    for i, e in enumerate(evs):   # one pass: this runs for every event of the trace
+        s, en = e["start"], e["end"]
+        times.append((s, en))
+        ms, me = e.get("mono_start"), e.get("mono_end")
+        if type(ms) in _NUMBER and type(me) in _NUMBER:
+            mono.append((i, s, en, ms, me))
+    if not mono:
         return times, 0
-    offsets = sorted(evs[i]["start"] - evs[i]["mono_start"] for i in with_mono)
+    offsets = sorted([s - ms for _, s, _, ms, _ in mono])
     ref = offsets[len(offsets) // 2]
     fixed = 0
-    for i in with_mono:
-        e = evs[i]
-        mono_dur = max(e["mono_end"] - e["mono_start"], 0.0)
-        if abs(e["start"] - e["mono_start"] - ref) > CLOCK_STEP_S \
-                or abs((e["end"] - e["start"]) - mono_dur) > CLOCK_STEP_S \
-                or e["end"] < e["start"]:
-            start = e["mono_start"] + ref
+    for i, s, en, ms, me in mono:
+        mono_dur = me - ms if me > ms else 0.0
+        if abs(s - ms - ref) > CLOCK_STEP_S or abs((en - s) - mono_dur) > CLOCK_STEP_S \
+                or en < s:
+            start = ms + ref
             times[i] = (start, start + mono_dur)
             fixed += 1
     return times, fixed
@@ -258,7 +261,6 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     # load) carry the rank's RANK and never mark ready themselves.
     readies: dict = {}
     ranks: set = set()
-    parents: dict = {}
     pid_rank: dict = {}
     gpus, seen_gpus = 0, None
     nested = False
@@ -291,7 +293,6 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
             elif phase == "image.window":
                 windows.append(get("attrs") or {})
             continue
-        parents[(pid, phase)] = parent
         if en > last_end:
             last_end = en
         if get("status", "ok") == "failed":
@@ -301,7 +302,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
         if not parent:
             tops.append((s, en))
             tops_by.append((phase, pid, s, en))
-            col = _RANK_COLUMN.get(phase) or ("imports" if phase.startswith("import.") else None)
+            col = _rank_column(phase)
             if col is not None:
                 who = rank if rank is not None else f"pid {pid}"
                 rank_phases.setdefault(who, {}).setdefault(col, []).append((s, en))
@@ -337,14 +338,18 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
                     last_end=max(last_end, 0.0) if last_end > float("-inf") else 0.0,
                     rank_phases=rank_phases, rank_ready=rank_ready, windows=windows,
                     ckpt_loads=ckpt_loads, collectives=collectives,
-                    _source=(evs, times, parents, pid_rank, nested))
+                    _source=(evs, times, pid_rank, nested))
 
 
-def _build_lanes(evs: list[dict], times: list[tuple[float, float]], parents: dict,
-                 pid_rank: dict, nested: bool) -> tuple[list[dict], list[dict], list[str]]:
+def _build_lanes(evs: list[dict], times: list[tuple[float, float]], pid_rank: dict,
+                 nested: bool) -> tuple[list[dict], list[dict], list[str]]:
     """A node's spans and marks on their lanes and tracks, and its lane labels in order."""
-    lane_keys = [_lane_of(e, parents) for e in evs] if nested else \
-        [(pipeline_of(e["phase"]), e.get("pid")) for e in evs]
+    if nested:   # each span's parent, to find the top-level ancestor's pipeline
+        parents = {(e.get("pid"), e["phase"]): e.get("parent") for e in evs
+                   if e.get("kind") != "mark"}
+        lane_keys = [_lane_of(e, parents) for e in evs]
+    else:
+        lane_keys = [(pipeline_of(e["phase"]), e.get("pid")) for e in evs]
     labels = _lane_labels(set(lane_keys), pid_rank)
     spans: list[dict] = []
     marks: list[dict] = []
@@ -463,6 +468,12 @@ RANK_COLUMNS = [("python.start", "interpreter"), ("import.*", "imports"),
 # else init_process_group (its store rendezvous)
 COLLECTIVES = ("dist.first_collective", "dist.init")
 _RANK_COLUMN = {phase: col for phase, col in RANK_COLUMNS if not phase.endswith("*")}
+
+
+@functools.lru_cache(maxsize=4096)   # the same few phase names on every node
+def _rank_column(phase: str) -> str | None:
+    """The per-rank table's column of a top-level phase (None: not one of the job's)."""
+    return _RANK_COLUMN.get(phase) or ("imports" if phase.startswith("import.") else None)
 
 
 def rank_rows(view: AttemptView) -> list[dict]:
