@@ -48,8 +48,9 @@ def fetch_blob(reader, layout: BlobLayout, dest: str,
     sweep_parts(dest)
     part = f"{dest}.part-{os.getpid()}-{secrets.token_hex(4)}"
     mark = Mark(part + ".alive")
-    local = [(i, ref) for i, ref in enumerate(layout.refs) if reader.has_chunk(ref)]
-    missing = [(i, ref) for i, ref in enumerate(layout.refs) if not reader.has_chunk(ref)]
+    local, missing = [], []
+    for i, ref in enumerate(layout.refs):
+        (local if reader.has_chunk(ref) else missing).append((i, ref))
     futures = reader.submit_chunks([ref for _, ref in missing], Priority.DEMAND)
     fetched = 0
     pool = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="bootseer-blob")
@@ -78,10 +79,13 @@ def fetch_blob(reader, layout: BlobLayout, dest: str,
             yield i, data
 
     try:
-        with open(part, "wb") as f:
-            # no fsync (1 GB through it took seconds): a crash reboots the node, and a blob
-            # from an earlier boot is re-verified before it is mounted (kernel_restore)
-            fill_blob(layout, f, pieces())
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            # no fsync (1 GB through it took seconds): a crash reboots the node, and a
+            # blob from an earlier boot is re-verified before it is mounted
+            fill_blob(layout, fd, pieces())
+        finally:
+            os.close(fd)
         os.chmod(part, 0o444)
         os.replace(part, dest)
     finally:

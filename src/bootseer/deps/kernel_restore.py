@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -153,10 +154,9 @@ def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, ke
 
 def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str, key: str,
                      *, writable: bool, progress) -> None:
-    from bootseer.deps.blob_fetch import fetch_blob
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
-    from bootseer.tree.blob import BlobLayout, unsupported, verify_blob
+    from bootseer.tree.blob import BlobLayout, unsupported
     from bootseer.tree.blob_mount import local_blob_path, metadata_image
     from bootseer.tree.reader import TreeReader
     tree = manifest["tree"]
@@ -165,41 +165,71 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
             raise KernelMountError(f"the path {path} has a ',' or ':'")
     state = Path(state_dir(prefix))
     state.mkdir(parents=True, exist_ok=True)
+    images = _erofs_dir(config)
+    images.mkdir(parents=True, exist_ok=True)
+    if kernel.image_fs_problem(str(images)) and kernel.image_fs_problem(str(state)):
+        # where metadata_image would write it: checked before fetching anything
+        raise KernelMountError(f"no place for the metadata image: "
+                               f"{kernel.image_fs_problem(str(state))}")
     with Fetcher(config.fetch) as f:
         reader = TreeReader(store, tree, f, NodeCache(config.cache))
         why = unsupported(reader.toc)
         if why is not None:
             raise KernelMountError(f"the snapshot's tree cannot be an EROFS image: {why}")
         layout = BlobLayout(reader.toc)
-        try:
-            meta = str(metadata_image(config, tree, reader.toc, layout, state))
-        except kernel.ErofsMountError as e:
-            raise KernelMountError(str(e)) from e
-        blob = str(local_blob_path(config, layout))
-        if os.path.exists(blob) and not _verified_unchanged(blob):
-            log.info("verifying the node's blob of %s (changed since it was verified, or "
-                     "verified before this boot)", key[:19])
+        # the metadata image (pure Python, a second or two for 20k files) is written
+        # while the fetch's threads decompress and verify
+        made: dict = {}
+
+        def write_meta() -> None:
             try:
-                verify_blob(layout, blob)
-                _write_json(Path(blob + ".verified"), _stamp(blob))
-            except (OSError, StoreError) as e:
-                log.error("the node's blob of %s fails verification, removed and fetched "
-                          "again: %s", key[:19], e)
-                Path(blob).unlink(missing_ok=True)
-        if not os.path.exists(blob):
-            os.makedirs(os.path.dirname(blob), exist_ok=True)
-            with tracing.phase("deps.fetch") as span:
-                from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
-                span.set(**(fetch_tree(config, store, reader) or {}))
-                total = sum(ref[4] for ref in layout.refs)   # the data, not the padding
-                span.set(**fetch_blob(reader, layout, blob,
-                                      (lambda n: progress(n, total)) if progress else None),
-                         requests=f.counters()["requests"], blob_bytes=layout.size)
-            _write_json(Path(blob + ".verified"), _stamp(blob))
-    _mount(prefix, key, tree, meta, blob, writable=writable)
+                made["meta"] = str(metadata_image(config, tree, reader.toc, layout, state))
+            except BaseException as e:  # noqa: BLE001 - raised in the restoring thread
+                made["error"] = e
+        writer = threading.Thread(target=write_meta, name="bootseer-erofs-meta")
+        writer.start()
+        try:
+            blob = _local_blob(config, store, reader, layout, key, f, progress,
+                               str(local_blob_path(config, layout)))
+        finally:
+            writer.join()
+    if "error" in made:
+        e = made["error"]
+        if isinstance(e, kernel.ErofsMountError):
+            raise KernelMountError(str(e)) from e
+        raise e
+    _mount(prefix, key, tree, made["meta"], blob, writable=writable)
     _write_json(_index_path(config, key), {"key": key, "tree": tree, "blob": blob,
-                                           "meta": meta, "layout": layout.key,
+                                           "meta": made["meta"], "layout": layout.key,
                                            "cuda": manifest.get("cuda")})
+
+
+def _local_blob(config: BootseerConfig, store, reader, layout, key: str, fetcher, progress,
+                blob: str) -> str:
+    """The verified blob at ``blob``: the node's copy when it is still good, else
+    fetched."""
+    from bootseer.deps.blob_fetch import fetch_blob
+    from bootseer.tree.blob import verify_blob
+    if os.path.exists(blob) and not _verified_unchanged(blob):
+        log.info("verifying the node's blob of %s (changed since it was verified, or "
+                 "verified before this boot)", key[:19])
+        try:
+            verify_blob(layout, blob)
+            _write_json(Path(blob + ".verified"), _stamp(blob))
+        except (OSError, StoreError) as e:
+            log.error("the node's blob of %s fails verification, removed and fetched "
+                      "again: %s", key[:19], e)
+            Path(blob).unlink(missing_ok=True)
+    if not os.path.exists(blob):
+        with tracing.phase("deps.fetch") as span:
+            from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
+            span.set(**(fetch_tree(config, store, reader) or {}))
+            total = sum(ref[4] for ref in layout.refs)   # the data, not the padding
+            span.set(**fetch_blob(reader, layout, blob,
+                                  (lambda n: progress(n, total)) if progress else None),
+                     requests=fetcher.counters()["requests"], blob_bytes=layout.size)
+        _write_json(Path(blob + ".verified"), _stamp(blob))
+    return blob
 
 
 def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: bool) -> None:

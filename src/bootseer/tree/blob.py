@@ -221,22 +221,24 @@ def assemble(layout: BlobLayout, cache, dest: str) -> None:
     d = os.path.dirname(dest)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-blob-")
     try:
-        with os.fdopen(fd, "wb") as f:
-            fill_blob(layout, f, from_cache())
+        try:
+            fill_blob(layout, fd, from_cache())
+        finally:
+            os.close(fd)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def fill_blob(layout: BlobLayout, f, pieces) -> None:
+def fill_blob(layout: BlobLayout, fd: int, pieces) -> None:
     """Write ``pieces`` (slot index, the chunk's verified bytes), in any order, at their
-    places in the open blob file ``f``, and size it to the layout (the padding reads as
-    zeros). The caller supplies every slot once and verifies each chunk."""
+    places in the blob file open at ``fd`` (one pwrite each), and size it to the layout
+    (the padding reads as zeros). The caller supplies every slot once and verifies each
+    chunk."""
     for i, data in pieces:
-        f.seek(layout.offsets[i])
-        f.write(data)
-    f.truncate(layout.size)
+        os.pwrite(fd, data, layout.offsets[i])
+    os.ftruncate(fd, layout.size)
 
 
 def verify_blob(layout: BlobLayout, path: str) -> None:
