@@ -194,3 +194,28 @@ def _http_tree_view(url, digest, cache_dir):
     fetch = FetchConfig(retries=2, backoff_s=0.05, timeout_s=2, deadline_s=10)
     return TreeMountView(TreeReader(open_store(url), digest, Fetcher(fetch),
                                     NodeCache(CacheConfig(dir=cache_dir, budget_bytes=1 << 30))))
+
+
+def test_prefetched_hot_chunks_wait_in_memory_for_their_first_read(tmp_path, src):
+    """keep_fresh: a hot chunk stored by prefetch is served from memory at its first read
+    (the kernel path's pre-read: no cache file read, no re-hash); other chunks, and hot
+    ones pushed out by the byte bound, come from the node cache, verified."""
+    from bootseer.store.fetch import Priority
+    store = open_store(str(tmp_path / "store"))
+    digest, _ = build(store, src)
+    r = reader(store, digest, tmp_path)
+    refs = r.entry("/usr/lib/libbig.so")["chunks"]   # 1 MiB, 1 MiB, 1 MiB, 17 bytes
+    r.keep_fresh([refs[0][0], refs[1][0], refs[3][0]], max_bytes=(1 << 20) + 100)
+    for ref in refs:
+        r.store_chunk(ref, r.submit_chunk(ref, Priority.PREFETCH).result())
+    gets: list[str] = []
+    real_get = r.cache.get
+    r.cache.get = lambda d, size=None: gets.append(d) or real_get(d, size)
+    big = (src / "usr/lib/libbig.so").read_bytes()
+    assert r.chunk(refs[3], "/usr/lib/libbig.so") == big[3 << 20:]   # hot, kept
+    assert r.chunk(refs[1], "/usr/lib/libbig.so") == big[1 << 20:2 << 20]   # hot, kept
+    assert gets == []
+    assert r.chunk(refs[0], "/usr/lib/libbig.so") == big[:1 << 20]   # dropped by the bound
+    assert r.chunk(refs[2], "/usr/lib/libbig.so") == big[2 << 20:3 << 20]   # not hot
+    assert gets == [refs[0][0], refs[2][0]]
+    assert not r._fresh and r._fresh_bytes == 0

@@ -43,6 +43,7 @@ from bootseer.tree.preread import hot_ranges, preread
 
 log = logging.getLogger(__name__)
 PREREAD = "preread"           # created in the state dir once the hot head was pre-read
+FRESH_BYTES = 64 << 20        # prefetched hot chunks kept in memory until pre-read
 
 
 class _NoServer:
@@ -205,6 +206,8 @@ def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: 
     layout = BlobLayout(s.reader.toc, hot)
     if layout.key != key:
         raise ValueError(f"blob layout {layout.key[:12]} differs from the image's {key[:12]}")
+    # the pre-read follows the prefetch closely: hot chunks wait for it in memory
+    s.reader.keep_fresh(hot, FRESH_BYTES)
     return BlobView(s.reader, layout, on_close=s.finish)
 
 

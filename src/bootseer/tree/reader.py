@@ -59,6 +59,9 @@ class TreeReader:
                          "stall_s": 0.0}
         self._lock = threading.Lock()
         self._recent: OrderedDict[str, bytes] = OrderedDict()   # verified, newest last
+        self._fresh: OrderedDict[str, bytes] = OrderedDict()    # see keep_fresh
+        self._fresh_wanted: set[str] = set()
+        self._fresh_bytes = self._fresh_max = 0
         self._read_ahead_dirs: set[str] = set()
 
     # -- metadata -----------------------------------------------------------------------------
@@ -123,13 +126,39 @@ class TreeReader:
             while len(self._recent) > self.RECENT_CHUNKS:
                 self._recent.popitem(last=False)
 
+    def keep_fresh(self, digests, max_bytes: int) -> None:
+        """Keep these chunks in memory, verified, from the moment prefetch stores them
+        until their first read (at most ``max_bytes``, oldest dropped first): the kernel
+        path's pre-read reads each hot chunk right after the prefetch brought it, and then
+        costs neither a re-read of the cache file nor a re-hash."""
+        with self._lock:
+            self._fresh_wanted, self._fresh_max = set(digests), max_bytes
+
+    def _keep_if_wanted(self, digest: str, data: bytes) -> None:
+        if digest not in self._fresh_wanted:
+            return
+        with self._lock:
+            if digest in self._fresh:
+                return
+            self._fresh[digest] = data
+            self._fresh_bytes += len(data)
+            while self._fresh_bytes > self._fresh_max and self._fresh:
+                self._fresh_bytes -= len(self._fresh.popitem(last=False)[1])
+
     def chunk(self, ref: list, path: str = "") -> bytes:
         """Uncompressed, verified bytes of one chunk (memory, then the node cache, whose
         entries are re-verified as they are read, then the store)."""
+        fresh = None
         with self._lock:
             data = self._recent.get(ref[0])
             if data is not None:
                 self._recent.move_to_end(ref[0])
+            elif self._fresh:
+                fresh = data = self._fresh.pop(ref[0], None)
+                if fresh is not None:
+                    self._fresh_bytes -= len(fresh)
+        if fresh is not None:
+            self._remember(ref[0], fresh)
         if data is None and self.cache is not None:
             data = self.cache.get(ref[0], ref[4])   # None too when it was bad on disk
             if data is not None:
@@ -153,8 +182,8 @@ class TreeReader:
             self.counters["bytes_fetched"] += len(raw)
             self.counters["stall_s"] += time.monotonic() - t0
         self._remember(ref[0], data)
-        if self.cache is not None:
-            self.cache.offer(ref[0], data)   # a full cache only costs the caching
+        if self.cache is not None:   # a full cache only costs the caching
+            self.cache.offer(ref[0], data, verified=True)   # _decompress verified it
         return data
 
     # Demand read-ahead: without a profile every miss is a round trip, and a Python import
@@ -205,8 +234,9 @@ class TreeReader:
     def store_chunk(self, ref: list, raw: bytes) -> bytes:
         """Verify and cache a chunk fetched by prefetch; returns its verified bytes."""
         data = self._decompress(raw, ref)
+        self._keep_if_wanted(ref[0], data)   # before the cache shows it as local
         if self.cache is not None:
-            self.cache.offer(ref[0], data)
+            self.cache.offer(ref[0], data, verified=True)   # _decompress verified it
         return data
 
     def read(self, path: str, size: int, offset: int) -> bytes:
