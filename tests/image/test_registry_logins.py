@@ -77,8 +77,8 @@ def test_the_files_are_read_in_podmans_order(home, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     write_json(tmp_path / "run/containers/auth.json", {"auths": {"r:5000": inline("x", "3")}})
     assert logins.find("r:5000") == logins.Login("x", "3")
-    monkeypatch.setenv("REGISTRY_AUTH_FILE",
-                       str(write_json(tmp_path / "env.json", {"auths": {"r:5000": inline("e", "4")}})))
+    env_file = write_json(tmp_path / "env.json", {"auths": {"r:5000": inline("e", "4")}})
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(env_file))
     assert logins.find("r:5000") == logins.Login("e", "4")
     assert logins.find("r:5000", authfile=docker) == logins.Login("d", "1")   # --authfile only
     assert logins.find("other:1") is None
