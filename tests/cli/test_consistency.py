@@ -233,3 +233,25 @@ def test_ckpt_gc_and_prefetch_json(world):
     assert doc["dry_run"] is True and doc["kept_bytes"] == 0
     assert [f["action"] for f in doc["files"]] == ["would remove"]
     assert doc["files"][0]["bytes"] >= 5000
+
+
+def test_ckpt_prefetch_from_a_server_with_an_html_listing(world):
+    """`python -m http.server`'s HTML index is a checkpoint directory like nginx's JSON one."""
+    from bootseer.testing import servers
+    served = world.root / "served"
+    (served / "step1/sub").mkdir(parents=True)
+    (served / "step1/w.bin").write_bytes(b"w" * 300_000)
+    (served / "step1/sub/o.bin").write_bytes(b"o" * 1000)
+    port = servers.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
+                             str(port), "--directory", str(served)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        servers.wait_port(port)
+        r = world.run("ckpt", "prefetch", f"http://127.0.0.1:{port}/step1")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["failed"] == 0 and doc["bytes_fetched"] == 301_000
