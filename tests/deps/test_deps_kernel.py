@@ -270,6 +270,14 @@ def test_gc_unmounts_an_unused_mounted_environment_and_drops_its_blob(published,
     assert action == "removed"
     assert not os.path.ismount(prefix) and not blob.exists()
     assert not os.path.exists(sidecar(prefix)) and mounted_info(prefix) is None
+    # unmounted, its blob is still the environment's disk on this node: gc drops it too
+    restore(published, tmp_path, "n1")
+    unmount(prefix)
+    [env] = [e for e in environments(config) if e.prefix == prefix]
+    assert not env.mounted and env.bytes == blob_of(tmp_path, "n1").stat().st_size
+    [(_, action)] = [(e, a) for e, a in gc(config, 0) if e.prefix == prefix]
+    assert action == "removed" and not list(blob.parent.glob("*.blob"))
+    assert [e for e in environments(config) if e.prefix == prefix] == []
 
 
 def test_a_fetch_killed_halfway_leaves_no_mount_and_its_part_is_swept(published, tmp_path,

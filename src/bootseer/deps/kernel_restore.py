@@ -121,9 +121,8 @@ def mount_cached(config: BootseerConfig, prefix: str, key: str, *, writable: boo
     """Mount ``key``'s environment at ``prefix`` from the blob and metadata image this
     node already has, without the store. False when it has not (or they changed: the
     store path then checks them)."""
-    try:
-        rec = json.loads(_index_path(config, key).read_text())
-    except (OSError, ValueError):
+    rec = cached_blob(config, key)
+    if rec is None:
         return False
     if unavailable(config) is not None:
         return False   # the restore from the store says why, once
@@ -308,6 +307,15 @@ def sweep(prefix: str) -> None:
             os.rmdir(d)
         except OSError:
             pass   # absent, or holds what a lazy mount (--mount) keeps there
+
+
+def cached_blob(config: BootseerConfig, key: str) -> dict | None:
+    """The node's record of ``key``'s blob (``{"blob", "meta", ...}``), if it has one."""
+    try:
+        rec = json.loads(_index_path(config, key).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("blob"), str) else None
 
 
 def blob_bytes(info: dict) -> int:

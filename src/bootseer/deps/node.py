@@ -65,7 +65,8 @@ class NodeEnv:
     to be ours."""
     kernel: dict | None = None
     """A restore mounted by the kernel: its sidecar (the blob is its disk; the mount id
-    the sidecar names, checked live, proves it is ours)."""
+    the sidecar names, checked live, proves it is ours); or, unmounted, the node's record
+    of its blob (``env-<key>.json``)."""
 
 
 def not_ours(env: NodeEnv) -> str | None:
@@ -106,7 +107,7 @@ def _size(path: str) -> int:
 
 def environments(config: BootseerConfig) -> list[NodeEnv]:
     """Recorded environments that still exist, least recently used first."""
-    from bootseer.deps.kernel_restore import blob_bytes
+    from bootseer.deps.kernel_restore import blob_bytes, cached_blob
     from bootseer.deps.mounted import is_kernel, mounted_info
     out = []
     for rec in sorted(records_dir(config).glob("*.json")):
@@ -118,16 +119,30 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
         live = mounted_info(prefix)
         mounted = live is not None
         kernel = live if is_kernel(live) else None
-        if not mounted and not os.path.isdir(prefix):
+        if not mounted and _empty_or_absent(prefix):
+            # unmounted (deps umount, a reboot): its blob stays for the next mount
+            kernel = cached_blob(config, info["key"])
+        if not mounted and not kernel and not os.path.isdir(prefix):
             rec.unlink(missing_ok=True)    # removed by hand: forget it
             continue
         # a lazy mount holds no disk of its own (its chunks are in the node cache); a
         # kernel restore holds its blob
         proof = {k: info[k] for k in ("id", "dev", "ino", "ctime_ns") if k in info}
         size = blob_bytes(kernel) if kernel else 0 if mounted else _size(prefix)
+        if kernel and not size:
+            continue    # its blob is gone: nothing of it on this node to remove
         out.append(NodeEnv(prefix, info["key"], info["last_used"], size, rec, mounted, proof,
                            kernel))
     return sorted(out, key=lambda e: e.last_used)
+
+
+def _empty_or_absent(path: str) -> bool:
+    try:
+        return not os.path.islink(path) and not os.listdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -215,7 +230,8 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
 
 
 def _drop_mounted(config: BootseerConfig, env: NodeEnv, dry_run: bool) -> tuple[NodeEnv, str]:
-    """Unmount an unused kernel restore and remove its blob (its lock is held by gc)."""
+    """Unmount an unused kernel restore (if mounted) and remove its blob (its lock is held
+    by gc)."""
     from bootseer.deps.kernel_restore import drop_blob
     from bootseer.deps.mounted import unmount
     pids = users(env.prefix)
