@@ -254,7 +254,6 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     """One node's view from its events (in order) and their times, shifted by ``off``: one
     pass over the events for what the summary needs (a 10,000-node report makes 70,000
     of them: locals, no per-event calls where a dict lookup does); lanes come later."""
-    times = [(s + off, en + off) for s, en in times]
     # a node is ready when every training rank on it is (the last rank's ready mark);
     # a rank that wrote events but no ready mark was killed or failed first. Keyed by
     # rank, not process: helpers started for a rank (a mount's server reporting its
@@ -272,8 +271,12 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     windows: list = []
     ckpt_loads: list = []
     collectives: dict = {}
-    last_end = float("-inf")
+    start, last_end = float("inf"), float("-inf")
     for e, (s, en) in zip(evs, times):
+        s += off
+        en += off
+        if s < start:
+            start = s
         get = e.get
         rank, pid, phase, parent = get("rank"), get("pid"), e["phase"], get("parent")
         if rank is not None:
@@ -327,7 +330,6 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     for (phase, _), took in per_pid.items():
         if took > phases.get(phase, -1.0):
             phases[phase] = took
-    start = min(t[0] for t in times)
     if ready is not None:  # time before ready that no top-level phase covers
         gap = ready - start - _covered([(s, min(en, ready)) for s, en in tops if s < ready])
         if gap > 1e-3:
@@ -338,12 +340,13 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
                     last_end=max(last_end, 0.0) if last_end > float("-inf") else 0.0,
                     rank_phases=rank_phases, rank_ready=rank_ready, windows=windows,
                     ckpt_loads=ckpt_loads, collectives=collectives,
-                    _source=(evs, times, pid_rank, nested))
+                    _source=(evs, times, off, pid_rank, nested))
 
 
-def _build_lanes(evs: list[dict], times: list[tuple[float, float]], pid_rank: dict,
-                 nested: bool) -> tuple[list[dict], list[dict], list[str]]:
-    """A node's spans and marks on their lanes and tracks, and its lane labels in order."""
+def _build_lanes(evs: list[dict], times: list[tuple[float, float]], off: float,
+                 pid_rank: dict, nested: bool) -> tuple[list[dict], list[dict], list[str]]:
+    """A node's spans and marks (their times shifted by ``off``) on their lanes and tracks,
+    and its lane labels in order."""
     if nested:   # each span's parent, to find the top-level ancestor's pipeline
         parents = {(e.get("pid"), e["phase"]): e.get("parent") for e in evs
                    if e.get("kind") != "mark"}
@@ -357,6 +360,8 @@ def _build_lanes(evs: list[dict], times: list[tuple[float, float]], pid_rank: di
     for e, (s, en), key in zip(evs, times, lane_keys):
         get = e.get
         lane = labels[key]
+        s += off
+        en += off
         if get("kind") == "mark":
             marks.append({"phase": e["phase"], "t": s, "lane": lane, "rank": get("rank"),
                           "pid": get("pid"), "attrs": get("attrs") or {}})
