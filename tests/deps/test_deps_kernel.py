@@ -321,3 +321,28 @@ def test_the_blob_fetch_shows_a_bar_on_a_terminal_only(published, tmp_path, flag
         assert "restore" in shown and "100%" in shown, shown
     else:
         assert "%" not in shown, shown
+
+
+def test_a_mounted_environment_has_no_set_id_bits_or_privileged_xattrs(tmp_path):
+    """As an extraction restores it: a snapshot's set-id bits and xattrs outside ``user.``
+    never reach the mount (which is nosuid besides)."""
+    from bootseer.deps.snapshot import publish
+    from bootseer.store import open_store
+    src = tmp_path / "built"
+    (src / "bin").mkdir(parents=True)
+    tool = src / "bin" / "tool"
+    tool.write_text("#!/bin/sh\necho hi\n")
+    os.chmod(tool, 0o4755)
+    os.setxattr(tool, "trusted.bootseer-test", b"1")
+    os.setxattr(tool, "user.bootseer-test", b"2")
+    prefix, key = str(tmp_path / "env"), "sha256:" + "5" * 64
+    publish(open_store(str(tmp_path / "store")), prefix, key, root=str(src))
+    r = E.ensure("unused.txt", prefix, key=key, config=cfg(tmp_path, "n1"))
+    try:
+        assert r.form == "mount"
+        st = os.stat(f"{prefix}/bin/tool")
+        assert st.st_mode & 0o7777 == 0o755
+        assert os.listxattr(f"{prefix}/bin/tool") == ["user.bootseer-test"]
+        assert os.getxattr(f"{prefix}/bin/tool", "user.bootseer-test") == b"2"
+    finally:
+        unmount(prefix)

@@ -151,6 +151,16 @@ def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, ke
         raise
 
 
+def without_privileges(toc: dict) -> dict:
+    """The TOC as an environment is restored: no set-id bits, only ``user.*`` xattrs
+    (as an extraction writes it; the mounts are nosuid besides)."""
+    from bootseer.tree.extract import SETID
+    entries = [{**e, "mode": e["mode"] & ~SETID,
+                "xattrs": {k: v for k, v in (e.get("xattrs") or {}).items()
+                           if k.startswith("user.")}} for e in toc["entries"]]
+    return {**toc, "entries": entries}
+
+
 def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str, key: str,
                      *, writable: bool, progress) -> None:
     from bootseer.store.cache import NodeCache
@@ -182,7 +192,10 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
 
         def write_meta() -> None:
             try:
-                made["meta"] = str(metadata_image(config, tree, reader.toc, layout, state))
+                # its own cache entry: the lazy mount of the same tree keeps every bit
+                made["meta"] = str(metadata_image(config, f"{tree}:env",
+                                                  without_privileges(reader.toc), layout,
+                                                  state))
             except BaseException as e:  # noqa: BLE001 - raised in the restoring thread
                 made["error"] = e
         writer = threading.Thread(target=write_meta, name="bootseer-erofs-meta")
