@@ -335,6 +335,7 @@ def test_a_mounted_environment_has_no_set_id_bits_or_privileged_xattrs(tmp_path)
     os.chmod(tool, 0o4755)
     os.setxattr(tool, "trusted.bootseer-test", b"1")
     os.setxattr(tool, "user.bootseer-test", b"2")
+    os.mkfifo(src / "bin" / "pipe")
     prefix, key = str(tmp_path / "env"), "sha256:" + "5" * 64
     publish(open_store(str(tmp_path / "store")), prefix, key, root=str(src))
     r = E.ensure("unused.txt", prefix, key=key, config=cfg(tmp_path, "n1"))
@@ -344,5 +345,28 @@ def test_a_mounted_environment_has_no_set_id_bits_or_privileged_xattrs(tmp_path)
         assert st.st_mode & 0o7777 == 0o755
         assert os.listxattr(f"{prefix}/bin/tool") == ["user.bootseer-test"]
         assert os.getxattr(f"{prefix}/bin/tool", "user.bootseer-test") == b"2"
+        assert sorted(os.listdir(f"{prefix}/bin")) == ["tool"]     # no fifo, no device
     finally:
         unmount(prefix)
+
+
+def test_a_node_cache_on_tmpfs_mounts_with_the_image_beside_the_prefix(published, tmp_path):
+    """The kernel mounts no metadata image from tmpfs: it is written in the prefix's state
+    directory then, and removed with the mount."""
+    urls, spec, prefix, key = published
+    cache = tmp_path / "tmpfs-cache"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(cache)], check=True)
+    try:
+        config = cfg(tmp_path, "n1").replace(cache={"dir": str(cache)})
+        r = restore(published, tmp_path, "n1", config=config)
+        assert (r.how, r.form) == ("restored", "mount")
+        assert list(Path(state_dir(prefix)).glob("*.meta"))
+        assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+        assert cli("deps", "umount", prefix).returncode == 0
+        assert not os.path.exists(state_dir(prefix))
+        r = restore(published, tmp_path, "n1", config=config)     # from the node's blob
+        assert (r.how, r.form) == ("restored", "mount")
+        unmount(prefix)
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)

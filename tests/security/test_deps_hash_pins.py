@@ -95,7 +95,8 @@ def test_only_the_pinned_artifact_is_installed_and_published(nginx_factory, tmp_
     assert got == "generic"
     # and another node restores exactly that
     shutil.rmtree(prefix)
-    r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"))
+    r2 = E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "b"),
+                  copy=True)    # a directory: a restore's mount would outlive the test
     assert r2.how == "restored" and r2.key == r.key
 
 

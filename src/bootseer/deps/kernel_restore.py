@@ -152,12 +152,13 @@ def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, ke
 
 
 def without_privileges(toc: dict) -> dict:
-    """The TOC as an environment is restored: no set-id bits, only ``user.*`` xattrs
-    (as an extraction writes it; the mounts are nosuid besides)."""
+    """The TOC as an environment is restored: no set-id bits, only ``user.*`` xattrs, no
+    device nodes or fifos (as an extraction writes it; the mounts are nosuid, nodev)."""
     from bootseer.tree.extract import SETID
     entries = [{**e, "mode": e["mode"] & ~SETID,
                 "xattrs": {k: v for k, v in (e.get("xattrs") or {}).items()
-                           if k.startswith("user.")}} for e in toc["entries"]]
+                           if k.startswith("user.")}}
+               for e in toc["entries"] if e["type"] not in ("c", "b", "p")]
     return {**toc, "entries": entries}
 
 
@@ -248,7 +249,7 @@ def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: 
     """Mount at ``prefix`` (made empty by the caller); the sidecar first, so that a
     command killed mid-way leaves a mount recognised as ours."""
     state = state_dir(prefix)
-    sweep(prefix)
+    sweep(prefix, images=False)    # a dead mount's leftovers, not the image just written
     os.makedirs(prefix, exist_ok=True)
     info = {"key": key, "tree": tree, "backend": KERNEL_BACKEND, "writable": writable,
             "blob": blob, "meta": meta, "mount_id": None, "started": time.time()}
@@ -306,15 +307,18 @@ def unmount(prefix: str, info: dict | None = None) -> bool:
     return immediate
 
 
-def sweep(prefix: str) -> None:
+def sweep(prefix: str, *, images: bool = True) -> None:
     """Remove what a kernel mount of ``prefix`` kept in its state directory: the EROFS
-    lower layer (detached lazily if still in use) and the overlay's directories."""
+    lower layer (detached lazily if still in use), the overlay's directories, and (with
+    ``images``) a metadata image written there (a node cache on tmpfs cannot hold it)."""
     state = state_dir(prefix)
     lower = os.path.join(state, "lower")
     if is_mount_point(lower):
         kernel.unmount(lower)
     for d in ("upper", "work"):
         place.rmtree(os.path.join(state, d))
+    for image in Path(state).glob("*.meta*") if images else ():
+        image.unlink(missing_ok=True)   # the kernel holds a mounted one open
     for d in (lower, state):
         try:
             os.rmdir(d)
