@@ -210,16 +210,19 @@ def check_gpus() -> Check:
                  None if cdi else "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
 
 
+_WITHOUT_EROFS = "lazy trees are served by FUSE, environments restored by extraction"
+
+
 def check_erofs() -> Check:
     from bootseer.mount.erofs import kernel
     if not kernel.registered():
         return Check("kernel: EROFS", False, False, "not in /proc/filesystems",
-                     "modprobe erofs (else lazy trees are served by FUSE)")
+                     f"modprobe erofs (else {_WITHOUT_EROFS})")
     why = kernel.availability()
     if why is None:
         return Check("kernel: EROFS", True, False, "file-backed mounts work")
     return Check("kernel: EROFS", False, False, f"registered, but {why}",
-                 "Linux 6.12+ mounts EROFS from files (else lazy trees are served by FUSE)")
+                 f"Linux 6.12+ mounts EROFS from files (else {_WITHOUT_EROFS})")
 
 
 def check_fuse_passthrough() -> Check:
