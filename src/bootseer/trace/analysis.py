@@ -126,10 +126,15 @@ def pct(values: list[float], q: float) -> float:
 
 
 def attempts(events: list[dict]) -> list[AttemptView]:
-    by_attempt: dict[int, list[dict]] = {}
-    for e in events:
-        by_attempt.setdefault(int(e["attempt"]), []).append(e)
-    return [_attempt(a, evs) for a, evs in sorted(by_attempt.items())]
+    by_attempt: dict[int, dict[str, list[dict]]] = {}
+    last_a = last_n = group = None
+    for e in events:   # a file's events share attempt and node: find their list on a change
+        a, n = e["attempt"], e["node"]
+        if n != last_n or a != last_a or group is None:
+            group = by_attempt.setdefault(int(a), {}).setdefault(str(n), [])
+            last_a, last_n = a, n
+        group.append(e)
+    return [_attempt(a, by_node) for a, by_node in sorted(by_attempt.items())]
 
 
 def wall_times(evs: list[dict]) -> tuple[list[tuple[float, float]], int]:
@@ -140,16 +145,26 @@ def wall_times(evs: list[dict]) -> tuple[list[tuple[float, float]], int]:
     median) places an event whose own difference or duration disagrees with it, and its
     duration is the monotonic one. Events without monotonic times keep their wall times.
     Returns the times and how many events were placed from the monotonic clock."""
+    times, fixed, _ = _clock(evs)
+    return times, fixed
+
+
+def _clock(evs: list[dict]) -> tuple[list[tuple[float, float]], int, int | None]:
+    """:func:`wall_times`, and the index of the node's first ``rendezvous`` mark (None),
+    in one pass over the events (this runs for every event of the trace)."""
     times = []
+    rendezvous = None
     mono = []   # (index, start, end, mono_start, mono_end) of the events with both clocks
-    for i, e in enumerate(evs):   # one pass: this runs for every event of the trace
+    for i, e in enumerate(evs):
         s, en = e["start"], e["end"]
         times.append((s, en))
         ms, me = e.get("mono_start"), e.get("mono_end")
         if type(ms) in _NUMBER and type(me) in _NUMBER:
             mono.append((i, s, en, ms, me))
+        if rendezvous is None and e["phase"] == "rendezvous" and e.get("kind") == "mark":
+            rendezvous = i
     if not mono:
-        return times, 0
+        return times, 0, rendezvous
     offsets = sorted([s - ms for _, s, _, ms, _ in mono])
     ref = offsets[len(offsets) // 2]
     fixed = 0
@@ -160,11 +175,7 @@ def wall_times(evs: list[dict]) -> tuple[list[tuple[float, float]], int]:
             start = ms + ref
             times[i] = (start, start + mono_dur)
             fixed += 1
-    return times, fixed
-
-
-def _has_mono(e: dict) -> bool:
-    return type(e.get("mono_start")) in _NUMBER and type(e.get("mono_end")) in _NUMBER
+    return times, fixed, rendezvous
 
 
 _NUMBER = (int, float)
@@ -225,26 +236,23 @@ def _assign_tracks(spans: list[dict]) -> None:
         stack.append(s["end"])
 
 
-def _attempt(attempt: int, events: list[dict]) -> AttemptView:
-    by_node: dict[str, list[dict]] = {}
-    for e in events:
-        by_node.setdefault(str(e["node"]), []).append(e)
+def _attempt(attempt: int, by_node: dict[str, list[dict]]) -> AttemptView:
     problems = []
     times: dict[str, list[tuple[float, float]]] = {}   # per node, in its events' order
+    rdzv: dict[str, float | None] = {}                 # per node, its rendezvous mark
     for n, evs in sorted(by_node.items()):
-        times[n], fixed = wall_times(evs)
+        times[n], fixed, i = _clock(evs)
+        rdzv[n] = None if i is None else times[n][i][0]
         if fixed:
             problems.append(f"attempt {attempt} node {n}: the wall clock stepped; {fixed} "
                             f"event(s) placed by the monotonic clock")
     offsets = {n: 0.0 for n in by_node}
-    rdzv = {n: next((t[0] for e, t in zip(evs, times[n]) if e.get("kind") == "mark"
-                     and e["phase"] == "rendezvous"), None) for n, evs in by_node.items()}
     alignment = "wall clock (NTP)"
     if len(by_node) > 1 and all(v is not None for v in rdzv.values()):
         ref = statistics.median(rdzv.values())
         offsets = {n: ref - v for n, v in rdzv.items()}
         alignment = "rendezvous marks"
-    t0 = min(min(t[0] for t in times[n]) + offsets[n] for n in by_node)
+    t0 = min(min(times[n])[0] + offsets[n] for n in by_node)
     nodes = [_node_view(n, evs, times[n], offsets[n] - t0) for n, evs in sorted(by_node.items())]
     return AttemptView(attempt, nodes, t0, alignment, problems)
 
