@@ -74,6 +74,7 @@ def test_report_renders_in_a_browser(report, tmp_path):
     dom = r.stdout
     body = re.search(r"<body[^>]*>", dom).group(0)
     assert 'data-rendered="1"' in body and "data-error" not in body, body
+    assert re.search(r'data-rendered-ms="\d+"', body), body     # what bench/trace reads
     assert not re.search(r"Uncaught|CONSOLE.*[Ee]rror", r.stderr), r.stderr[-2000:]
     assert dom.count('class="uplot') >= 2 * 3 + 1     # uPlot drew every chart
     # swim lanes for every node of both attempts, one row per pipeline track
