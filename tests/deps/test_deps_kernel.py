@@ -370,3 +370,33 @@ def test_a_node_cache_on_tmpfs_mounts_with_the_image_beside_the_prefix(published
         unmount(prefix)
     finally:
         subprocess.run(["umount", str(cache)], check=True)
+
+
+def test_another_key_replaces_an_unused_mount_never_one_in_use(published, tmp_path):
+    urls, spec, prefix, key = published
+    other = tmp_path / "other.txt"
+    other.write_text("bskern-one==1.0\n")
+    b = E.ensure(str(other), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n0"))
+    assert b.how == "built"
+    rmtree(prefix)
+    restore(published, tmp_path, "n1")
+    Path(f"{prefix}/job-note.txt").write_text("mine")      # in the overlay of key A
+    holder = subprocess.Popen([f"{prefix}/bin/python", "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        with pytest.raises(DepsError, match="in use by pid"):
+            E.ensure(str(other), prefix, python=PY, index_urls=urls, key=b.key,
+                     config=cfg(tmp_path, "n1"))
+        assert mounted_info(prefix)["key"] == key
+        assert Path(f"{prefix}/job-note.txt").read_text() == "mine"
+    finally:
+        holder.kill()
+        holder.wait()
+    r = E.ensure(str(other), prefix, python=PY, index_urls=urls, key=b.key,
+                 config=cfg(tmp_path, "n1"))
+    assert (r.how, r.form) == ("restored", "mount") and mounted_info(prefix)["key"] == b.key
+    assert not os.path.exists(f"{prefix}/job-note.txt")    # A's overlay went with A
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run([f"{prefix}/bin/python", "-c", "import bskern_two"], check=True,
+                       capture_output=True)

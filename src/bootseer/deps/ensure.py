@@ -233,7 +233,6 @@ def _restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: st
         log.info("the snapshot was made at %s: extracting a relocated copy at %s instead of "
                  "mounting it", manifest["prefix"], prefix)
     elif as_mount:
-        place.clear(prefix)
         try:
             kernel_restore.mount_restore(config, store, manifest, prefix, key,
                                          writable=writable, progress=progress)

@@ -140,14 +140,17 @@ def mount_cached(config: BootseerConfig, prefix: str, key: str, *, writable: boo
 def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, key: str, *,
                   writable: bool, progress: Callable[[int, int], None] | None = None) -> None:
     """Fetch the snapshot's blob (what the node lacks), check it and its metadata image,
-    and mount them at ``prefix``. Raises KernelMountError (nothing mounted) when this
-    tree cannot be a kernel mount here; the caller extracts instead. Whatever fails
-    leaves neither a mount nor state beside the prefix."""
+    and mount them at ``prefix``, replacing what bootseer had there (``place.clear``)
+    once they are local. Raises KernelMountError (nothing mounted) when this tree cannot
+    be a kernel mount here; the caller extracts instead. Whatever fails leaves neither a
+    mount nor state beside the prefix."""
     try:
         _fetch_and_mount(config, store, manifest, prefix, key, writable=writable,
                          progress=progress)
     except BaseException:
-        sweep(prefix)
+        from bootseer.deps.mounted import mounted_info
+        if mounted_info(prefix) is None:   # never the state of a live mount (another key's)
+            sweep(prefix)
         raise
 
 
@@ -211,10 +214,11 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
         if isinstance(e, kernel.ErofsMountError):
             raise KernelMountError(str(e)) from e
         raise e
-    _mount(prefix, key, tree, made["meta"], blob, writable=writable)
     _write_json(_index_path(config, key), {"key": key, "tree": tree, "blob": blob,
                                            "meta": made["meta"], "layout": layout.key,
                                            "cuda": manifest.get("cuda")})
+    place.clear(prefix)   # what was there stays until the new environment is local
+    _mount(prefix, key, tree, made["meta"], blob, writable=writable)
 
 
 def _local_blob(config: BootseerConfig, store, reader, layout, key: str, fetcher, progress,
@@ -247,7 +251,8 @@ def _local_blob(config: BootseerConfig, store, reader, layout, key: str, fetcher
 
 def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: bool) -> None:
     """Mount at ``prefix`` (made empty by the caller); the sidecar first, so that a
-    command killed mid-way leaves a mount recognised as ours."""
+    command killed mid-way leaves a mount recognised as ours. A failure unmounts what
+    it mounted."""
     state = state_dir(prefix)
     sweep(prefix, images=False)    # a dead mount's leftovers, not the image just written
     os.makedirs(prefix, exist_ok=True)
