@@ -212,6 +212,7 @@ class SetTransfer:
                              share.wait_s)
                     return list(self.refs.values())
             stats["role"] = "peer"
+            self.stats.update(self.summary())   # a start's figures may be taken meanwhile
             share.await_members(share.nodes)
             self._attach(ti)
             self._swarm_fetch()
@@ -220,6 +221,7 @@ class SetTransfer:
         finally:
             stats["seconds"] += time.monotonic() - t0
             stats["banned"] = sorted(share.swarm.banned)
+            self.stats.update(self.summary())
         left = [r for name, r in self.refs.items() if name not in self.delivered]
         if self.handle is not None and left:
             # the origin brings these (and offer() hands them over): no second copy
@@ -256,12 +258,7 @@ class SetTransfer:
             if all(pieces[first + k] for k in range(n)):
                 self.delivered.add(name)
                 self.stats["already_local"] += 1
-        # Of two nodes that know each other, the one with the higher address calls: two
-        # calls crossing are both dropped (one connection per pair) and retried a second later.
-        me = (self.share.swarm.ip, self.share.swarm.port)
-        for ep in self.share.swarm.endpoints():
-            if ep < me:
-                self.handle.connect_peer(ep)
+        self._call_again()
 
     def _link_cached(self) -> list[str]:
         """Hard links from the node cache's entries of the set into the seed copy (the
@@ -349,11 +346,14 @@ class SetTransfer:
                 view, was_dealt, mine = v, dealt, self._mine(v, dealt)
             if dealt:
                 self._submit_origin(mine, inflight, st, ORIGIN_WINDOW)
-            elif not [ip for ip, _ in swarm.endpoints()
-                      if ip not in v and swarm.unreachable.get(ip, 0) < t_start]:
-                # nobody else announced (after the join wait), or none reachable
+            elif len(v) == 1 and not [ip for ip, _ in swarm.endpoints()
+                                      if swarm.unreachable.get(ip, 0) < t_start]:
+                # nobody else announced (after the join wait), or every call refused
                 # (firewalled): on alone, from its own starting point
                 self._submit_origin(mine, inflight, st, ORIGIN_WINDOW)
+            # else: calling the others, or connected to some: the rest of the job has the
+            # join grace to connect (a call refused by a node that does not know this one
+            # yet is made again within REDIAL_S, once that node has read the roster)
             if st.total_payload_download != last_done:   # partial pieces count as progress
                 last_done, progressed = st.total_payload_download, True
             if progressed or inflight:
@@ -377,18 +377,19 @@ class SetTransfer:
                 pass
 
     def _call_again(self) -> None:
-        """Call the announced nodes not connected. libtorrent makes a call asked of a
-        running torrent only in its next round (up to a second); a torrent just resumed
-        calls at once. So a node connected to nobody (its first calls were refused: they
-        did not know it yet) pauses and resumes its torrent first, which drops nothing."""
+        """Call the announced nodes not connected (two calls crossing make one connection).
+        libtorrent makes the calls asked of a running torrent in its next round, up to a
+        second later, but at once when the torrent resumes: a node connected to nobody
+        (just joined, or its first calls were refused by nodes that did not know it yet)
+        pauses and resumes its torrent after asking, which drops nothing."""
         h = self.handle
         connected = {p.ip[0] for p in h.get_peer_info()}
-        if not connected:
-            h.pause()
-            h.resume()
         for ep in self.share.swarm.endpoints():
             if ep[0] not in connected:
                 h.connect_peer(ep)
+        if not connected:
+            h.pause()
+            h.resume()
 
     def _submit_origin(self, mine: list[int], inflight: dict, st, window: int) -> None:
         if self.reader is None:

@@ -30,6 +30,7 @@ _ALERTS = (lt.alert.category_t.error_notification | lt.alert.category_t.peer_not
            | lt.alert.category_t.connect_notification
            | lt.alert.category_t.ip_block_notification)
 _ALL_V4 = ("0.0.0.0", "255.255.255.255")
+KNOCK_REPEAT_S = 2.0
 BLOCKED = 1
 
 
@@ -59,7 +60,7 @@ class Swarm:
         self.banned: set[str] = set()
         self.hash_failures = 0
         self.knocked = threading.Event()   # an unknown address called: read the roster
-        self.knockers: set[str] = set()
+        self.knockers: dict[str, float] = {}   # ip -> when its knock was last heeded
         self.unreachable: dict[str, float] = {}   # ip -> when a call to it last failed
         self._pieces: dict[str, queue.SimpleQueue] = {}   # torrent name -> read pieces
         self._closed = threading.Event()
@@ -120,6 +121,18 @@ class Swarm:
             params.flags |= lt.torrent_flags.seed_mode
         return self.session.add_torrent(params)
 
+    def _knock(self, ip: str) -> None:
+        """A call from ``ip``, refused by the filter: a node the roster did not list when
+        this one read it, or a stranger (who is not let to make the roster be read more
+        than once every ``KNOCK_REPEAT_S``)."""
+        now = time.monotonic()
+        with self._lock:
+            if (ip in self.banned or ip in self.members or ip == self.ip
+                    or now - self.knockers.get(ip, -KNOCK_REPEAT_S) < KNOCK_REPEAT_S):
+                return
+            self.knockers[ip] = now
+        self.knocked.set()
+
     def ban(self, ip: str, why: str) -> None:
         """Block ``ip`` for this node's lifetime (the IP filter drops its connections)."""
         with self._lock:
@@ -158,13 +171,7 @@ class Swarm:
                 if q is not None:
                     q.put((a.piece, None if a.error.value() else bytes(a.buffer)))
             elif isinstance(a, lt.peer_blocked_alert):
-                ip = a.ip[0] if isinstance(a.ip, tuple) else str(a.ip)
-                with self._lock:
-                    fresh = ip not in self.banned and ip not in self.members and ip != self.ip
-                    if fresh:
-                        self.knockers.add(ip)
-                if fresh:
-                    self.knocked.set()
+                self._knock(a.ip[0] if isinstance(a.ip, tuple) else str(a.ip))
             elif isinstance(a, lt.peer_ban_alert):
                 self.ban(a.endpoint[0], "libtorrent banned it (corrupt pieces)")
             elif isinstance(a, lt.hash_failed_alert):
