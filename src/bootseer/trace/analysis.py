@@ -271,25 +271,24 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     pid_rank: dict = {}
     gpus, seen_gpus = 0, None
     nested = False
-    tops: list = []                    # top-level spans: (start, end)
-    tops_by: list = []                 # and (phase, pid, start, end)
+    tops: list = []                    # top-level spans: (phase, pid, start, end)
     failed: list = []
     rank_phases: dict = {}
     rank_ready: dict = {}
     windows: list = []
     ckpt_loads: list = []
     collectives: dict = {}
-    start, last_end = float("inf"), float("-inf")
+    last_end = float("-inf")
+    last_rank = last_pid = None
     for e, (s, en) in zip(evs, times):
         s += off
         en += off
-        if s < start:
-            start = s
         get = e.get
         rank, pid, phase, parent = get("rank"), get("pid"), e["phase"], get("parent")
-        if rank is not None:
+        if rank is not None and (rank != last_rank or pid != last_pid):
             ranks.add(rank)
             pid_rank[pid] = rank
+            last_rank, last_pid = rank, pid
         g = get("gpus")
         if g != seen_gpus:
             gpus, seen_gpus = max(gpus, int(g or 0)), g
@@ -311,8 +310,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
         if phase == "ckpt.load":
             ckpt_loads.append((get("attrs") or {}, en - s))
         if not parent:
-            tops.append((s, en))
-            tops_by.append((phase, pid, s, en))
+            tops.append((phase, pid, s, en))
             col = _rank_column(phase)
             if col is not None:
                 who = rank if rank is not None else f"pid {pid}"
@@ -327,7 +325,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     # processes on one node (ranks) run a phase side by side: the node's time in a phase
     # is its slowest process's (sum over that process's spans)
     per_pid: dict = {}
-    for phase, pid, s, en in tops_by:
+    for phase, pid, s, en in tops:
         if ready is not None:
             if s >= ready:
                 continue
@@ -338,8 +336,10 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     for (phase, _), took in per_pid.items():
         if took > phases.get(phase, -1.0):
             phases[phase] = took
+    start = min(times)[0] + off
     if ready is not None:  # time before ready that no top-level phase covers
-        gap = ready - start - _covered([(s, min(en, ready)) for s, en in tops if s < ready])
+        gap = ready - start - _covered([(s, min(en, ready)) for _, _, s, en in tops
+                                        if s < ready])
         if gap > 1e-3:
             phases[UNTRACED] = gap
     return NodeView(node=n, gpus=gpus, start=start, ready=ready, phases=phases, failed=failed,
