@@ -23,6 +23,7 @@ MAX_LINE = 1 << 20        # bytes: an event is well under 10 KiB
 MAX_SECONDS = 1e11        # |time| in seconds: year 5138 on the wall clock
 MAX_INT = 1 << 63         # counts, bytes, ranks
 _NUMBER = (int, float)
+_COUNTS = ("rank", "gpus", "pid")
 
 
 @dataclass
@@ -126,10 +127,14 @@ def _check(ev) -> int:
             and -MAX_INT < attempt < MAX_INT):
         return _OUT_OF_RANGE
     get = ev.get
-    for v in (get("mono_start"), get("mono_end")):
-        if v is not None and (type(v) not in _NUMBER or not -MAX_SECONDS < v < MAX_SECONDS):
-            return _OUT_OF_RANGE
-    for v in (get("rank"), get("gpus"), get("pid")):
+    v = get("mono_start")
+    if v is not None and (type(v) not in _NUMBER or not -MAX_SECONDS < v < MAX_SECONDS):
+        return _OUT_OF_RANGE
+    v = get("mono_end")
+    if v is not None and (type(v) not in _NUMBER or not -MAX_SECONDS < v < MAX_SECONDS):
+        return _OUT_OF_RANGE
+    for key in _COUNTS:
+        v = get(key)
         if type(v) is int and not -MAX_INT < v < MAX_INT:
             return _OUT_OF_RANGE
     attrs = get("attrs")
