@@ -45,6 +45,10 @@ def test_page_is_self_contained(report):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(\s*["']?(https?:)?//""",
                          text)
     assert "'report-data'" in text and "uPlot" in text
+    # the version the page names is the one vendored (its banner)
+    from bootseer.trace.export_html import UPLOT_VERSION, VENDOR
+    assert f"uPlot {UPLOT_VERSION}" in text
+    assert f"(v{UPLOT_VERSION})" in (VENDOR / "uPlot.min.css").read_text()
 
 
 def _chromium() -> str:

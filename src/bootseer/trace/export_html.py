@@ -252,7 +252,8 @@ def to_html(views: list[AttemptView], summaries: list[Summary], title: str, repo
     body.append(f"<h2>text report</h2><pre>{html.escape(report_text)}</pre>")
     script = (Path(__file__).with_name("export_html.js")).read_text()
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<meta name='generator' content='bootseer report; uPlot {UPLOT_VERSION}'><title>"
             f"{html.escape(title)}</title><style>{_vendored('uPlot.min.css')}</style>"
             f"<style>{STYLE}</style></head><body>"
             + "\n".join(body) + "<div id='tip'></div>"
