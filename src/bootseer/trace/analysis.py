@@ -345,7 +345,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     return NodeView(node=n, gpus=gpus, start=start, ready=ready, phases=phases, failed=failed,
                     last_rank=last if last in ranks else None,
                     missing_ranks=sorted(missing, key=str),
-                    last_end=max(last_end, 0.0) if last_end > float("-inf") else 0.0,
+                    last_end=last_end if last_end > float("-inf") else 0.0,
                     rank_phases=rank_phases, rank_ready=rank_ready, windows=windows,
                     ckpt_loads=ckpt_loads, collectives=collectives,
                     _source=(evs, times, off, pid_rank, nested))
