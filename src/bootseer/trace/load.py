@@ -47,15 +47,22 @@ def open_regular(path: str | os.PathLike, *, follow: bool = False) -> int | None
     """A read descriptor of ``path`` if it is a regular file, else None (also when it
     cannot be opened). Symlinks are refused unless ``follow``; a FIFO is opened without
     blocking and then refused."""
+    opened = _open_sized(path, follow)
+    return None if opened is None else opened[0]
+
+
+def _open_sized(path: str | os.PathLike, follow: bool) -> tuple[int, int] | None:
+    """:func:`open_regular`, with the file's size (one fstat for both)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         return None
-    return fd
+    return fd, st.st_size
 
 
 def read_lines(fd: int, max_line: int = MAX_LINE) -> tuple[list[bytes], int]:
@@ -146,11 +153,11 @@ def _check(ev) -> int:
     return _GOOD
 
 
-def _read_small(fd: int) -> list | None:
-    """The events of a file under MAX_LINE bytes whose every line is one JSON value (the
-    usual file: no line of it can be too long, none is torn or blank), decoded at once and
-    ``fd`` closed; None otherwise, ``fd`` left open at its start for :func:`read_lines`."""
-    size = os.fstat(fd).st_size
+def _read_small(fd: int, size: int) -> list | None:
+    """The events of a file (``size`` bytes when opened) under MAX_LINE bytes whose every
+    line is one JSON value (the usual file: no line of it can be too long, none is torn or
+    blank), decoded at once and ``fd`` closed; None otherwise, ``fd`` left open at its start
+    for :func:`read_lines`."""
     # asked for one byte more than its size: all of it came when fewer did (a 1 MiB
     # buffer for each of 10,000 small files would cost more than reading them)
     data = os.read(fd, size + 1) if size < MAX_LINE else b""
@@ -178,11 +185,12 @@ def load(path: str | Path) -> Trace:
     t = Trace(files=len(files))
     seen: set = set()
     for f in files:
-        fd = open_regular(f, follow=named)
-        if fd is None:
+        opened = _open_sized(f, named)
+        if opened is None:
             t.skipped_files += 1
             continue
-        parsed = _read_small(fd)
+        fd, size = opened
+        parsed = _read_small(fd, size)
         if parsed is None:
             lines, long_lines = read_lines(fd)
             t.long_lines += long_lines
