@@ -13,10 +13,10 @@ import time
 import pytest
 
 from bootseer.deps import compat, ensure as E, relocate
-from bootseer.deps.mounted import mounted_info, sidecar
+from bootseer.deps.mounted import mounted_info, sidecar, unmount
 from bootseer.deps.resolve import DepsError
 from bootseer.deps.snapshot import env_ref, load_manifest, portable_ref, publish_manifest, rmtree
-from tests.deps.test_deps import cfg, serve_index
+from tests.deps.test_deps import cfg, serve_index, wipe
 
 pytestmark = pytest.mark.timeout(240)
 PY = sys.executable
@@ -50,20 +50,34 @@ def test_relocated_to_another_prefix_rewrites_scripts_and_verifies(index, tmp_pa
     store = cfg(tmp_path, "n1").store.url
     r = E.ensure(spec, b, python=PY, index_urls=urls, config=cfg(tmp_path, "n2"))
     assert r.how == "relocated" and r.key != built.key
-    # the console script's shebang and the activate script now name b, and work
-    script = open(f"{b}/bin/bsnode-one").read()
-    assert b in script and a not in script
-    assert subprocess.run([f"{b}/bin/bsnode-one"], capture_output=True,
-                          text=True).stdout.strip() == "one 1"
-    assert a not in open(f"{b}/bin/activate").read()
-    assert run_py(b, "import sys, bsnode_one; print(sys.prefix)") == b
-    v = cli("deps", "verify", b, "--store", store)
-    assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
-    # a third node asking for b restores the alias published under b's key, relocated too
-    rmtree(b)
-    r3 = E.ensure(spec, b, python=PY, index_urls=urls, config=cfg(tmp_path, "n3"))
-    assert r3.how == "restored" and r3.key == r.key
-    assert b in open(f"{b}/bin/bsnode-one").read()
+
+    def relocated_and_verified():
+        # the console script's shebang and the activate script now name b, and work
+        script = open(f"{b}/bin/bsnode-one").read()
+        assert b in script and a not in script
+        assert subprocess.run([f"{b}/bin/bsnode-one"], capture_output=True,
+                              text=True).stdout.strip() == "one 1"
+        assert a not in open(f"{b}/bin/activate").read()
+        assert run_py(b, "import sys, bsnode_one; print(sys.prefix)") == b
+        v = cli("deps", "verify", b, "--store", store)
+        assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
+    try:
+        # a mount: the rewritten files are in its overlay, the blob is the snapshot's
+        assert r.form == "mount"
+        relocated_and_verified()
+        # unmounted, the node's blob mounts again, rewritten again
+        unmount(b)
+        again = E.ensure(spec, b, python=PY, index_urls=urls, key=r.key,
+                         config=cfg(tmp_path, "n2"))
+        assert (again.how, again.form) == ("restored", "mount")
+        relocated_and_verified()
+    finally:
+        wipe(b)
+    # a third node asking for b restores the alias published under b's key, relocated
+    # too; as a plain directory here (and so would a --read-only mount: no overlay)
+    r3 = E.ensure(spec, b, python=PY, index_urls=urls, config=cfg(tmp_path, "n3"), copy=True)
+    assert r3.how == "restored" and r3.key == r.key and r3.form == "directory"
+    relocated_and_verified()
 
 
 def test_relocation_refused_when_a_binary_names_the_prefix(index, tmp_path):
@@ -284,7 +298,6 @@ def test_restore_steps_are_traced_phases(index, tmp_path, monkeypatch):
         assert fetch["attrs"]["chunks"] > 0 and fetch["attrs"]["requests"] > 0
         assert fetch["attrs"]["bytes"] > 0 and fetch["end"] <= mount["start"] + 1e-3
     finally:
-        from bootseer.deps.mounted import unmount
         unmount(prefix)
 
 

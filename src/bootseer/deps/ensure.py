@@ -223,15 +223,16 @@ def _say_why_new_key(store, r) -> None:
 def _restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str, progress,
              *, as_mount: bool, writable: bool) -> None:
     """Restore as a kernel mount when asked and possible, else by extraction. A snapshot
-    made at another prefix needs rewritten files: always extracted (and relocated)."""
+    made at another prefix needs rewritten files: they go into the mount's overlay, so a
+    read-only mount of it cannot be: extracted (and relocated)."""
     from bootseer.deps import kernel_restore
     from bootseer.mount.erofs import kernel
     why = kernel_restore.unavailable(config) if as_mount else None
     if why is not None:
         kernel_restore.say_fallback(why)
-    elif as_mount and manifest["prefix"] != prefix:
-        log.info("the snapshot was made at %s: extracting a relocated copy at %s instead of "
-                 "mounting it", manifest["prefix"], prefix)
+    elif as_mount and manifest["prefix"] != prefix and not writable:
+        log.info("the snapshot was made at %s: its rewritten files need a writable mount, "
+                 "extracting a relocated copy at %s instead", manifest["prefix"], prefix)
     elif as_mount:
         try:
             kernel_restore.mount_restore(config, store, manifest, prefix, key,

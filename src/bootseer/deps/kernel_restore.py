@@ -36,7 +36,7 @@ from typing import Callable
 
 from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
-from bootseer.deps import place
+from bootseer.deps import place, relocate
 from bootseer.deps.mounted import KERNEL_BACKEND, is_mount_point, sidecar, state_dir
 from bootseer.errors import BootseerError, StoreError
 from bootseer.mount import points
@@ -132,8 +132,11 @@ def mount_cached(config: BootseerConfig, prefix: str, key: str, *, writable: boo
     if not (isinstance(blob, str) and isinstance(meta, str)) or \
             not _verified_unchanged(blob) or not _meta_matches(meta):
         return False
+    if rec.get("relocated") and not writable:
+        return False   # the store path says why and extracts
     place.clear(prefix)
-    _mount(prefix, key, rec["tree"], meta, blob, writable=writable)
+    _mount(prefix, key, rec["tree"], meta, blob, writable=writable,
+           relocated=rec.get("relocated"))
     return True
 
 
@@ -173,6 +176,10 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
     from bootseer.tree.blob_mount import local_blob_path, metadata_image
     from bootseer.tree.reader import TreeReader
     tree = manifest["tree"]
+    relocated = None
+    if manifest["prefix"] != prefix:   # before fetching: refused when a binary names it
+        relocate.check(manifest.get("relocations"), manifest["prefix"], prefix)
+        relocated = {"from": manifest["prefix"], **manifest["relocations"]}
     for path in (prefix, state_dir(prefix)):
         if "," in path or ":" in path:   # overlay and EROFS options cannot quote them
             raise KernelMountError(f"the path {path} has a ',' or ':'")
@@ -216,9 +223,10 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
         raise e
     _write_json(_index_path(config, key), {"key": key, "tree": tree, "blob": blob,
                                            "meta": made["meta"], "layout": layout.key,
-                                           "cuda": manifest.get("cuda")})
+                                           "cuda": manifest.get("cuda"),
+                                           "relocated": relocated})
     place.clear(prefix)   # what was there stays until the new environment is local
-    _mount(prefix, key, tree, made["meta"], blob, writable=writable)
+    _mount(prefix, key, tree, made["meta"], blob, writable=writable, relocated=relocated)
 
 
 def _local_blob(config: BootseerConfig, store, reader, layout, key: str, fetcher, progress,
@@ -249,15 +257,19 @@ def _local_blob(config: BootseerConfig, store, reader, layout, key: str, fetcher
     return blob
 
 
-def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: bool) -> None:
+def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: bool,
+           relocated: dict | None = None) -> None:
     """Mount at ``prefix`` (made empty by the caller); the sidecar first, so that a
-    command killed mid-way leaves a mount recognised as ours. A failure unmounts what
-    it mounted."""
+    command killed mid-way leaves a mount recognised as ours. ``relocated`` (a snapshot
+    made at another prefix: ``{"from", "text", "links", ...}``): its recorded
+    occurrences are rewritten through the overlay, into its upper directory, before the
+    mount is complete. A failure unmounts what it mounted."""
     state = state_dir(prefix)
     sweep(prefix, images=False)    # a dead mount's leftovers, not the image just written
     os.makedirs(prefix, exist_ok=True)
     info = {"key": key, "tree": tree, "backend": KERNEL_BACKEND, "writable": writable,
-            "blob": blob, "meta": meta, "mount_id": None, "started": time.time()}
+            "blob": blob, "meta": meta, "mount_id": None, "started": time.time(),
+            "relocated": relocated}
     _write_json(Path(sidecar(prefix)), info)
     try:
         with tracing.phase("deps.mount", writable=writable):
@@ -269,6 +281,9 @@ def _mount(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: 
                 _overlay(prefix, lower, upper, work)
             else:
                 kernel.mount_with_read_ahead(meta, prefix, blob)
+        if relocated:
+            with tracing.phase("deps.relocate") as span:
+                span.set(paths=relocate.rewrite(prefix, relocated, relocated["from"], prefix))
     except BaseException:
         unmount(prefix, info)
         raise
@@ -348,10 +363,19 @@ def blob_bytes(info: dict) -> int:
 
 
 def drop_blob(config: BootseerConfig, key: str, info: dict) -> None:
-    """Forget ``key``'s blob on this node (``deps gc``): the file (a mount still using it
-    keeps it until unmounted), its verification stamp and the index entry."""
-    for p in (info.get("blob"), (info.get("blob") or "") + ".verified"):
-        if p:
-            Path(p).unlink(missing_ok=True)
-    _index_path(config, key).unlink(missing_ok=True)
-
+    """Forget ``key``'s blob on this node (``deps gc``): its index entry, and the file
+    with its verification stamp unless another key's entry names it too (the same tree
+    restored at two prefixes); a mount still using the file keeps it until unmounted."""
+    mine = _index_path(config, key)
+    mine.unlink(missing_ok=True)
+    blob = info.get("blob")
+    if not blob:
+        return
+    for other in mine.parent.glob("env-*.json"):
+        try:
+            if json.loads(other.read_text()).get("blob") == blob:
+                return
+        except (OSError, ValueError):
+            continue
+    for p in (blob, blob + ".verified"):
+        Path(p).unlink(missing_ok=True)

@@ -241,4 +241,8 @@ def _drop_mounted(config: BootseerConfig, env: NodeEnv, dry_run: bool) -> tuple[
         unmount(env.prefix)
         drop_blob(config, env.key, env.kernel)
         env.record.unlink(missing_ok=True)
+        try:
+            os.rmdir(env.prefix)    # the empty mount point: the environment is gone whole
+        except OSError:
+            pass
     return env, "removed" if not dry_run else "would remove"
