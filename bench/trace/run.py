@@ -170,7 +170,8 @@ def main() -> int:
             timed([PY, "-m", "bootseer", "analyze", sim, "--json", os.path.join(tmp, "a.json"),
                    "--html", os.path.join(tmp, "a.html")]), "s", 5 if goal else None)
         c = json.load(open(os.path.join(tmp, "a.json")))
-        meds = " ".join(f"{b['bin']}:{b['median']:.0f}" for b in c["bins"])
+        meds = " ".join(f"{b['bin']}:{b['median']:.0f}" if "median" in b else f"{b['bin']}:-"
+                        for b in c["bins"])   # (a bin without jobs has no median)
         print(f"calibration: median startup s by GPUs {meds}; GPU time lost "
               f"{c['lost_share'] * 100:.2f}% (targets 45 127 334 314 410 432 501; 3.5%)")
     finally:
