@@ -3,7 +3,8 @@
     warm node   PREFIX has this key's completion marker, or its mount -> return at once
     hit         the store has a snapshot for the key             -> fetch its blob, mount
                 (the kernel has file-backed EROFS; ``kernel_restore``), else fetch,
-                extract, rename (``copy``, no EROFS, a snapshot made at another prefix)
+                extract, rename (``copy``, no EROFS, a read-only mount of a snapshot
+                made at another prefix)
     miss        lease the key (one builder across all nodes), build, snapshot, publish;
                 the others wait for the publish up to a deadline, then build themselves
 
