@@ -400,3 +400,19 @@ def test_another_key_replaces_an_unused_mount_never_one_in_use(published, tmp_pa
     with pytest.raises(subprocess.CalledProcessError):
         subprocess.run([f"{prefix}/bin/python", "-c", "import bskern_two"], check=True,
                        capture_output=True)
+
+
+def test_a_mount_whose_command_died_before_completing_its_sidecar_is_replaced(published,
+                                                                              tmp_path):
+    """Killed between mount(2) and writing the mount's id: the next ensure recognises the
+    mount as ours (sidecar, EROFS/overlay), unmounts it and mounts again, never on top."""
+    urls, spec, prefix, key = published
+    restore(published, tmp_path, "n1")
+    info = json.loads(Path(sidecar(prefix)).read_text())
+    Path(sidecar(prefix)).write_text(json.dumps({**info, "mount_id": None}))
+    assert mounted_info(prefix) is None                      # not a complete mount
+    r = restore(published, tmp_path, "n1")
+    assert (r.how, r.form) == ("restored", "mount")
+    real = os.path.realpath(prefix)
+    assert [e.fstype for e in points.table() if e.mountpoint == real] == ["overlay"]
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
