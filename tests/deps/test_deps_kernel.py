@@ -416,3 +416,10 @@ def test_a_mount_whose_command_died_before_completing_its_sidecar_is_replaced(pu
     real = os.path.realpath(prefix)
     assert [e.fstype for e in points.table() if e.mountpoint == real] == ["overlay"]
     assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+    # killed between EROFS and the overlay: the lower layer is mounted, PREFIX is not
+    subprocess.run(["umount", prefix], check=True)
+    r = restore(published, tmp_path, "n1")
+    assert (r.how, r.form) == ("restored", "mount")
+    lower = os.path.realpath(f"{state_dir(prefix)}/lower")
+    assert [e.fstype for e in points.table() if e.mountpoint == lower] == ["erofs"]
+    assert [e.fstype for e in points.table() if e.mountpoint == real] == ["overlay"]
