@@ -1,16 +1,23 @@
-"""bench/scale: a hot set prefetched by N nodes at once, with and without peers.
+"""bench/scale: a set fetched by N nodes at once, with and without peers.
 
 One storage host (the Debian docker-registry as the bootseer store) whose link is shaped to
 ``--rate`` (1 Gbit/s) for everything it sends, and N node network namespaces on one bridge
-(node-to-node traffic at bridge speed), each with its own address and node cache. All nodes
-start together and prefetch the same hot set (``--mib`` of incompressible chunks): from the
-origin only, or with peers (libtorrent among the job's nodes, docs/peers.md).
+(node-to-node traffic at bridge speed), each with its own address and node cache. Two sets,
+each published as it is in use (with its torrent, docs/peers.md):
 
-Per N and mode: origin egress (bytes the storage host sent, from its interface counters,
-and as a multiple of the set), and time to ready (the slowest node's prefetch, and as a
-multiple of N = 1 in the same mode). Needs root (network namespaces, tc).
+* ``image``: an image's hot set (``--mib`` of incompressible chunks, 1 MiB each), as the
+  recording node publishes it with the profile;
+* ``env``: an environment snapshot (``--mib`` in small, compressible files and large
+  incompressible ones), as ``deps`` publishes it, fetched into the node cache the way a
+  restore through peers does (the extract after it is the same with or without peers).
 
-    .venv/bin/python bench/scale/run.py [--nodes 1,2,4] [--mib 128] [--rate 1gbit]
+All nodes of a round wait at a start line, then fetch the set: from the origin only, or
+with peers (libtorrent among the job's nodes). Per set, N and mode: origin egress (bytes
+the storage host sent, from its interface counters, and as a multiple of the set), and time
+to ready (the slowest node's fetch from the start line, and as a multiple of N = 1 in the
+same mode). Needs root (network namespaces, tc).
+
+    .venv/bin/python bench/scale/run.py [--nodes 1,2,4,8] [--mib 64] [--sets image,env]
 """
 
 from __future__ import annotations
@@ -40,28 +47,68 @@ def _env() -> dict:
 
 # -- in a namespace -----------------------------------------------------------------------------
 def build(store_url: str, mib: int, out: str) -> None:
-    """Runs on the storage host: a tree of ``mib`` MiB of random files and its profile."""
+    """Runs on the storage host: both sets, published with their torrents."""
     from bootseer.config import BootseerConfig
+    from bootseer.deps import snapshot
+    from bootseer.peers.publish import publish_for_profile
     from bootseer.store import open_store
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.build import TreeBuilder, add_directory
     from bootseer.tree.reader import TreeReader
-    config = BootseerConfig.from_env(overrides={"store": {"url": store_url}})
+    scratch = tempfile.mkdtemp(prefix="bsscale-build-")
+    config = BootseerConfig.from_env(overrides={
+        "store": {"url": store_url}, "cache": {"dir": os.path.join(scratch, "cache")},
+        "peers": {"mode": "on"}})
     store = open_store(store_url, config)
-    with tempfile.TemporaryDirectory() as src:
-        for i in range(mib // 4):
-            Path(src, f"lib{i:03d}.so").write_bytes(os.urandom(4 << 20))
-        b = TreeBuilder(store, chunk_size=1 << 20, pack_size=64 << 20)
-        add_directory(b, src)
-        tree = b.finish()
-    with Fetcher(config.fetch) as f:
-        chunks = TreeReader(store, tree, f).all_chunks()
-    Path(out).write_text(json.dumps({"tree": tree, "set_bytes": sum(c[3] for c in chunks),
-                                     "profile": {"chunks": [[c[0]] for c in chunks]}}))
+    spec = {}
+    try:
+        with tempfile.TemporaryDirectory() as src:
+            for i in range(mib // 4):
+                Path(src, f"lib{i:03d}.so").write_bytes(os.urandom(4 << 20))
+            b = TreeBuilder(store, chunk_size=1 << 20, pack_size=64 << 20)
+            add_directory(b, src)
+            tree = b.finish()
+        with Fetcher(config.fetch) as f:
+            chunks = TreeReader(store, tree, f).all_chunks()
+        profile = {"v": 1, "kind": "bootseer.profile", "tree": tree,
+                   "chunks": [[c[0]] for c in chunks]}
+        publish_for_profile(config, store, profile)       # the recording node's part
+        spec["image"] = {"tree": tree, "set_bytes": sum(c[3] for c in chunks),
+                         "profile": profile}
+        with tempfile.TemporaryDirectory() as env:
+            _environment(Path(env), mib)
+            tree = snapshot.publish(store, "/opt/bsscale-env", "sha256:" + "5" * 64,
+                                    root=env, config=config)
+        with Fetcher(config.fetch) as f:
+            chunks = TreeReader(store, tree, f).all_chunks()
+        spec["env"] = {"tree": tree, "set_bytes": sum(c[3] for c in chunks),
+                       "profile": {"chunks": [[c[0]] for c in chunks]}}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    Path(out).write_text(json.dumps(spec))
+
+
+def _environment(root: Path, mib: int) -> None:
+    """A Python environment's shape: a quarter of the bytes in small text-like modules
+    (2-32 KiB, compressible), the rest in large incompressible libraries (8 MiB)."""
+    import random
+    rnd = random.Random(16)
+    words = [os.urandom(4).hex() for _ in range(512)]
+    small, i = 0, 0
+    while small < (mib << 20) // 4:
+        size = rnd.randint(2 << 10, 32 << 10)
+        text = " ".join(rnd.choice(words) for _ in range(size // 9)).encode()[:size]
+        d = root / "lib" / f"pkg{i // 50:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"mod{i:05d}.py").write_bytes(text)
+        small, i = small + len(text), i + 1
+    for k in range(max(1, (mib - mib // 4) // 8)):
+        (root / "lib" / f"native{k:02d}.so").write_bytes(os.urandom(8 << 20))
 
 
 def node(args) -> None:
-    """Runs on a node: prefetch the hot set, write the figures, seed until told to stop."""
+    """Runs on a node: at the start line, fetch the set; write the figures; seed until told
+    to stop."""
     from bootseer.config import BootseerConfig
     from bootseer.peers import share_for
     from bootseer.store import open_store
@@ -72,16 +119,20 @@ def node(args) -> None:
     import logging
     logging.basicConfig(level=os.environ.get("BENCH_LOG", "WARNING"),
                         format=f"{args.name}: %(levelname)s %(name)s: %(message)s")
-    spec = json.loads(Path(args.spec).read_text())
+    spec = json.loads(Path(args.spec).read_text())[args.set]
     config = BootseerConfig.from_env(overrides={
         "store": {"url": args.store}, "cache": {"dir": args.cache},
         "trace": {"job_id": args.job, "node": args.name},
         "peers": {"mode": "auto" if args.peers else "off", "nodes": args.n,
                   "min_set_bytes": 0, "interface": args.addr, "stall_s": 10.0}})
     store = open_store(args.store, config)
-    t0 = time.monotonic()
     reader = TreeReader(store, spec["tree"], Fetcher(config.fetch), NodeCache(config.cache))
-    pre = Prefetcher(reader, spec["profile"], peers=share_for(config, store)).start()
+    share = share_for(config, store)   # announces this node: part of joining the job
+    Path(args.out + ".ready").touch()
+    while not os.path.exists(args.go):
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    pre = Prefetcher(reader, spec["profile"], peers=share).start()
     pre.wait()
     stats = {**pre.stats, "ready_s": time.monotonic() - t0}
     Path(args.out).write_text(json.dumps(stats, default=str))
@@ -91,28 +142,28 @@ def node(args) -> None:
 
 
 # -- the driver ---------------------------------------------------------------------------------
-def run_round(net, storage, hosts, store_url, spec_path, scratch: Path, n: int, peers: bool):
-    job = f"scale{os.getpid()}-{n}-{'p2p' if peers else 'origin'}"
+def run_round(storage, hosts, store_url, spec_path, scratch: Path, which: str, n: int,
+              peers: bool):
+    job = f"scale{os.getpid()}-{which}-{n}-{'p2p' if peers else 'origin'}"
     work = scratch / job
     work.mkdir()
-    stop = work / "stop"
-    tx0 = _storage_tx(storage.netns)
+    stop, go = work / "stop", work / "go"
     procs = []
     for i, h in enumerate(hosts[:n]):
         argv = [*h.enter(), sys.executable, __file__, "node", "--store", store_url,
-                "--spec", str(spec_path), "--cache", str(work / f"n{i}" / "cache"),
-                "--job", job, "--name", f"n{i}", "--n", str(n), "--addr", h.addr,
-                "--out", str(work / f"n{i}.json"), "--stop", str(stop)]
+                "--spec", str(spec_path), "--set", which,
+                "--cache", str(work / f"n{i}" / "cache"), "--job", job, "--name", f"n{i}",
+                "--n", str(n), "--addr", h.addr, "--out", str(work / f"n{i}.json"),
+                "--stop", str(stop), "--go", str(go)]
         if peers:
             argv.append("--peers")
         procs.append(subprocess.Popen(argv, env=_env()))
+    outs = [work / f"n{i}.json" for i in range(n)]
     try:
-        outs = [work / f"n{i}.json" for i in range(n)]
-        deadline = time.monotonic() + 600
-        while not all(o.exists() for o in outs):
-            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                raise SystemExit(f"error: a node of round N={n} failed (see its output above)")
-            time.sleep(0.1)
+        _wait_for([Path(f"{o}.ready") for o in outs], procs, n)
+        tx0 = _storage_tx(storage.netns)
+        go.touch()                     # every node starts now
+        _wait_for(outs, procs, n)
         tx = _storage_tx(storage.netns) - tx0
     finally:
         stop.touch()
@@ -125,12 +176,25 @@ def run_round(net, storage, hosts, store_url, spec_path, scratch: Path, n: int, 
     stats = [json.loads(o.read_text()) for o in outs]
     for i, st in enumerate(stats):
         print(f"    n{i}: ready {st['ready_s']:.2f}s, role {st.get('peers_role') or '-'}, "
-              f"peer phase {st.get('peers_seconds', 0):.2f}s, "
               f"from peers {st['peer_bytes'] / 2**20:.0f} MiB, "
               f"from origin {st['origin_bytes'] / 2**20:.0f} MiB", flush=True)
-    return {"n": n, "peers": peers, "egress": tx, "ready_s": max(s["ready_s"] for s in stats),
+    return {"set": which, "n": n, "peers": peers, "egress": tx,
+            "ready_s": max(s["ready_s"] for s in stats),
             "peer_bytes": sum(s["peer_bytes"] for s in stats),
             "origin_bytes": sum(s["origin_bytes"] for s in stats)}
+
+
+def _wait_for(paths, procs, n: int) -> None:
+    deadline = time.monotonic() + 600
+    while not all(p.exists() for p in paths):
+        if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+            raise SystemExit(f"error: a node of round N={n} failed (see its output above)")
+        time.sleep(0.02)
+
+
+def _uptime() -> str:
+    """The load averages (1, 5, 15 min): the machine is shared, the numbers are noisy."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
@@ -139,14 +203,18 @@ def main() -> None:
     b = sub.add_parser("build")
     b.add_argument("--store"), b.add_argument("--mib", type=int), b.add_argument("--out")
     nd = sub.add_parser("node")
-    for opt in ("--store", "--spec", "--cache", "--job", "--name", "--addr", "--out", "--stop"):
+    for opt in ("--store", "--spec", "--set", "--cache", "--job", "--name", "--addr", "--out",
+                "--stop", "--go"):
         nd.add_argument(opt)
     nd.add_argument("--n", type=int)
     nd.add_argument("--peers", action="store_true")
-    ap.add_argument("--nodes", default="1,2,4")
-    ap.add_argument("--mib", type=int, default=128)
+    ap.add_argument("--nodes", default="1,2,4,8")
+    ap.add_argument("--mib", type=int, default=64,
+                    help="size of each set (8 nodes' fetch, verification and libtorrent "
+                         "share the machine's cores: keep it moderate)")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--modes", default="origin,p2p", help="origin, p2p or both")
+    ap.add_argument("--sets", default="image,env", help="image, env or both")
     args = ap.parse_args()
     if args.cmd == "build":
         return build(args.store, args.mib, args.out)
@@ -159,8 +227,11 @@ def main() -> None:
     from bootseer.testing.netns import Network, remove_leftovers
     remove_leftovers(PREFIX)
     counts = [int(x) for x in args.nodes.split(",")]
+    sets = args.sets.split(",")
     scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-", dir="/var/tmp"))
     rows = []
+    load_before = _uptime()
+    print(f"load average before: {load_before}", flush=True)
     try:
         with Network(PREFIX, subnet="10.98.0") as net:
             storage = net.add_host("storage", egress_rate=args.rate)
@@ -173,31 +244,37 @@ def main() -> None:
                 subprocess.run([*storage.enter(), sys.executable, __file__, "build", "--store",
                                 store_url, "--mib", str(args.mib), "--out", str(spec)],
                                check=True, env=_env())
-                set_bytes = json.loads(spec.read_text())["set_bytes"]
-                for n in counts:
-                    for peers in [m == "p2p" for m in args.modes.split(",")]:
-                        rows.append(run_round(net, storage, hosts, store_url, spec, scratch,
-                                              n, peers))
-                        print(f"  N={n} {'p2p   ' if peers else 'origin'} "
-                              f"egress {rows[-1]['egress'] / set_bytes:.2f}x the set, "
-                              f"ready {rows[-1]['ready_s']:.2f}s", flush=True)
+                set_bytes = {k: v["set_bytes"] for k, v in json.loads(spec.read_text()).items()}
+                for which in sets:
+                    for n in counts:
+                        for peers in [m == "p2p" for m in args.modes.split(",")]:
+                            rows.append(run_round(storage, hosts, store_url, spec, scratch,
+                                                  which, n, peers))
+                            r = rows[-1]
+                            print(f"  {which} N={n} {'p2p   ' if peers else 'origin'} egress "
+                                  f"{r['egress'] / set_bytes[which]:.2f}x the set, "
+                                  f"ready {r['ready_s']:.2f}s", flush=True)
             finally:
                 reg.stop()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    load_after = _uptime()
     results = Path(__file__).resolve().parents[1] / "results" / "scale.json"
-    results.write_text(json.dumps({"set_bytes": set_bytes, "rate": args.rate, "rows": rows},
+    results.write_text(json.dumps({"set_bytes": set_bytes, "rate": args.rate, "rows": rows,
+                                   "load_before": load_before, "load_after": load_after},
                                   indent=1) + "\n")
-    base = {r["peers"]: r["ready_s"] for r in rows if r["n"] == counts[0]}
-    print(f"\nhot set {set_bytes / 2**20:.0f} MiB, storage link {args.rate}, "
-          f"nodes start at once\n")
-    print("| N | mode | origin egress (MiB) | egress / set | time to ready (s) "
+    base = {(r["set"], r["peers"]): r["ready_s"] for r in rows if r["n"] == counts[0]}
+    print(f"\nsets of {args.mib} MiB (stored: "
+          + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in set_bytes.items())
+          + f"), storage link {args.rate}, nodes start at once; load average "
+          f"{load_before} before, {load_after} after\n")
+    print(f"| set | N | mode | origin egress (MiB) | egress / set | time to ready (s) "
           f"| ready / N={counts[0]} |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['n']} | {'p2p' if r['peers'] else 'origin'} | {r['egress'] / 2**20:.0f} "
-              f"| {r['egress'] / set_bytes:.2f} | {r['ready_s']:.2f} "
-              f"| {r['ready_s'] / base[r['peers']]:.2f} |")
+        print(f"| {r['set']} | {r['n']} | {'p2p' if r['peers'] else 'origin'} "
+              f"| {r['egress'] / 2**20:.0f} | {r['egress'] / set_bytes[r['set']]:.2f} "
+              f"| {r['ready_s']:.2f} | {r['ready_s'] / base[(r['set'], r['peers'])]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 1 << 20     # the unit of the origin's work dealt to nodes (coalesced reads)
 ORIGIN_WINDOW = 4 << 20     # origin bytes in flight per node: small, so a new view applies fast
-JOIN_GRACE_S = 1.5          # how long the origin's work waits for announced nodes to connect
+JOIN_GRACE_S = 1.0          # how long the origin's work waits for announced nodes to connect
                             # (a node learned by its knock calls back within a second)
 JOIN_WAIT_S = 0.3           # at join, how long to look for the job's other nodes announcing
 RECALL_S = 2.0              # a node not connected to an announced peer calls it again this often
@@ -166,6 +166,7 @@ class SetTransfer:
             size += r[4]
         if cur:
             self.segments.append(cur)
+        self._segment_hashes = [_hash(seg[0]) for seg in self.segments]
 
     def summary(self) -> dict:
         """Flat figures for the trace (prefetch attributes of ``image.window``)."""
@@ -218,6 +219,7 @@ class SetTransfer:
             self._swarm_fetch()
         except Exception as e:  # noqa: BLE001 - peers only cost time, the origin is there
             log.warning("peers: set %s: %s; the rest comes from the origin", self.key[:12], e)
+            log.debug("peers: set %s failed here", self.key[:12], exc_info=True)
         finally:
             stats["seconds"] += time.monotonic() - t0
             stats["banned"] = sorted(share.swarm.banned)
@@ -252,7 +254,7 @@ class SetTransfer:
                                               lt.torrent_status.checking_resume_data)
                and time.monotonic() < deadline):
             time.sleep(0.01)
-        pieces = self.handle.status(lt.torrent_handle.query_pieces).pieces
+        pieces = _have(self.handle.status(lt.torrent_handle.query_pieces))
         for name in linked:
             first, n = self.layout[name]
             if all(pieces[first + k] for k in range(n)):
@@ -288,18 +290,19 @@ class SetTransfer:
 
     def _mine(self, view: list[str], dealt: bool) -> list[int]:
         """Indexes of the segments this node fetches from the origin, in order. Once every
-        node of the job is connected (or the join grace is over) the segments are dealt
-        round-robin over the nodes connected (sorted by address: every node deals alike);
-        a node gone drops out of the view and its segments are dealt again. Before that,
-        all of them from a point of its own (its address's hash), so that nodes starting
-        at once begin in different places and a node alone (firewalled) loses no time."""
+        node of the job is connected (or the join grace is over), each segment is the
+        node's of the view whose hash with the segment is highest (rendezvous hashing: two
+        nodes whose views differ by one node disagree only on that node's segments; a node
+        gone drops out of the view and its segments go to the others). Before that (alone,
+        or firewalled), all of them from a point of its own."""
         n = len(self.segments)
+        me = _hash(self.share.swarm.ip)
         if not dealt:
-            start = int.from_bytes(hashlib.sha256(self.share.swarm.ip.encode()).digest()[:4],
-                                  "big") % max(n, 1)
+            start = me % max(n, 1)
             return [(start + i) % n for i in range(n)]
-        k, m = view.index(self.share.swarm.ip), len(view)
-        return [i for i in range(n) if i % m == k]
+        others = [_hash(ip) for ip in view if ip != self.share.swarm.ip]
+        return [i for i, seg in enumerate(self._segment_hashes)
+                if all(_mix(me, seg) > _mix(o, seg) for o in others)]
 
     def _swarm_fetch(self) -> None:
         """Until every item is here, or neither peers nor the origin made progress for
@@ -327,7 +330,8 @@ class SetTransfer:
                 else:
                     got[p] = data
             st = h.status(lt.torrent_handle.query_pieces)
-            for p, have in enumerate(st.pieces):
+            have_pieces = _have(st)
+            for p, have in enumerate(have_pieces):
                 if have and p in piece_of and p not in asked and piece_of[p] not in self.delivered:
                     asked.add(p)
                     h.read_piece(p)
@@ -345,12 +349,12 @@ class SetTransfer:
             if v != view or dealt != was_dealt:
                 view, was_dealt, mine = v, dealt, self._mine(v, dealt)
             if dealt:
-                self._submit_origin(mine, inflight, st, ORIGIN_WINDOW)
+                self._submit_origin(mine, inflight, have_pieces, ORIGIN_WINDOW)
             elif len(v) == 1 and not [ip for ip, _ in swarm.endpoints()
                                       if swarm.unreachable.get(ip, 0) < t_start]:
                 # nobody else announced (after the join wait), or every call refused
                 # (firewalled): on alone, from its own starting point
-                self._submit_origin(mine, inflight, st, ORIGIN_WINDOW)
+                self._submit_origin(mine, inflight, have_pieces, ORIGIN_WINDOW)
             # else: calling the others, or connected to some: the rest of the job has the
             # join grace to connect (a call refused by a node that does not know this one
             # yet is made again within REDIAL_S, once that node has read the roster)
@@ -391,7 +395,7 @@ class SetTransfer:
             h.pause()
             h.resume()
 
-    def _submit_origin(self, mine: list[int], inflight: dict, st, window: int) -> None:
+    def _submit_origin(self, mine: list[int], inflight: dict, have: list, window: int) -> None:
         if self.reader is None:
             return
         room = window - sum(self.refs[n][3] for n in inflight)
@@ -399,7 +403,9 @@ class SetTransfer:
             return
         if any(p.flags & lt.peer_info.seed for p in self.handle.get_peer_info()):
             return   # a seed has every piece (its pieces are not in the availability)
-        avail = self.handle.piece_availability()
+        avail = self.handle.piece_availability()   # empty once this node seeds
+        if len(avail) < len(have):
+            return
         busy = {q["piece_index"] for q in self.handle.get_download_queue()}
         todo = []
         for i in mine:
@@ -407,7 +413,7 @@ class SetTransfer:
                 if name in self.delivered or name in inflight:
                     continue
                 first, _ = self.layout[name]
-                if avail[first] > 0 or first in busy or st.pieces[first]:
+                if avail[first] > 0 or first in busy or have[first]:
                     continue   # a peer has it or is sending it
                 todo.append(self.refs[name])
                 room -= self.refs[name][3]
@@ -497,6 +503,21 @@ class SetTransfer:
         store.write(digest, data)
         store.set_ref(torrent_ref(self.key), digest, exclusive=True)   # made alike anywhere
         return True
+
+
+def _have(status) -> list[bool]:
+    """Which pieces the torrent has (libtorrent leaves the list empty once it seeds)."""
+    return [True] * status.num_pieces if status.is_seeding else list(status.pieces)
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def _mix(a: int, b: int) -> int:
+    """A node's weight for a segment (rendezvous hashing), from the two hashes."""
+    x = (a ^ b) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 29)
 
 
 # -- the node's copies for seeding ------------------------------------------------------------

@@ -14,6 +14,7 @@ knock: the share then reads the roster once and calls the newcomer back. Nobody 
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import logging
 import queue
@@ -76,7 +77,11 @@ class Swarm:
         classes.add_rule(*_ALL_V4, 1 << lt.session.global_peer_class_id)
         self.session.set_peer_class_filter(classes)
         self._apply_filter()
-        threading.Thread(target=self._pump, daemon=True, name="bootseer-peers-alerts").start()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True,
+                                             name="bootseer-peers-alerts")
+        self._pump_thread.start()
+        # a thread still inside libtorrent when the interpreter ends aborts the process
+        atexit.register(self._stop_pump)
 
     @property
     def addr(self) -> str:
@@ -155,6 +160,10 @@ class Swarm:
         """(piece, bytes or None on a read error) of ``ti``'s pieces read back."""
         return self._pieces.setdefault(ti.name(), queue.SimpleQueue())
 
+    def _stop_pump(self) -> None:
+        self._closed.set()
+        self._pump_thread.join(timeout=1.0)
+
     def _pump(self) -> None:
         while not self._closed.is_set():
             try:
@@ -187,7 +196,7 @@ class Swarm:
 
     def close(self) -> None:
         """Stop serving and drop every connection (the session object may outlive this)."""
-        self._closed.set()
+        self._stop_pump()
         self.session.pause()
         for h in self.session.get_torrents():
             self.session.remove_torrent(h)
