@@ -17,6 +17,27 @@ from bootseer.testing import servers
 REQUIRE_ALL = os.environ.get("BOOTSEER_TEST_REQUIRE_ALL") == "1"
 
 
+@pytest.fixture(autouse=True)
+def _no_mount_left(tmp_path_factory):
+    """A test that leaves a mount under pytest's temporary directories fails, and what it
+    left is unmounted (deepest first) so neither the next test nor pytest's clean-up of old
+    temporary directories meets it. Mounts made by wider-scoped fixtures exist before the
+    test starts and are not counted."""
+    from bootseer.mount import points
+    root = os.path.realpath(tmp_path_factory.getbasetemp())
+
+    def under_root() -> set[str]:
+        return {e.mountpoint for e in points.table()
+                if e.mountpoint == root or e.mountpoint.startswith(root + "/")}
+
+    before = under_root()
+    yield
+    left = under_root() - before
+    for mp in sorted(left, key=len, reverse=True):
+        points.lazy_unmount(mp)
+    assert not left, f"the test left mounts behind: {sorted(left)}"
+
+
 def need(condition: bool, why: str) -> None:
     """Skip (or, in CI, fail) unless ``condition`` holds."""
     if condition:
