@@ -13,7 +13,7 @@ def register(sub) -> None:
     p.add_argument("--jobs", type=int, default=30000, help="jobs to simulate (30000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (the same seed, the same run)")
     p.add_argument("--techniques", default="none",
-                   help="all, none, or a comma list of image,deps,ckpt,overlap")
+                   help="all, none, or a comma list of image,deps,ckpt,overlap,peers")
     p.add_argument("--events", type=int, default=0, metavar="N",
                    help="also write full per-node traces of the first N jobs")
     p.set_defaults(func=_run)

@@ -27,7 +27,7 @@ BINS = [(1, 10), (10, 100), (100, 500), (500, 1000), (1000, 2000), (2000, 3000),
 BIN_NAMES = ["1-10", "10-100", "100-500", "500-1000", "1000-2000", "2000-3000", ">3000"]
 TARGET_MEDIANS = [45, 127, 334, 314, 410, 432, 501]   # s, per bin (the paper's figure)
 TARGET_LOST_SHARE = 0.035                             # of cluster GPU time
-TECHNIQUES = ("image", "deps", "ckpt", "overlap")
+TECHNIQUES = ("image", "deps", "ckpt", "overlap", "peers")
 # Per-bin factors on all phase durations, fitted once so that the default model (seed 0,
 # 30,000 jobs) hits TARGET_MEDIANS; the shape within a bin comes from the model.
 CALIBRATION = [0.698, 1.524, 3.374, 2.572, 2.261, 1.546, 0.736]
@@ -70,6 +70,15 @@ class SimParams:
     failures_per_gpu_hour: float = 0.00005
     """Restarts: Poisson with this rate times GPU-hours of training."""
     max_restarts: int = 40
+    peer_origin_copies: float = 1.03
+    """With ``peers``: times the registry serves a hot set per job start, whatever the node
+    count (bench/scale, N = 2 to 8: 1.00-1.03)."""
+    peer_node_gbps: float = 1.25
+    """With ``peers``: one node's rate of receiving from its peers (GB/s): its NIC. (On the
+    2-core bench machine 8 nodes shared the cores and got 10 MB/s each: CPU, not network.)"""
+    peer_join_s: float = 1.0
+    """With ``peers``: joining the job's swarm: the roster read and the calls (bench/scale:
+    up to a second, libtorrent's round of calls)."""
     techniques: tuple = ()
     calibration: tuple = tuple(CALIBRATION)
 
@@ -82,8 +91,8 @@ def _node_phases(p: SimParams, rnd: random.Random, nodes: int, gpus: int, cal: f
     t = set(p.techniques)
     share_reg = min(p.node_gbps, p.registry_gbps / nodes)
     image = p.image_gb / share_reg
-    if "image" in t:  # lazy image: only the hot blocks (~15%) before start, peers share blocks
-        image = 0.15 * p.image_gb / min(p.node_gbps, 4 * p.registry_gbps / nodes) + 2.0
+    if "image" in t:  # lazy image: only the hot blocks (~15%) before start
+        image = set_fetch_s(p, 0.15 * p.image_gb, nodes, "peers" in t) + 2.0
     deps = 3.0 if "deps" in t else p.deps_s   # snapshot restore vs resolve+install
     ckpt_gb = p.ckpt_gb_per_gpu * min(gpus, p.gpus_per_node)
     bw = min(p.node_gbps * (4 if "ckpt" in t else 1),
@@ -92,6 +101,37 @@ def _node_phases(p: SimParams, rnd: random.Random, nodes: int, gpus: int, cal: f
     return {"container.create": 5.0 * cal, "image.pull": image * cal,
             "deps.install": deps * cal, "ckpt.load": ckpt * cal,
             "dist.init": (2.0 + 1.5 * math.log2(nodes + 1)) * cal, "model.init": 8.0 * cal}
+
+
+def set_fetch_s(p: SimParams, gb: float, nodes: int, peers: bool) -> float:
+    """Seconds for every node of a job starting at once to hold a set of ``gb``. From the
+    registry alone, the nodes share its bandwidth. With peers (2 nodes or more), the
+    registry serves the set ``peer_origin_copies`` times in all, in segments dealt out to
+    the nodes, which pass them on as they arrive: a node is done when the registry has sent
+    the set and the node has received it from its peers, after joining the swarm."""
+    if not peers or nodes < 2:
+        return gb / min(p.node_gbps, p.registry_gbps / nodes)
+    origin = p.peer_origin_copies * gb / min(p.registry_gbps, nodes * p.node_gbps)
+    return p.peer_join_s + max(origin, gb / min(p.node_gbps, p.peer_node_gbps))
+
+
+def project(p: SimParams, gpus: int) -> dict:
+    """Noise-free per-node phase seconds of one start of a job of ``gpus`` GPUs (the
+    calibration of its bin applied), its time to ready, and the bytes the registry serves
+    for the image (GB); for projecting a technique to a scale (docs/peers.md)."""
+    nodes = max(1, math.ceil(gpus / p.gpus_per_node))
+    t = set(p.techniques)
+    base = _node_phases(p, random.Random(0), nodes, gpus, p.calibration[bin_of(gpus)])
+    if "overlap" in t:
+        ready = (base["container.create"] + max(base["image.pull"], base["deps.install"],
+                                                base["ckpt.load"])
+                 + base["dist.init"] + base["model.init"])
+    else:
+        ready = sum(base.values())
+    image_gb = 0.15 * p.image_gb if "image" in t else p.image_gb
+    copies = p.peer_origin_copies if "peers" in t and "image" in t and nodes > 1 else nodes
+    return {"gpus": gpus, "nodes": nodes, "phases": base, "ready_s": ready,
+            "registry_gb": image_gb * copies}
 
 
 def _attempt(p: SimParams, rnd: random.Random, nodes: int, base: dict):
