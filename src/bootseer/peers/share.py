@@ -345,7 +345,12 @@ class SetTransfer:
             # the origin: this node's segments, each chunk no peer has or is sending
             now = time.monotonic()
             v = self._view()
-            dealt = len(v) >= max(share.nodes, 2) or now - t_start > JOIN_GRACE_S
+            # connected to nobody while nodes answer and hang up: they will let this one in
+            # once they have read the roster (its knock); wait for that, up to stall_s
+            admitting = len(v) == 1 and any(now - swarm.hung_up.get(ip, -JOIN_GRACE_S) < 1.0
+                                            for ip, _ in swarm.endpoints())
+            dealt = (len(v) >= max(share.nodes, 2) or now - t_start > share.stall_s
+                     or (now - t_start > JOIN_GRACE_S and not admitting))
             if v != view or dealt != was_dealt:
                 view, was_dealt, mine = v, dealt, self._mine(v, dealt)
             if dealt:

@@ -63,6 +63,7 @@ class Swarm:
         self.knocked = threading.Event()   # an unknown address called: read the roster
         self.knockers: dict[str, float] = {}   # ip -> when its knock was last heeded
         self.unreachable: dict[str, float] = {}   # ip -> when a call to it last failed
+        self.hung_up: dict[str, float] = {}       # ip -> when a connection with it last ended
         self._pieces: dict[str, queue.SimpleQueue] = {}   # torrent name -> read pieces
         self._closed = threading.Event()
         self.session = lt.session({
@@ -190,6 +191,8 @@ class Swarm:
                 # that has not admitted this one yet accepts, then hangs up: not this)
                 if a.op == lt.operation_t.connect:
                     self.unreachable[a.ip[0]] = time.monotonic()
+                else:   # it answered, then hung up: its filter does not know this node yet
+                    self.hung_up[a.ip[0]] = time.monotonic()
                 log.debug("peers: %s", a.message())
             elif isinstance(a, lt.listen_failed_alert):
                 log.warning("peers: %s", a.message())
