@@ -461,3 +461,26 @@ def test_seed_copies_no_process_holds_are_removed(tmp_path):
         assert not dropped.exists()
     finally:
         lock.close()
+
+
+def test_a_stranger_knocking_makes_the_roster_be_read_once_in_a_while():
+    """A refused call from an address not on the roster (a node that joined later, or a
+    stranger) makes the node read the roster; the same address again only every 2 s."""
+    from bootseer.peers import swarm as swarm_mod
+    s = Swarm("127.0.0.60", port_min=21960, port_max=21969)
+    try:
+        s._knock("10.9.9.9")
+        assert s.knocked.is_set()
+        s.knocked.clear()
+        for _ in range(50):
+            s._knock("10.9.9.9")
+        assert not s.knocked.is_set()
+        s._knock(s.ip)                                  # its own calls are no knock
+        s.admit(["127.0.0.61:21970"])
+        s._knock("127.0.0.61")                          # nor are a member's
+        assert not s.knocked.is_set()
+        s.knockers["10.9.9.9"] -= swarm_mod.KNOCK_REPEAT_S
+        s._knock("10.9.9.9")
+        assert s.knocked.is_set()
+    finally:
+        s.close()
