@@ -74,6 +74,8 @@ def preread(mountpoint: str, hot: list[tuple[str, str, int, int]], is_local, pre
                 stats["chunks"] += 1
             except OSError as e:   # a chunk that cannot be served: the job will say so
                 log.info("pre-read of %s at %d stopped: %s", path, offset, e)
+        log.info("pre-read %d hot chunks (%d bytes) into the page cache; %d not local, "
+                 "left to the job", stats["chunks"], stats["bytes"], stats["skipped_chunks"])
         return stats
     finally:
         if current is not None:
