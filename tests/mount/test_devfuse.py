@@ -280,6 +280,53 @@ def test_stop_while_a_read_is_in_the_view(need_fuse, tmp_path, backing):
     assert set(os.listdir("/proc/self/fd")) == fds   # the device closed by the last worker
 
 
+def _worker_switches(server: Server) -> int:
+    """Context switches of the server's worker threads so far (a wake-up is one)."""
+    total = 0
+    for t in server._workers:
+        with open(f"/proc/self/task/{t.native_id}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return total
+
+
+def test_a_request_wakes_one_idle_worker_not_all(need_fuse, tmp_path, backing):
+    """Issue #14: the workers all polled one descriptor, so every request woke every idle
+    worker (all but one found nothing to read). The kernel wakes one exclusive waiter."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    requests = 40
+    with Server(StagedView(backing), str(mp), threads=16) as server:
+        time.sleep(0.3)   # every worker in its wait
+        before = _worker_switches(server)
+        for i in range(requests):   # one LOOKUP each, answered before the next is sent
+            assert not os.path.exists(mp / f"missing-{i}")
+        woken = _worker_switches(server) - before
+        assert server.counts["lookup"] >= requests
+    # one wake-up per request, and a few for the GIL; all 16 would be >= 640
+    assert woken < 4 * requests, f"{woken} worker context switches for {requests} requests"
+
+
+def test_stop_with_every_worker_idle_and_a_file_held_open(need_fuse, tmp_path, backing):
+    """A held file keeps the detached mount (and so the connection) alive: the kernel never
+    wakes the idle workers with ENODEV; the stop itself must, and close everything."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    fds = set(os.listdir("/proc/self/fd"))
+    server = Server(StagedView(backing), str(mp), threads=8).start()
+    fd = os.open(mp / "f1", os.O_RDONLY)
+    assert os.pread(fd, 10, 0) == DATA["/f1"][:10]
+    time.sleep(0.3)   # every worker back in its wait
+    started = time.monotonic()
+    server.stop(timeout=10)
+    assert time.monotonic() - started < 3 and not os.path.ismount(mp)
+    assert server._live == 0 and not any(t.is_alive() for t in server._workers)
+    with pytest.raises(OSError) as e:   # the connection went with the device
+        os.pread(fd, 10, MiB)
+    assert e.value.errno == errno.ENOTCONN
+    os.close(fd)
+    assert set(os.listdir("/proc/self/fd")) == fds   # device, stop pipe, every worker's wait
+
+
 def test_owner_killed_the_server_unmounts(need_fuse, tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()

@@ -2,9 +2,15 @@
 no libfuse), requests read and answers written, backing files registered for passthrough.
 
 Needs CAP_SYS_ADMIN (the mount itself and FUSE_DEV_IOC_BACKING_OPEN); the node agent is
-root. The descriptor is non-blocking so that worker threads can wait in ``poll`` next to
-a stop pipe: a thread blocked in ``read`` on /dev/fuse would keep the connection alive
-after its owner wants it gone.
+root. The descriptor is non-blocking so that worker threads can wait next to a stop pipe:
+a thread blocked in ``read`` on /dev/fuse would keep the connection alive after its owner
+wants it gone (a detached mount with files held open is never aborted by the kernel).
+
+Each worker waits in an epoll of its own that holds /dev/fuse with EPOLLEXCLUSIVE. The
+kernel queues each request with one ``wake_up`` on the connection's input wait queue, and
+that wakes every plain ``poll`` waiter but only one exclusive one: with ``poll`` all idle
+workers woke for every request (and all but one found nothing), now one does. The stop
+pipe sits in each epoll without the flag, so a stop still wakes them all.
 """
 
 from __future__ import annotations
@@ -74,29 +80,14 @@ class Channel:
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self.stopping = False
 
+    def listener(self) -> "Listener":
+        """A wait of one's own for one worker thread (close it when the thread ends)."""
+        return Listener(self)
+
     def receive(self, buf: bytearray) -> int:
-        """Wait for one request and read it into ``buf``; its length, or 0 when the
-        connection ended (unmounted, aborted) or :meth:`stop` was called."""
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
-        poller.register(self._stop_r, select.POLLIN)
-        while not self.stopping:
-            events = dict(poller.poll())
-            if self._stop_r in events:
-                return 0
-            try:
-                return os.readv(self.fd, [buf])
-            except BlockingIOError:   # another worker took it
-                continue
-            except InterruptedError:
-                continue
-            except OSError as e:
-                if e.errno == errno.ENOENT:   # the request was interrupted meanwhile
-                    continue
-                if e.errno in (errno.ENODEV, errno.ECONNABORTED, errno.EBADF):
-                    return 0
-                raise
-        return 0
+        """:meth:`Listener.receive` for a one-off read (INIT)."""
+        with self.listener() as listener:
+            return listener.receive(buf)
 
     def reply(self, unique: int, error: int = 0, *payload) -> bool:
         """Answer request ``unique``: ``error`` a positive errno, or 0 and the payload.
@@ -145,3 +136,49 @@ class Channel:
             except OSError:
                 pass
         self.fd = -1
+
+
+class Listener:
+    """One worker's wait on the channel: woken alone for a request (EPOLLEXCLUSIVE), or
+    with every other worker by :meth:`Channel.stop`."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self._epoll = select.epoll(2)
+        try:
+            self._epoll.register(channel.fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+            self._epoll.register(channel._stop_r, select.EPOLLIN)
+        except BaseException:
+            self._epoll.close()
+            raise
+
+    def receive(self, buf: bytearray) -> int:
+        """Wait for one request and read it into ``buf``; its length, or 0 when the
+        connection ended (unmounted, aborted) or :meth:`Channel.stop` was called."""
+        channel = self.channel
+        while not channel.stopping:
+            events = self._epoll.poll()
+            if any(fd == channel._stop_r for fd, _ in events):
+                return 0
+            try:
+                return os.readv(channel.fd, [buf])
+            except BlockingIOError:   # woken with another worker, which took it
+                continue
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno == errno.ENOENT:   # the request was interrupted meanwhile
+                    continue
+                if e.errno in (errno.ENODEV, errno.ECONNABORTED, errno.EBADF):
+                    return 0
+                raise
+        return 0
+
+    def close(self) -> None:
+        self._epoll.close()
+
+    def __enter__(self) -> "Listener":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

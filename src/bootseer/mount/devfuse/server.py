@@ -1,7 +1,7 @@
 """Serve any :class:`~bootseer.mount.view.TreeView` over one /dev/fuse connection.
 
 Worker threads each wait for a request, answer it and wait again (the kernel hands each
-request to one reader), so slow reads (a stripe still on the network) never hold up
+request to one reader and wakes one idle worker for it), so slow reads (a stripe still on the network) never hold up
 lookups or other files. A view may offer ``backing_path(path) -> str | None``: a
 complete, verified local copy of the file. An OPEN of such a file is then answered with
 FOPEN_PASSTHROUGH and a backing id: the kernel reads and mmaps that copy itself and this
@@ -149,8 +149,9 @@ class Server:
         buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
         try:
-            while n := channel.receive(buf):
-                self._handle(channel, view[:n])
+            with channel.listener() as listener:
+                while n := listener.receive(buf):
+                    self._handle(channel, view[:n])
             if not channel.stopping:   # unmounted from outside
                 self.ended.set()
         except OSError as e:   # the device failed under us: the mount is unusable
