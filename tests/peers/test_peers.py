@@ -484,29 +484,3 @@ def test_a_stranger_knocking_makes_the_roster_be_read_once_in_a_while():
         assert s.knocked.is_set()
     finally:
         s.close()
-
-
-def test_peers_deliver_the_start_of_the_plan_first(tree, nodes, monkeypatch):
-    """The job reads its hot set in the recorded order: what it reads first comes from
-    peers first (piece priorities by plan position), not in libtorrent's rarest first."""
-    from bootseer.peers.share import SetTransfer
-    store, _, profile, _ = tree
-    plan = [row[0] for row in profile["chunks"]][::-1]   # a read order unlike the file order
-    seeder = nodes(1, upload_cap=2 << 20).run()
-    seeder.wait()
-    got = []
-    real = SetTransfer._take
-
-    def take(self, name, data):
-        got.append(self.refs[name][0])
-        return real(self, name, data)
-    monkeypatch.setattr(SetTransfer, "_take", take)
-    joiner = nodes(2, nodes=2)
-    by_digest = {c[0]: c for c in joiner.prefetcher.plan}
-    joiner.prefetcher.plan = [by_digest[d] for d in plan]
-    joiner.run().wait()
-    assert joiner.has_all() and len(got) >= 8, got
-    position = [plan.index(d) for d in got]
-    pairs = [(a, b) for i, a in enumerate(position) for b in position[i + 1:]]
-    in_order = sum(1 for a, b in pairs if a < b) / len(pairs)
-    assert in_order >= 0.8, position    # rarest first alone: about 0.5

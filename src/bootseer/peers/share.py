@@ -260,20 +260,7 @@ class SetTransfer:
             if all(pieces[first + k] for k in range(n)):
                 self.delivered.add(name)
                 self.stats["already_local"] += 1
-        self._plan_priorities()
         self._call_again()
-
-    def _plan_priorities(self) -> None:
-        """Pieces from peers roughly in the plan's order (the order the job read them when
-        it was recorded), not only libtorrent's rarest first: the plan is cut in 7 parts,
-        the first at the highest priority; rarest first within a part."""
-        prio = [0] * self.ti.num_pieces()   # pad pieces and what is here: not wanted
-        names = list(self.refs)
-        for i, name in enumerate(names):
-            first, n = self.layout[name]
-            for k in range(n):
-                prio[first + k] = 7 - (7 * i) // len(names)
-        self.handle.prioritize_pieces(prio)
 
     def _link_cached(self) -> list[str]:
         """Hard links from the node cache's entries of the set into the seed copy (the
