@@ -176,7 +176,8 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
                         # published only once built whole: a pin the artifacts fail
                         # stopped the install above
                         tree = publish(store, prefix, r.key, r.portable, pins_key=r.pins,
-                                       python=python_of(r.interp), root=b.path)
+                                       python=python_of(r.interp), root=b.path,
+                                       config=config)
                         write_marker(b.path, r.key, tree)
                         place.put(b.path, prefix, r.key)
                     return done("built", r.key)
