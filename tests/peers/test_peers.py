@@ -239,7 +239,9 @@ def test_all_peers_firewalled_is_a_plain_origin_fetch(tree, nodes, tmp_path):
     stats = alone.run().wait()
     with_peers = time.monotonic() - t0
     assert alone.has_all() and stats["peer_bytes"] == 0, stats
-    assert with_peers <= 1.1 * origin_only + 0.1, (with_peers, origin_only)
+    # 10 % plus 1 s for the session's start on a loaded 2-core machine: waiting on a peer
+    # (a connect or piece timeout) takes several seconds and still fails this
+    assert with_peers <= 1.1 * origin_only + 1.0, (with_peers, origin_only)
 
 
 def test_peer_gone_mid_transfer_rest_from_origin(tree, nodes):
