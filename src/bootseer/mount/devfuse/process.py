@@ -37,14 +37,21 @@ def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> 
         ready.send(f"error: {e}"[:4000])
         _close(view)
         os._exit(1)
-    ready.send("ok")
-    ready.close()
-    log.info("devfuse serving %s at %s (passthrough %s)", name, mountpoint,
-             "on" if server.passthrough else "off")
-    while not stop.is_set() and not server.ended.wait(0.2):
-        pass
-    server.stop()
-    _close(view)
+    try:
+        # the owner sees the mount before this word and may die in between (SIGKILLed as
+        # soon as it is up): then the send fails, and the mount must still go
+        try:
+            ready.send("ok")
+            ready.close()
+        except OSError:
+            stop.set()
+        log.info("devfuse serving %s at %s (passthrough %s)", name, mountpoint,
+                 "on" if server.passthrough else "off")
+        while not stop.is_set() and not server.ended.wait(0.2):
+            pass
+    finally:
+        server.stop()
+        _close(view)
     os._exit(0)
 
 
