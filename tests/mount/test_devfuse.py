@@ -170,6 +170,10 @@ def test_a_file_staged_while_open_switches_to_passthrough_only_when_all_closed(s
     assert server.reads["/f4"] > reads      # still the Python path, no EIO
     os.close(first)
     os.close(second)
+    # the kernel sends RELEASE after close() returns: the mode changes once both are done
+    deadline = time.monotonic() + 10
+    while server._files and time.monotonic() < deadline:
+        time.sleep(0.01)
     reads = server.reads["/f4"]
     assert (mp / "f4").read_bytes() == DATA["/f4"]   # most of it never read before
     assert server.reads["/f4"] == reads     # the next open passed through
