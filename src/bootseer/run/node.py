@@ -180,6 +180,7 @@ class NodeRun:
         stops waiting, cancels them and cleans up without joining a stuck download."""
         pipelines = self._make_pipelines()
         self.pipelines = list(pipelines.values())
+        P.preload_modules()
         results: dict[str, P.Prepared] = {}
         errors: list[tuple[str, BaseException]] = []
         self._final: dict[str, P.Pipeline] = {}   # per name, after any fallback

@@ -6,8 +6,11 @@ undoes everything (unmounts, stops prefetchers) and never raises.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +19,31 @@ from bootseer.errors import BootseerError
 from bootseer.run import baseline
 
 log = logging.getLogger(__name__)
+
+PIPELINE_PACKAGES = ("store", "tree", "deps", "ckpt", "mount", "image", "peers")
+"""What the pipelines import, lazily, from their threads."""
+
+
+def preload_modules() -> None:
+    """Import every module of :data:`PIPELINE_PACKAGES` in the calling (main) thread,
+    before the pipelines start at once in threads: two threads importing modules that
+    import each other deadlock on Python's module locks (bench/e2e saw ``image pipeline
+    failed: deadlock detected by _ModuleLock('bootseer.store.digest')``). An optional
+    extra that is not installed stays for its pipeline to report."""
+    def load(name: str) -> None:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            log.debug("preload: %s not imported: %s", name, e)
+
+    load("bootseer.run.lazy")
+    for pkg in PIPELINE_PACKAGES:
+        load(f"bootseer.{pkg}")
+        root = sys.modules.get(f"bootseer.{pkg}")
+        if root is not None:
+            for info in pkgutil.walk_packages(root.__path__, f"{root.__name__}.",
+                                              onerror=lambda _name: None):
+                load(info.name)
 
 
 @dataclass
