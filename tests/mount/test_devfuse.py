@@ -426,11 +426,15 @@ def test_checkpoint_mount_reads_a_staged_file_through_passthrough(passthrough, t
                               stats_path=str(stats)):
             kind = next(line for line in open("/proc/mounts") if f" {mp} " in line).split()[2]
             assert (mp / "model.bin").read_bytes() == want
-        loads.append((kind, json.loads(stats.read_text())["bytes_consumed"]))
+        report = json.loads(stats.read_text())
+        loads.append((kind, report["bytes_consumed"], report["passthrough_bytes"],
+                      report["first_byte_s"] is not None))
     # 1st: streamed through Python and staged; 2nd: the staged copy through passthrough
-    # (nothing handed to Python); 3rd, forced to mfusepy: Python reads the staged copy
-    assert loads == [("fuse.bootseer", len(want)), ("fuse.bootseer", 0),
-                     ("fuse", len(want))]
+    # (nothing handed to Python, the open counted, so the load is still traced);
+    # 3rd, forced to mfusepy: Python reads the staged copy
+    assert loads == [("fuse.bootseer", len(want), 0, True),
+                     ("fuse.bootseer", 0, len(want), True),
+                     ("fuse", len(want), 0, True)]
 
 
 def test_access_profile_keeps_files_read_through_passthrough(passthrough, tmp_path,

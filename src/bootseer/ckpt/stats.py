@@ -34,6 +34,11 @@ class LoadStats:
     memory_budget_bytes: int
     memory_peak_bytes: int
     budget_waits: int
+    passthrough_opens: int = 0
+    """Opens of staged files the kernel served itself (FUSE passthrough): their reads
+    never reach the engine, so the first/last byte times count the open instead."""
+    passthrough_bytes: int = 0
+    """Size of the files opened with passthrough."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -61,6 +66,8 @@ class LoadCounters:
         self.first_byte_s: float | None = None
         self.last_byte_s: float | None = None
         self.bytes_consumed = 0
+        self.passthrough_opens = 0
+        self.passthrough_bytes = 0
         self.stalls = 0
         self.stall_s = 0.0
         self.fetched_stripes = 0
@@ -82,6 +89,17 @@ class LoadCounters:
             self.last_byte_s = now
             self.bytes_consumed += end - start
 
+    def passed_through(self, size: int) -> None:
+        """A staged file of ``size`` bytes was opened with passthrough: the kernel reads
+        it, the engine never sees those reads."""
+        now = time.monotonic() - self.started
+        with self._lock:
+            if self.first_byte_s is None:
+                self.first_byte_s = now
+            self.last_byte_s = now
+            self.passthrough_opens += 1
+            self.passthrough_bytes += size
+
     def snapshot(self, fetch: dict, budget) -> LoadStats:
         with self._lock:
             elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -94,4 +112,6 @@ class LoadCounters:
                 requests=fetch["requests"], retries=fetch["retries"], stalls=self.stalls,
                 stall_s=self.stall_s + fetch["stall_s"], hedged_reads=self.hedged_reads,
                 failovers=self.failovers, memory_budget_bytes=budget.total,
-                memory_peak_bytes=budget.peak, budget_waits=budget.waits)
+                memory_peak_bytes=budget.peak, budget_waits=budget.waits,
+                passthrough_opens=self.passthrough_opens,
+                passthrough_bytes=self.passthrough_bytes)

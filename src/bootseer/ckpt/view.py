@@ -60,7 +60,7 @@ class RemoteDirView:
     def backing_path(self, path: str) -> str | None:
         """The staged copy of ``path`` once every stripe of it is in place (else None):
         a devfuse mount opens it with passthrough, and the kernel serves its reads and
-        mmaps (none of them then counts in the load report)."""
+        mmaps (the load report counts the open, not those reads)."""
         if self.mode != "striped":
             return None
         reader = self.reader(path)   # taking the file up also spares it from gc
@@ -71,6 +71,7 @@ class RemoteDirView:
         # the engine never sees passthrough reads: the access profile takes the open as a
         # read of the whole file, so the next resume still prefetches it in this order
         self.engine.recorder.add(reader.source.url, reader.source.key, 0, reader.size)
+        self.engine.counters.passed_through(reader.size)   # and the load report the open
         return str(staged.path)
 
     def statfs(self) -> dict:
