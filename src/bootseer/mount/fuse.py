@@ -103,17 +103,23 @@ def operations(view: TreeView):
     return Ops()
 
 
+def build_view_or_exit(view_factory, ready):
+    """In a server's child: the view, or its error sent to the parent and exit 3 (nothing
+    was mounted yet)."""
+    try:
+        return view_factory()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        ready.send(f"error: {type(e).__name__}: {e}"[:4000])
+        os._exit(3)
+
+
 def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> None:
     import mfusepy
     os.setsid()
     # The mount must not outlive the process that made it (a SIGKILLed `image mount`):
     # SIGTERM when it dies, which libfuse's handler turns into an unmount.
     procs.die_with_parent(parent_pid, signal.SIGTERM)
-    try:
-        view = view_factory()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        ready.send(f"error: {type(e).__name__}: {e}"[:4000])
-        os._exit(3)
+    view = build_view_or_exit(view_factory, ready)
     ready.send("ok")
     ready.close()
     # SIGTERM/SIGINT/SIGHUP: libfuse installs its own handlers (only over SIG_DFL) that end

@@ -25,11 +25,7 @@ def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> 
         signal.signal(s, lambda *_: stop.set())
     # SIGTERM when the owner dies: the handler above unmounts, so no mount outlives it
     procs.die_with_parent(parent_pid, signal.SIGTERM)
-    try:
-        view = view_factory()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        ready.send(f"error: {type(e).__name__}: {e}"[:4000])
-        os._exit(3)
+    view = fuse.build_view_or_exit(view_factory, ready)
     server = Server(view, mountpoint, name=name, threads=fuse.FUSE_MAX_THREADS // 2)
     try:
         server.start()
