@@ -65,7 +65,7 @@ def build_view(url: str, config: BootseerConfig, memory_budget: int | None = Non
         if prefetch and mode == "striped":
             from bootseer.ckpt.prefetch import start_plan_soon
             start_plan_soon(engine, view.remote, rank=rank, world=world,
-                            start_after=start_after)
+                            start_after=start_after, config=config)
     except BaseException:
         engine.close()
         raise

@@ -13,6 +13,7 @@ imported its code, does not take the link from what the job needs first.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -38,9 +39,11 @@ class Prefetch:
     """One plan streaming in; ``join`` waits until every stripe landed (or failed)."""
 
     def __init__(self, engine, spans: list[Span], *, start_after: str | None = None,
-                 wait_max_s: float = 300.0):
+                 wait_max_s: float = 300.0, peers=None):
         self.engine = engine
-        if start_after:
+        self.peers = peers   # callable(stop) -> figures: the large files through the job's peers
+        self.peer_figures: dict = {}
+        if start_after or peers:
             spans = ([s for s in spans if s.source.size <= SMALL_FILE_BYTES]
                      + [s for s in spans if s.source.size > SMALL_FILE_BYTES])
         self.spans, self.start_after, self.wait_max_s = spans, start_after, wait_max_s
@@ -65,10 +68,15 @@ class Prefetch:
     def _run(self) -> None:
         pending = []
         released = not self.start_after
+        peered = self.peers is None
         for span in self.spans:
-            if not released and span.source.size > SMALL_FILE_BYTES:
-                self._wait_start_signal()
-                released = True
+            if span.source.size > SMALL_FILE_BYTES:
+                if not released:
+                    self._wait_start_signal()
+                    released = True
+                if not peered:   # the large files: the job's peers first, then the rest
+                    self._through_peers()
+                    peered = True
             f = self.engine.file(span.source)
             S = f.S
             for idx in range(span.start // S, (min(span.end, f.size) - 1) // S + 1):
@@ -89,6 +97,15 @@ class Prefetch:
         if self.failed:  # the readers that need these stripes fetch them again
             log.info("checkpoint prefetch: %d of %d stripes failed", self.failed, len(pending))
 
+    def _through_peers(self) -> None:
+        """Stage what the job's peers (and this node's share of the origin) bring;
+        the plan's stripes still missing after it are fetched as without peers."""
+        figures = self.peers(self._stop) or {}
+        self.peer_figures = figures
+        counters = self.engine.counters
+        counters.add(peer_bytes=figures.get("peer_bytes", 0))
+        counters.peers_role = figures.get("peers_role")
+
     def _wait_start_signal(self) -> None:
         deadline = time.monotonic() + self.wait_max_s
         while (not os.path.exists(self.start_after) and time.monotonic() < deadline
@@ -97,15 +114,16 @@ class Prefetch:
 
 
 def start_plan(engine, remote, *, rank: int | None = None, world: int | None = None,
-               start_after: str | None = None) -> tuple[Prefetch, str]:
+               start_after: str | None = None, config=None) -> tuple[Prefetch, str]:
     """Start streaming the checkpoint at ``remote`` (a RemoteDir) through ``engine``.
 
     The plan is the access profile recorded by the previous load of these very file
     versions (ckpt/profile.py) or else the checkpoint's own metadata plan (ckpt/plan.py),
     then the rest of every file, so the staging copy ends complete (``staged_mirror``).
     With ``rank``/``world``, only this rank's 1/world share of the plan: the node's ranks
-    stream it once, together. Returns the prefetch and the plan's kind (``profile``,
-    ``dcp``, ``safetensors`` or ``files``)."""
+    stream it once, together. Without them and with a ``config`` whose peers settings
+    apply (docs/peers.md), the large files come through the job's peers first. Returns the
+    prefetch and the plan's kind (``profile``, ``dcp``, ``safetensors`` or ``files``)."""
     from bootseer.ckpt import plan as plans
     from bootseer.ckpt import profile
     from bootseer.ckpt.api import open as ckpt_open
@@ -125,7 +143,13 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     else:
         ranges = ranges + plans.file_plan(sizes)  # staged stripes are skipped: no refetch
     spans = [Span(sources[r.path], r.start, r.end) for r in ranges if r.path in sources]
-    return Prefetch(engine, spans, start_after=start_after), kind
+    peers = None
+    if world is None and config is not None:
+        from bootseer.peers.checkpoint import fetch_checkpoint, wanted
+        large = [s for s in sources.values() if s.size > SMALL_FILE_BYTES]
+        if wanted(config, sum(s.size for s in large)):
+            peers = functools.partial(fetch_checkpoint, config, engine, large)
+    return Prefetch(engine, spans, start_after=start_after, peers=peers), kind
 
 
 def start_plan_soon(engine, remote, **kw) -> threading.Thread:

@@ -39,6 +39,10 @@ class LoadStats:
     never reach the engine, so the first/last byte times count the open instead."""
     passthrough_bytes: int = 0
     """Size of the files opened with passthrough."""
+    peer_bytes: int = 0
+    """Bytes staged from the job's peers (docs/peers.md); ``bytes_fetched`` is the origin's."""
+    peers_role: str | None = None
+    """This node's part in the peers' exchange: maker, peer, or origin (none came)."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -68,6 +72,8 @@ class LoadCounters:
         self.bytes_consumed = 0
         self.passthrough_opens = 0
         self.passthrough_bytes = 0
+        self.peer_bytes = 0
+        self.peers_role: str | None = None
         self.stalls = 0
         self.stall_s = 0.0
         self.fetched_stripes = 0
@@ -114,4 +120,5 @@ class LoadCounters:
                 failovers=self.failovers, memory_budget_bytes=budget.total,
                 memory_peak_bytes=budget.peak, budget_waits=budget.waits,
                 passthrough_opens=self.passthrough_opens,
-                passthrough_bytes=self.passthrough_bytes)
+                passthrough_bytes=self.passthrough_bytes, peer_bytes=self.peer_bytes,
+                peers_role=self.peers_role)

@@ -81,7 +81,8 @@ def _prefetch(args) -> int:
         with reaching(args.url, "checkpoint"):
             remote = RemoteDir(args.url, mirrors=args.mirror)
             remote.check_root()
-        prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world)
+        prefetch, kind = start_plan(engine, remote, rank=args.rank, world=args.world,
+                                    config=config)
         say(f"bootseer ckpt prefetch: plan from the {PLAN_NAMES[kind]}")
         extent = _plan_extent(engine, prefetch.spans)
         follow("ckpt prefetch", sum(b - a for ranges in extent.values() for a, b in ranges),

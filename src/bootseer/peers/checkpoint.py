@@ -1,0 +1,290 @@
+"""Checkpoint files through the job's peers: data-parallel replicas read the same shards,
+so a job of N nodes needs them from the origin about once, not N times.
+
+A checkpoint file is not content-addressed like the store's chunks: its identity is its
+URL, size and mtime/ETag. What peers exchange are its stripes (``ckpt.stripe_bytes``, the
+unit the engine stages), each named by its sha256 in a **manifest** (per file: identity,
+size, stripe digests) kept as a blob under the store ref ``peers/ckpt/<key>`` (the key
+names the files' identities and the stripe size). With a manifest a checkpoint is a set
+like an image's hot set and travels the same way (bootseer.peers.share): one torrent, the
+origin's part dealt among the nodes by rendezvous hashing, the rest from the peers, and
+every stripe checked against its digest before it is staged, where the engine finds it.
+
+The manifest needs the bytes. The first node of a job to load files no manifest lists (an
+exclusive ref per job and attempt) reads them from the origin as without peers, hashes
+each stripe, makes and publishes the torrent and the manifest, and seeds; meanwhile the
+others' demand reads go to the origin as ever and they wait for the manifest (at most
+``peers.wait_s``), then take the rest from the maker and each other. Later starts on the
+same files (a restart, the update-debug loop) find the manifest and share the origin's
+work from the first byte.
+
+Trust: a manifest is made by a node of the job from bytes it read from the origin and kept
+in the store, like a recorded access profile; it is checked to describe exactly the files
+being loaded. A stripe from a peer passes libtorrent's v2 piece check and then its digest
+(a lying peer is banned and the stripe comes from the origin).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+
+from bootseer.errors import DigestMismatch, InvalidDigest
+from bootseer.store.digest import parse, sha256_digest, verify
+from bootseer.store.fetch import Priority
+
+log = logging.getLogger(__name__)
+
+ROSTER_SUFFIX = "-ckpt"   # its own swarm: never mixed with an image's or an environment's
+KIND = "bootseer.peers.ckpt-manifest"
+ORIGIN_BATCH = 8          # stripes the peers left over are fetched this many at a time
+
+
+def manifest_key(sources, stripe_bytes: int) -> str:
+    """The key of a checkpoint's files (their identities) cut in ``stripe_bytes``."""
+    text = "\n".join(sorted(s.key for s in sources)) + f"\nstripe {stripe_bytes}"
+    return sha256_digest(text.encode()).split(":", 1)[1]
+
+
+def manifest_ref(key: str) -> str:
+    return f"peers/ckpt/{key}"
+
+
+def wanted(config, total_bytes: int) -> bool:
+    """Whether peers apply to a checkpoint of ``total_bytes`` (before any swarm is made)."""
+    p = config.peers
+    if p.mode == "off" or not config.store.url:
+        return False
+    return p.mode == "on" or (p.nodes >= 2 and total_bytes >= p.min_set_bytes)
+
+
+class Stripes:
+    """The stripes of a checkpoint's files as a set's reader (the duck type
+    ``bootseer.peers.share.SetTransfer`` uses): origin fetches go through the engine's
+    fetcher, verified stripes are written into the engine's staging copies, so a reader
+    finds them staged. Refs are ``[digest, file number, stripe, size, size]``."""
+
+    def __init__(self, engine, files: list, digests: list[list[str]]):
+        self.engine, self.files = engine, files
+        self.cache = self   # the staging copies are where delivered stripes go
+        self.places: dict[str, list[tuple]] = {}
+        self.refs: list[list] = []
+        for n, (f, stripes) in enumerate(zip(files, digests)):
+            for idx, digest in enumerate(stripes):
+                start, end = f.staged.span(idx)
+                if digest not in self.places:
+                    self.refs.append([digest, n, idx, end - start, end - start])
+                self.places.setdefault(digest, []).append((f, idx))
+
+    def staged(self, digest: str) -> bool:
+        return all(f.staged.has(idx) for f, idx in self.places[digest])
+
+    def read_staged(self, digest: str) -> bytes:
+        f, idx = next((f, i) for f, i in self.places[digest] if f.staged.has(i))
+        start, end = f.staged.span(idx)
+        return f.staged.pread(start, end - start)
+
+    # the node cache's part of the duck type
+    def path(self, digest: str):
+        return None   # a stripe is part of a file: the seed copy gets its bytes instead
+
+    def offer(self, digest: str, data: bytes, verified: bool = False) -> None:
+        for f, idx in self.places.get(digest, ()):
+            if not f.staged.has(idx):
+                f.staged.write(idx, data)
+
+    # the tree reader's part
+    def submit_chunks(self, refs: list[list], priority: Priority) -> list:
+        ranges = []
+        for r in refs:
+            f, idx = self.places[r[0]][0]
+            ranges.append((f.source, *f.staged.span(idx)))
+        return self.engine.fetcher.submit_many(ranges, priority=priority)
+
+    def store_chunk(self, ref: list, raw: bytes) -> bytes:
+        """A stripe from the origin: checked against the manifest (the file may have
+        changed since it was made: then the engine's own reads say so), then staged."""
+        verify(ref[0], raw, source="the checkpoint's origin")
+        self.offer(ref[0], raw)
+        return raw
+
+
+def read_manifest(store, key: str, files: list) -> list[list[str]] | None:
+    """The stripe digests of ``files`` from the store's manifest ``key``, or None (none
+    published, or one that does not describe exactly these files: logged, ignored)."""
+    digest = store.get_ref(manifest_ref(key))
+    if digest is None:
+        return None
+    try:
+        data = store.read(digest)
+        verify(digest, data, source=getattr(store, "url", ""))
+        doc = json.loads(data)
+        return _digests_of(doc, files)
+    except (ValueError, KeyError, TypeError, DigestMismatch, InvalidDigest) as e:
+        log.warning("peers: checkpoint manifest %s is unusable (%s): origin only", key[:12], e)
+        return None
+
+
+def _digests_of(doc, files: list) -> list[list[str]]:
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("v") != 1:
+        raise ValueError("not a version 1 checkpoint manifest")
+    entries = doc["files"]
+    if len(entries) != len(files):
+        raise ValueError("it lists other files")
+    out = []
+    for f, e in zip(files, entries):
+        n = math.ceil(f.size / f.S) if f.size else 0
+        stripes = e["stripes"]
+        if (e["key"] != f.source.key or e["size"] != f.size or doc["stripe_bytes"] != f.S
+                or len(stripes) != n):
+            raise ValueError(f"it does not describe {f.source.key.split('|')[0]}")
+        for d in stripes:
+            parse(d)   # InvalidDigest: a ValueError
+        out.append(list(stripes))
+    return out
+
+
+def _manifest(files: list, digests: list[list[str]]) -> bytes:
+    doc = {"v": 1, "kind": KIND, "stripe_bytes": files[0].S if files else 0,
+           "files": [{"key": f.source.key, "size": f.size, "stripes": d}
+                     for f, d in zip(files, digests)]}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class CheckpointPeers:
+    """One checkpoint load's files through the job's peers on this node."""
+
+    def __init__(self, config, engine, sources, share, store):
+        self.config, self.engine, self.share, self.store = config, engine, share, store
+        self.files = [engine.file(s) for s in sorted(sources, key=lambda s: s.key)]
+        self.key = manifest_key([f.source for f in self.files], engine.config.stripe_bytes)
+        self.figures = {"peers_role": None, "peer_bytes": 0, "origin_bytes": 0,
+                        "peers_seen": 0, "peers_banned": 0}
+        self.transfer = None
+
+    def _maker_ref(self) -> str:
+        return f"peers/{self.share.job}/ckpt-maker/{self.share.attempt}/{self.key}"
+
+    def run(self, stop: threading.Event) -> dict:
+        """Stage every stripe (peers first, the origin for what they do not bring) and
+        keep seeding them; returns the figures for the load report."""
+        t0 = time.monotonic()
+        digests = read_manifest(self.store, self.key, self.files)
+        if digests is None:
+            if self.store.set_ref(self._maker_ref(), self.share.announcement, exclusive=True):
+                self._make(stop)
+                return self._done(t0)
+            digests = self._await_manifest(stop)
+            if digests is None:
+                self.figures["peers_role"] = "origin"
+                log.info("peers: no manifest for checkpoint %s after %.0fs: origin",
+                         self.key[:12], self.share.wait_s)
+                return self._done(t0)
+        stripes = Stripes(self.engine, self.files, digests)
+        stats: dict = {}
+        self.transfer = self.share.open_set(stripes.refs, stripes, stats)
+        for ref in stripes.refs:   # what this node staged before is seeded, not fetched
+            if stripes.staged(ref[0]):
+                self.transfer.offer(ref, stripes.read_staged(ref[0]))
+        left = self.transfer.fetch(stop)
+        self.figures["peers_role"] = self.share.stats["role"]
+        self.figures["peer_bytes"] = stats.get("peer_bytes", 0)
+        self.figures["origin_bytes"] = stats.get("origin_bytes", 0)
+        self._origin_rest(stripes, left, stop)
+        return self._done(t0)
+
+    def _done(self, t0: float) -> dict:
+        self.figures["peers_seen"] = self.share.stats["peers"]
+        self.figures["peers_banned"] = len(self.share.stats["banned"])
+        self.figures["peers_seconds"] = round(time.monotonic() - t0, 3)
+        return dict(self.figures)
+
+    def _await_manifest(self, stop: threading.Event):
+        deadline = time.monotonic() + self.share.wait_s
+        while time.monotonic() < deadline and not stop.wait(0.1):
+            digests = read_manifest(self.store, self.key, self.files)
+            if digests is not None:
+                return digests
+        return None
+
+    def _origin_rest(self, stripes: Stripes, left: list[list], stop: threading.Event) -> None:
+        """What the peers did not bring: from the origin, verified, staged and seeded."""
+        for i in range(0, len(left), ORIGIN_BATCH):
+            if stop.is_set():
+                return
+            batch = [r for r in left[i:i + ORIGIN_BATCH] if not stripes.staged(r[0])]
+            for ref, fut in zip(batch, stripes.submit_chunks(batch, Priority.PREFETCH)):
+                try:
+                    data = stripes.store_chunk(ref, fut.result())
+                except Exception as e:  # noqa: BLE001 - the engine's reads fetch it again
+                    log.info("peers: checkpoint stripe %s from the origin failed: %s",
+                             ref[0][:19], e)
+                    continue
+                self.figures["origin_bytes"] += len(data)
+                self.transfer.offer(ref, data)
+
+    def _make(self, stop: threading.Event) -> None:
+        """The maker: every file from the origin through the engine, each stripe hashed,
+        the torrent made and seeded, the manifest published (last: its presence says the
+        torrent is there to join)."""
+        from bootseer.ckpt.prefetch import Prefetch, Span
+        self.figures["peers_role"] = "maker"
+        before = self.engine.fetcher.counters()["bytes"]
+        pre = Prefetch(self.engine, [Span(f.source, 0, f.size) for f in self.files])
+        while not pre.join(0.2):
+            if stop.is_set():
+                pre.stop()
+                return
+        self.figures["origin_bytes"] = self.engine.fetcher.counters()["bytes"] - before
+        if not all(f.staged.complete for f in self.files):
+            log.info("peers: checkpoint %s not wholly fetched: no manifest made", self.key[:12])
+            return
+        digests = [[sha256_digest(f.staged.pread(*_extent(f, idx)))
+                    for idx in range(f.staged.nstripes)] for f in self.files]
+        stripes = Stripes(self.engine, self.files, digests)
+        self.transfer = self.share.open_set(stripes.refs, stripes, {})
+        for ref in stripes.refs:
+            self.transfer.offer(ref, stripes.read_staged(ref[0]))
+        if not self.transfer.finish():
+            return
+        blob = _manifest(self.files, digests)
+        digest = sha256_digest(blob)
+        self.store.write(digest, blob)
+        self.store.set_ref(manifest_ref(self.key), digest)
+
+
+def _extent(f, idx: int) -> tuple[int, int]:
+    start, end = f.staged.span(idx)
+    return start, end - start
+
+
+def fetch_checkpoint(config, engine, sources, stop: threading.Event | None = None
+                     ) -> dict | None:
+    """Stage the checkpoint files ``sources`` through the job's peers (see the module
+    doc); returns the figures for the load report (``peers_role``, ``peer_bytes``,
+    ``origin_bytes``, ``peers_seen``, ``peers_banned``, ``peers_seconds``), or None when
+    peers do not apply (then nothing was fetched). Never raises: peers only cost time."""
+    from bootseer.peers import share_for
+    from bootseer.store import open_store
+    sources = list(sources)
+    if not sources or not wanted(config, sum(s.size for s in sources)):
+        return None
+    job = config.peers.job_id or config.trace.job_id
+    if not job:
+        log.info("peers: no job id (BOOTSEER_PEERS_JOB_ID or BOOTSEER_TRACE_JOB_ID): "
+                 "checkpoint from the origin")
+        return None
+    try:
+        store = open_store(config.store.url, config)
+        share = share_for(config.replace(peers={"job_id": job + ROSTER_SUFFIX}), store)
+        if share is None:
+            return None
+        return CheckpointPeers(config, engine, sources, share, store).run(
+            stop or threading.Event())
+    except Exception as e:  # noqa: BLE001 - the engine's plan prefetch brings the rest
+        log.warning("peers: checkpoint through peers failed (%s): origin for the rest", e)
+        log.debug("peers: checkpoint failure", exc_info=True)
+        return None
