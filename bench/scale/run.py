@@ -9,7 +9,13 @@ each published as it is in use (with its torrent, docs/peers.md):
   recording node publishes it with the profile;
 * ``env``: an environment snapshot (``--mib`` in small, compressible files and large
   incompressible ones), as ``deps`` publishes it, fetched into the node cache the way a
-  restore through peers does (the extract after it is the same with or without peers).
+  restore through peers does (the extract after it is the same with or without peers);
+* ``ckpt``: a checkpoint (``--mib`` in four incompressible shards) on nginx on the storage
+  host, staged by every node's checkpoint engine as the mount's prefetch does; its
+  manifest and torrent published beforehand (a restart: a node of an earlier start made
+  them);
+* ``ckpt-new``: the same files with a new mtime each round (a new checkpoint: the first
+  node of the job to load it is the maker, the others wait for its manifest).
 
 All nodes of a round wait at a start line, then fetch the set: from the origin only, or
 with peers (libtorrent among the job's nodes). Per set, N and mode: origin egress (bytes
@@ -17,7 +23,7 @@ the storage host sent, from its interface counters, and as a multiple of the set
 to ready (the slowest node's fetch from the start line, and as a multiple of N = 1 in the
 same mode). Needs root (network namespaces, tc).
 
-    .venv/bin/python bench/scale/run.py [--nodes 1,2,4,8] [--mib 64] [--sets image,env]
+    .venv/bin/python bench/scale/run.py [--nodes 1,2,4,8] [--mib 64] [--sets image,env,ckpt,ckpt-new]
 """
 
 from __future__ import annotations
@@ -106,6 +112,47 @@ def _environment(root: Path, mib: int) -> None:
         (root / "lib" / f"native{k:02d}.so").write_bytes(os.urandom(8 << 20))
 
 
+def _checkpoint(root: Path, mib: int) -> None:
+    """Four shards of incompressible bytes (a data-parallel job's replicas read them all)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(4):
+        (root / f"shard{i}.distcp").write_bytes(os.urandom((mib << 20) // 4))
+
+
+def _ckpt_config(args, mode: str, nodes: int):
+    from bootseer.config import BootseerConfig
+    return BootseerConfig.from_env(overrides={
+        "store": {"url": args.store}, "cache": {"dir": args.cache},
+        "trace": {"job_id": args.job, "node": args.name},
+        "peers": {"mode": mode, "nodes": nodes,
+                  "min_set_bytes": 0, "interface": args.addr, "stall_s": 10.0}})
+
+
+def ckpt_node(args, mode: str, nodes: int, go: str | None = None) -> dict:
+    """A node's checkpoint load: the plan's stripes staged, through the peers or not."""
+    from bootseer.ckpt.engine import Engine
+    from bootseer.ckpt.listing import RemoteDir
+    from bootseer.ckpt.prefetch import start_plan
+    from bootseer.ckpt.staging import node_staging_dir
+    config = _ckpt_config(args, mode, nodes)
+    engine = Engine(config.ckpt, config.fetch, staging=str(node_staging_dir(config)),
+                    store_url=args.store)
+    remote = RemoteDir(args.ckpt)
+    remote.walk()
+    if go:
+        Path(args.out + ".ready").touch()
+        while not os.path.exists(go):
+            time.sleep(0.005)
+    t0 = time.monotonic()
+    prefetch, _ = start_plan(engine, remote, config=config)
+    prefetch.join()
+    figures = prefetch.peer_figures
+    return {"ready_s": time.monotonic() - t0, "peer_bytes": figures.get("peer_bytes", 0),
+            "origin_bytes": engine.fetcher.counters()["bytes"],
+            "peers_role": figures.get("peers_role"), "failed": prefetch.failed,
+            "complete": all(engine.file(s).staged.complete for s in remote.walk().values())}
+
+
 def node(args) -> None:
     """Runs on a node: at the start line, fetch the set; write the figures; seed until told
     to stop."""
@@ -119,6 +166,11 @@ def node(args) -> None:
     import logging
     logging.basicConfig(level=os.environ.get("BENCH_LOG", "WARNING"),
                         format=f"{args.name}: %(levelname)s %(name)s: %(message)s")
+    if args.set.startswith("ckpt"):
+        stats = ckpt_node(args, "auto" if args.peers else "off", args.n, go=args.go)
+        Path(args.out).write_text(json.dumps(stats, default=str))
+        _seed_until(args.stop)
+        return
     spec = json.loads(Path(args.spec).read_text())[args.set]
     config = BootseerConfig.from_env(overrides={
         "store": {"url": args.store}, "cache": {"dir": args.cache},
@@ -136,14 +188,18 @@ def node(args) -> None:
     pre.wait()
     stats = {**pre.stats, "ready_s": time.monotonic() - t0}
     Path(args.out).write_text(json.dumps(stats, default=str))
+    _seed_until(args.stop)
+
+
+def _seed_until(stop: str) -> None:
     deadline = time.monotonic() + 300
-    while not os.path.exists(args.stop) and time.monotonic() < deadline:
+    while not os.path.exists(stop) and time.monotonic() < deadline:
         time.sleep(0.1)   # peers still fetch from this node
 
 
 # -- the driver ---------------------------------------------------------------------------------
 def run_round(storage, hosts, store_url, spec_path, scratch: Path, which: str, n: int,
-              peers: bool):
+              peers: bool, ckpt_url: str = ""):
     job = f"scale{os.getpid()}-{which}-{n}-{'p2p' if peers else 'origin'}"
     work = scratch / job
     work.mkdir()
@@ -151,7 +207,7 @@ def run_round(storage, hosts, store_url, spec_path, scratch: Path, which: str, n
     procs = []
     for i, h in enumerate(hosts[:n]):
         argv = [*h.enter(), sys.executable, __file__, "node", "--store", store_url,
-                "--spec", str(spec_path), "--set", which,
+                "--spec", str(spec_path), "--set", which, "--ckpt", ckpt_url,
                 "--cache", str(work / f"n{i}" / "cache"), "--job", job, "--name", f"n{i}",
                 "--n", str(n), "--addr", h.addr, "--out", str(work / f"n{i}.json"),
                 "--stop", str(stop), "--go", str(go)]
@@ -174,6 +230,8 @@ def run_round(storage, hosts, store_url, spec_path, scratch: Path, which: str, n
                 p.kill()
                 p.wait()
     stats = [json.loads(o.read_text()) for o in outs]
+    if any(st.get("complete") is False or st.get("failed") for st in stats):
+        raise SystemExit(f"error: a node of round N={n} did not stage the whole checkpoint")
     for i, st in enumerate(stats):
         print(f"    n{i}: ready {st['ready_s']:.2f}s, role {st.get('peers_role') or '-'}, "
               f"from peers {st['peer_bytes'] / 2**20:.0f} MiB, "
@@ -204,7 +262,7 @@ def main() -> None:
     b.add_argument("--store"), b.add_argument("--mib", type=int), b.add_argument("--out")
     nd = sub.add_parser("node")
     for opt in ("--store", "--spec", "--set", "--cache", "--job", "--name", "--addr", "--out",
-                "--stop", "--go"):
+                "--stop", "--go", "--ckpt"):
         nd.add_argument(opt)
     nd.add_argument("--n", type=int)
     nd.add_argument("--peers", action="store_true")
@@ -214,12 +272,20 @@ def main() -> None:
                          "share the machine's cores: keep it moderate)")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--modes", default="origin,p2p", help="origin, p2p or both")
-    ap.add_argument("--sets", default="image,env", help="image, env or both")
+    ap.add_argument("--sets", default="image,env,ckpt,ckpt-new",
+                    help="comma-separated: image, env, ckpt, ckpt-new")
+    pub = sub.add_parser("publish-ckpt")
+    for opt in ("--store", "--cache", "--ckpt", "--addr"):
+        pub.add_argument(opt)
     args = ap.parse_args()
     if args.cmd == "build":
         return build(args.store, args.mib, args.out)
     if args.cmd == "node":
         return node(args)
+    if args.cmd == "publish-ckpt":   # an earlier start's node: the manifest and torrent
+        args.job, args.name = f"publish{os.getpid()}", "publisher"
+        stats = ckpt_node(args, "on", 1)
+        return None if stats["peers_role"] == "maker" else sys.exit(f"not published: {stats}")
     if os.geteuid() != 0:
         raise SystemExit("error: bench/scale needs root (network namespaces, tc)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
@@ -238,23 +304,40 @@ def main() -> None:
             hosts = [net.add_host(f"node{i}") for i in range(max(counts))]
             reg = servers.start_registry(scratch / "registry", scratch / "registry-run",
                                          netns=storage.netns, host=storage.addr)
+            www = scratch / "www"
+            _checkpoint(www, args.mib)
+            web = servers.start_nginx(www, scratch / "nginx", netns=storage.netns,
+                                      host=storage.addr)
             try:
                 store_url = f"oci://{storage.addr}:{reg.port}/bootseer"
+                ckpt_url = f"http://{storage.addr}:{web.port}/"
                 spec = scratch / "spec.json"
                 subprocess.run([*storage.enter(), sys.executable, __file__, "build", "--store",
                                 store_url, "--mib", str(args.mib), "--out", str(spec)],
                                check=True, env=_env())
                 set_bytes = {k: v["set_bytes"] for k, v in json.loads(spec.read_text()).items()}
+                set_bytes["ckpt"] = set_bytes["ckpt-new"] = sum(
+                    f.stat().st_size for f in www.iterdir())
+                if "ckpt" in sets:
+                    subprocess.run([*storage.enter(), sys.executable, __file__, "publish-ckpt",
+                                    "--store", store_url, "--ckpt", ckpt_url, "--addr",
+                                    storage.addr, "--cache", str(scratch / "publisher" / "cache")],
+                                   check=True, env=_env())
                 for which in sets:
                     for n in counts:
                         for peers in [m == "p2p" for m in args.modes.split(",")]:
+                            if which == "ckpt-new":   # a new version of every shard
+                                stamp = time.time() + len(rows)
+                                for f in www.iterdir():
+                                    os.utime(f, (stamp, stamp))
                             rows.append(run_round(storage, hosts, store_url, spec, scratch,
-                                                  which, n, peers))
+                                                  which, n, peers, ckpt_url))
                             r = rows[-1]
                             print(f"  {which} N={n} {'p2p   ' if peers else 'origin'} egress "
                                   f"{r['egress'] / set_bytes[which]:.2f}x the set, "
                                   f"ready {r['ready_s']:.2f}s", flush=True)
             finally:
+                web.stop()
                 reg.stop()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
