@@ -68,6 +68,7 @@ class NodeView:
     rank_ready: dict = field(default_factory=dict)            # per rank: its ready mark
     windows: list[dict] = field(default_factory=list)         # image.window marks' attrs
     ckpt_loads: list[tuple] = field(default_factory=list)     # ckpt.load: (attrs, seconds)
+    deps_fetches: list[tuple] = field(default_factory=list)   # deps.fetch/extract: (phase, attrs)
     collectives: dict = field(default_factory=dict)           # COLLECTIVES -> latest start
     _source: tuple | None = field(default=None, repr=False, compare=False)
     _lanes: tuple | None = field(default=None, repr=False, compare=False)
@@ -179,6 +180,7 @@ def _clock(evs: list[dict]) -> tuple[list[tuple[float, float]], int, int | None]
 
 
 _NUMBER = (int, float)
+DEPS_FETCHES = ("deps.fetch", "deps.extract")   # where a restore says what it fetched
 
 
 def _lane_of(e: dict, parents: dict) -> tuple:
@@ -277,6 +279,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     rank_ready: dict = {}
     windows: list = []
     ckpt_loads: list = []
+    deps_fetches: list = []
     collectives: dict = {}
     last_end = float("-inf")
     last_rank = last_pid = None
@@ -309,6 +312,8 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
             failed.append(phase)
         if phase == "ckpt.load":
             ckpt_loads.append((get("attrs") or {}, en - s))
+        elif phase in DEPS_FETCHES:
+            deps_fetches.append((phase, get("attrs") or {}))
         if not parent:
             tops.append((phase, pid, s, en))
             col = _rank_column(phase)
@@ -347,7 +352,8 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
                     missing_ranks=sorted(missing, key=str),
                     last_end=last_end if last_end > float("-inf") else 0.0,
                     rank_phases=rank_phases, rank_ready=rank_ready, windows=windows,
-                    ckpt_loads=ckpt_loads, collectives=collectives,
+                    ckpt_loads=ckpt_loads, deps_fetches=deps_fetches,
+                    collectives=collectives,
                     _source=(evs, times, off, pid_rank, nested))
 
 
@@ -405,6 +411,10 @@ class Summary:
     path_shares: dict[str, float] = field(default_factory=dict)  # seconds per pipeline on it
     ranks: list[dict] = field(default_factory=list)            # the job's phases per rank
     figures: dict[str, dict] = field(default_factory=dict)     # technique figures (medians)
+    # bytes by source (trace/sources.py): job totals per pipeline, and per node
+    # {node: {pipeline: [origin, peers, role]}} for the nodes that traced any
+    sources: dict[str, dict] = field(default_factory=dict)
+    node_sources: dict[str, dict] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
@@ -430,6 +440,8 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
         phases[name] = {"median": statistics.median(vals), "p90": pct(vals, 0.9),
                         "max": max(vals), "n": len(vals)}
     from bootseer.trace import critical_path as cp
+    from bootseer.trace import sources
+    per_node = {n.node: src for n in view.nodes if (src := sources.node_sources(n))}
     done = [n for n in view.nodes if n.ready is not None]
     gating_node = gating_phase = gating_rank = None
     path: list = []
@@ -469,7 +481,8 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
                                    "start": x.start,
                                    "end": x.end, "seconds": x.seconds} for x in path],
                    path_shares=cp.shares(path), ranks=rank_rows(view),
-                   figures=technique_figures(view), problems=list(view.problems))
+                   figures=technique_figures(view), sources=sources.job_sources(per_node),
+                   node_sources=per_node, problems=list(view.problems))
 
 
 # the job's own phases per rank, from the auto-capture (trace/auto.py) or the simulator

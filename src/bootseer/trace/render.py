@@ -8,6 +8,7 @@ import dataclasses
 import json
 import statistics
 
+from bootseer.trace import sources as src
 from bootseer.trace.analysis import AttemptView, Summary
 
 
@@ -66,6 +67,29 @@ def _ranks(s: Summary) -> list[str]:
     return out
 
 
+def _roles(roles: dict) -> str:
+    return ", ".join(f"{r} {k}" for r, k in roles.items()) or "-"
+
+
+def sources_table(s: Summary) -> list[str]:
+    """Bytes by source: per pipeline, the job's bytes from the origin and from peers."""
+    if not s.sources:
+        return []
+    rows = [[p, src.mib(t["origin"]), src.mib(t["peers"]), src.share_text(t["peer_share"]),
+             t["nodes"], _roles(t["roles"])] for p, t in s.sources.items()]
+    out = ["bytes by source (all nodes; MiB as stored; -: not traced)",
+           table(["pipeline", "origin MiB", "peers MiB", "from peers", "nodes", "peers role"],
+                 rows)]
+    totals = {n: sum(r[0] or 0 for r in per.values()) for n, per in s.node_sources.items()}
+    if len(totals) > 1:   # the node that took the most from the origin (a maker, or cut off)
+        node = max(totals, key=lambda n: (totals[n], n))
+        per = ", ".join(f"{p} {src.mib(r[0])}" for p, r in s.node_sources[node].items()
+                        if r[0])
+        out.append(f"  most from the origin: node {node}, {src.mib(totals[node])} MiB"
+                   + (f" ({per})" if per else ""))
+    return out
+
+
 def text(summaries: list[Summary], skipped: int = 0, problems: list[str] = ()) -> str:
     parts = []
     for s in summaries:
@@ -88,6 +112,7 @@ def text(summaries: list[Summary], skipped: int = 0, problems: list[str] = ()) -
                 for p, v in sorted(s.phases.items(), key=lambda kv: -kv[1]["max"])]
         parts.append(table(["phase", "median s", "p90 s", "max s", "nodes"], rows))
         parts += _ranks(s)
+        parts += sources_table(s)
         parts.append("")
     if len(summaries) > 1:
         parts.append("attempts side by side (seconds on the critical path to ready)")
@@ -127,7 +152,26 @@ def compare(new: list[Summary], base: list[Summary]) -> str:
     rows.append(["TIME TO READY", _f(y), _f(x), f"{(1 - x / y) * 100:.0f}%" if x and y else "-"])
     return (table(["phase (max over nodes)", "baseline s", "this s", "reduction"], rows)
             + "\n\ncritical path to ready, against the baseline (seconds per pipeline)\n"
-            + side_by_side([(f"baseline {b.attempt}", b), (f"this {a.attempt}", a)]))
+            + side_by_side([(f"baseline {b.attempt}", b), (f"this {a.attempt}", a)])
+            + _origin_against(a, b))
+
+
+def _origin_against(a: Summary, b: Summary) -> str:
+    """Bytes from the origin per pipeline, this attempt against the baseline's."""
+    names = [p for p in src.PIPELINES if p in a.sources or p in b.sources]
+    if not names:
+        return ""
+    if all(p in a.sources and p in b.sources for p in names):   # else the totals differ in kind
+        names.append(src.ALL)
+    rows = []
+    for p in names:
+        x, y = a.sources.get(p, {}).get("origin"), b.sources.get(p, {}).get("origin")
+        rows.append([p, src.mib(y), src.mib(x), f"{(1 - x / y) * 100:.0f}%"
+                     if x is not None and y else "-"])
+    nodes = (b.sources.get(src.ALL, {}).get("nodes", 0), a.sources.get(src.ALL, {}).get("nodes", 0))
+    return ("\n\nbytes from the origin, against the baseline (MiB, all nodes: the baseline's "
+            f"{nodes[0]}, this one's {nodes[1]})\n"
+            + table(["pipeline", "baseline", "this", "reduction"], rows))
 
 
 def to_json(summaries: list[Summary]) -> str:
