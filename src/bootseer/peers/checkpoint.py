@@ -232,6 +232,7 @@ class CheckpointPeers:
         torrent is there to join)."""
         from bootseer.ckpt.prefetch import Prefetch, Span
         self.figures["peers_role"] = "maker"
+        t0 = time.monotonic()
         before = self.engine.fetcher.counters()["bytes"]
         pre = Prefetch(self.engine, [Span(f.source, 0, f.size) for f in self.files])
         while not pre.join(0.2):
@@ -242,6 +243,7 @@ class CheckpointPeers:
         if not all(f.staged.complete for f in self.files):
             log.info("peers: checkpoint %s not wholly fetched: no manifest made", self.key[:12])
             return
+        t_fetched = time.monotonic()
         digests = [[sha256_digest(f.staged.pread(*_extent(f, idx)))
                     for idx in range(f.staged.nstripes)] for f in self.files]
         stripes = Stripes(self.engine, self.files, digests)
@@ -254,6 +256,8 @@ class CheckpointPeers:
         digest = sha256_digest(blob)
         self.store.write(digest, blob)
         self.store.set_ref(manifest_ref(self.key), digest)
+        log.info("peers: checkpoint %s: fetched in %.2fs, hashed, seeded and published in "
+                 "%.2fs", self.key[:12], t_fetched - t0, time.monotonic() - t_fetched)
 
 
 def _extent(f, idx: int) -> tuple[int, int]:
