@@ -118,3 +118,40 @@ def test_report_renders_in_a_browser(report, tmp_path):
     _browser(exe, f"--screenshot={shot}", "--window-size=1400,2400", page.as_uri())
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+def test_bytes_by_source_in_the_page(tmp_path):
+    """The job's bytes from the origin and from peers per pipeline, the lanes' nodes' in a
+    table and in the tooltip of each node's row."""
+    from tests.trace.test_report_sources import _peers_job
+    exe = _chromium()
+    _peers_job(tmp_path / "t")
+    page = tmp_path / "report.html"
+    r = subprocess.run([sys.executable, "-m", "bootseer", "report", str(tmp_path / "t" / "job"),
+                        "--html", str(page)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = _browser(exe, "--dump-dom", page.as_uri())
+    dom = r.stdout
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert 'data-rendered="1"' in body and "data-error" not in body, body
+    assert not re.search(r"Uncaught|CONSOLE.*[Ee]rror", r.stderr), r.stderr[-2000:]
+    section = dom.split("id=\"sources-0\"")[1].split("<h3")[0]
+    tables = re.findall(r"<table>(.*?)</table>", section, re.S)
+    assert len(tables) == 2
+    rows = [[html.unescape(c) for c in re.findall(r"<t[dh]>(.*?)</t[dh]>", tr)]
+            for tr in re.findall(r"<tr>(.*?)</tr>", tables[0])]
+    assert rows[0][:4] == ["pipeline", "origin MiB", "peers MiB", "from peers"]
+    assert rows[1] == ["image", "71.0", "127", "64 %", "3", "maker 1, peer 2"]
+    assert rows[-1][:4] == ["all", "321", "600", "65 %"]
+    per_node = [[html.unescape(c) for c in re.findall(r"<t[dh]>(.*?)</t[dh]>", tr)]
+                for tr in re.findall(r"<tr>(.*?)</tr>", tables[1])]
+    assert per_node[0][:3] == ["node", "image origin MiB", "image peers MiB"]
+    by_node = {row[0].split()[0]: row for row in per_node[1:]}
+    assert set(by_node) == {"n0", "n1", "n2"}
+    assert by_node["n1"][1:7] == ["2.0", "64.0", "1.0", "40.0", "0.0", "200"]
+    assert by_node["n0"][0] == "n0 (most from the origin)"
+    # each node's row in the swim lanes carries its bytes as a tooltip
+    lanes = _geometry(dom, "lanes-0")
+    tips = {row.split()[0]: tip for row, tip in zip(lanes["rows"], lanes["rowTips"]) if tip}
+    assert set(tips) == {"n0", "n1", "n2"}
+    assert "image: 2.0 MiB origin, 64.0 MiB peers (peer)" in tips["n1"]

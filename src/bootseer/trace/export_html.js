@@ -45,14 +45,15 @@ window.addEventListener("error", (e) => document.body.setAttribute("data-error",
 
   // A timeline on uPlot's axes: rows top to bottom, rectangles on a seconds axis, drawn on
   // the plot's canvas; row labels in the left margin; tooltips from the rectangle under the
-  // cursor. spec: {rows: [{label, color, band, bold}], rects: [{row, x0, x1, color, inset,
+  // cursor (else from the row's own tip). spec: {rows: [{label, color, band, bold, tip}], rects: [{row, x0, x1, color, inset,
   // outline, dashed, tip, text, data}], ticks: [{row, x, tip}] (triangles), lines: [{x,
   // row0, row1, tip}], end, xLabel, topAxis, rowHeight (px), after: (u, ctx, px, X, rowTop)
   // => extra drawing}
   function timeline(el, spec) {
     const n = spec.rows.length, top = spec.topAxis ? 30 : 6;
     const h = top + n * (spec.rowHeight || ROW) + 50;
-    const geometry = {rows: spec.rows.map((r) => r.label), rects: []};
+    const geometry = {rows: spec.rows.map((r) => r.label), rects: [],
+      rowTips: spec.rows.map((r) => r.tip || null)};
     // the bottom axis takes 50 px (ticks 30, label 20), the top one 24: rows get the rest
     const axes = [Object.assign({scale: "x", side: 2, label: spec.xLabel, size: 30,
       labelSize: 20}, AXIS),
@@ -81,6 +82,7 @@ window.addEventListener("error", (e) => document.body.setAttribute("data-error",
           ctx.textBaseline = "middle";
           spec.rows.forEach((r, i) => {
             const y = rowTop(i);
+            r.box = [y / px, (y + rowH) / px];   // for its tooltip
             if (r.band) { ctx.fillStyle = r.band; ctx.fillRect(0, y, b.left + b.width, rowH); }
             ctx.fillStyle = r.color || "#444";
             ctx.font = `${r.bold ? "600 " : ""}${11 * px}px system-ui, sans-serif`;
@@ -151,7 +153,8 @@ window.addEventListener("error", (e) => document.body.setAttribute("data-error",
             cy >= o.box[1] && cy <= o.box[3];
           // marks over lines over the innermost rectangle (drawn last)
           const found = (spec.ticks || []).find(hit) || (spec.lines || []).find(hit) ||
-            [...spec.rects].reverse().find(hit);
+            [...spec.rects].reverse().find(hit) ||
+            spec.rows.find((r) => r.tip && r.box && cy >= r.box[0] && cy < r.box[1]);
           showTip(u, found ? found.tip : null);
         }],
       },
@@ -167,7 +170,9 @@ window.addEventListener("error", (e) => document.body.setAttribute("data-error",
       rows.push({label: `${n.node}${n.gating ? " \u25c0 gating" : ""}` +
         `${n.straggler ? " (straggler)" : ""}  ready ${fmt(n.ready)} s`, bold: true,
         color: n.gating ? "#d62728" : (n.straggler ? "#ff7f0e" : "#222"),
-        band: n.gating ? "#fde8e8" : "#f7f7f7"});
+        band: n.gating ? "#fde8e8" : "#f7f7f7",
+        tip: n.sources ? `<b>${esc(n.node)}</b>: bytes by source<br>` +
+          n.sources.split("; ").map(esc).join("<br>") : null});
       const rowOf = {};
       n.lanes.forEach((l, li) => {
         for (let k = 0; k < l.tracks; k++) {

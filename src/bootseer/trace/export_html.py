@@ -3,13 +3,15 @@
 Per attempt: the time to ready, gating node and phase, the critical path on the swim lanes'
 time axis, swim lanes (a row per pipeline track per node; the gating node first and
 highlighted, its gating phase outlined; marks as triangles, ready as a line; tooltips), the
-job's phases per rank with the rendezvous wait, technique figures, CDFs across nodes with
-axes and a legend. On top, the attempts (and the baseline) side by side: what each pipeline
-held on the critical path. Tables are plain HTML; the charts are drawn with uPlot (a small
-MIT charting library, vendored in ``vendor/`` and embedded in the page, so it works
-offline) by the page's script (``export_html.js``) from the embedded JSON. The script sets
-``data-rendered="1"`` on ``<body>`` when every chart has drawn, and on each chart's
-container ``data-geometry``: the rows and rectangles it drew (browser tests read them).
+job's phases per rank with the rendezvous wait, technique figures, bytes by source (origin
+and peers per pipeline: the job's, and the lanes' nodes', also in their rows' tooltips),
+CDFs across nodes with axes and a legend. On top, the attempts (and the baseline) side by
+side: what each pipeline held on the critical path. Tables are plain HTML; the charts are
+drawn with uPlot (a small MIT charting library, vendored in ``vendor/`` and embedded in the
+page, so it works offline) by the page's script (``export_html.js``) from the embedded
+JSON. The script sets ``data-rendered="1"`` on ``<body>`` when every chart has drawn, and on
+each chart's container ``data-geometry``: the rows and rectangles it drew (browser tests
+read them).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import html
 import json
 from pathlib import Path
 
+from bootseer.trace import sources as src
 from bootseer.trace.analysis import AttemptView, Summary, pipeline_of
 from bootseer.trace.critical_path import NOT_STARTED
 
@@ -136,6 +139,7 @@ def _attempt_data(v: AttemptView, s: Summary) -> dict:
                  for m in n.marks if m["t"] <= end]
         nodes.append({"node": n.node, "ready": n.ready, "gating": n.node == s.gating_node,
                       "straggler": n.node in s.stragglers, "spans": spans, "marks": marks,
+                      "sources": _node_sources_tip(s.node_sources.get(n.node)),
                       "lanes": [{"label": lane, "tracks": max(tracks.get(lane, 0), 1)}
                                 for lane in n.lanes]})
     cdf = {"time to ready": _quantiles(readies)} if readies else {}
@@ -198,6 +202,52 @@ def _figures_table(s: Summary) -> str:
     return _table(["technique", "figure (median over nodes)", "value", "nodes"], rows)
 
 
+def _node_sources_tip(per: dict | None) -> str:
+    """A node's bytes by source, for the tooltip of its row in the swim lanes."""
+    if not per:
+        return ""
+    return "; ".join(f"{p}: {src.mib(o)} MiB origin, {src.mib(x)} MiB peers"
+                     + (f" ({role})" if role else "") for p, (o, x, role) in per.items())
+
+
+def _sources_section(s: Summary, shown: list[str]) -> str:
+    """Bytes by source: the job's per pipeline, then the nodes drawn in the swim lanes."""
+    if not s.sources:
+        return ('<p class="note">no bytes by source in this trace (the image window, '
+                'restores and checkpoint loads recorded no byte counts)</p>')
+    totals = _table(["pipeline", "origin MiB", "peers MiB", "from peers", "nodes",
+                     "peers role (nodes)"],
+                    [[p, src.mib(t["origin"]), src.mib(t["peers"]),
+                      src.share_text(t["peer_share"]), t["nodes"],
+                      ", ".join(f"{r} {k}" for r, k in t["roles"].items()) or "-"]
+                     for p, t in s.sources.items()])
+    pipelines = [p for p in src.PIPELINES if p in s.sources]
+    per_node = s.node_sources
+    # the swim lanes' nodes, then the one that took the most from the origin
+    names = [n for n in shown if n in per_node]
+    heaviest = max(per_node, key=lambda n: (sum(r[0] or 0 for r in per_node[n].values()), n),
+                   default=None)
+    if heaviest is not None and heaviest not in names:
+        names.append(heaviest)
+    rows = []
+    for n in names:
+        per = per_node[n]
+        origin = sum(r[0] or 0 for r in per.values())
+        peers = [r[1] for r in per.values() if r[1] is not None]
+        rows.append([n + (" (most from the origin)" if n == heaviest and len(per_node) > 1
+                          else ""),
+                     *[x for p in pipelines for x in
+                       ((src.mib(per[p][0]), src.mib(per[p][1])) if p in per else ("", ""))],
+                     src.share_text(src.peer_share(origin, sum(peers) if peers else None)),
+                     ", ".join(sorted({r[2] for r in per.values() if r[2]})) or "-"])
+    note = (f'<p class="note">per node: the {len(names)} nodes drawn above of the '
+            f'{len(per_node)} that traced bytes (all of them in --json)</p>'
+            if len(per_node) > len(names) else "")
+    return totals + note + _table(
+        ["node", *[f"{p} {k} MiB" for p in pipelines for k in ("origin", "peers")],
+         "from peers", "peers role"], rows)
+
+
 def _path_table(s: Summary) -> str:
     if not s.critical_path:
         return '<p class="note">no node got ready: no critical path</p>'
@@ -247,6 +297,9 @@ def to_html(views: list[AttemptView], summaries: list[Summary], title: str, repo
                  "<h3>the job's phases per rank (rendezvous wait: time a rank waited at the "
                  "first collective for the last to arrive)</h3>", _rank_table(s),
                  "<h3>technique figures</h3>", _figures_table(s),
+                 f"<h3 id='sources-{v.attempt}'>bytes by source: from the origin and from "
+                 "the job's peers (MiB as stored; -: not traced)</h3>",
+                 _sources_section(s, [n["node"] for n in a["nodes"]]),
                  "<h3>CDF across nodes: time to ready and each phase</h3>",
                  f"<div id='cdf-{v.attempt}'></div>"]
     body.append(f"<h2>text report</h2><pre>{html.escape(report_text)}</pre>")
