@@ -45,10 +45,10 @@ window.addEventListener("error", (e) => document.body.setAttribute("data-error",
 
   // A timeline on uPlot's axes: rows top to bottom, rectangles on a seconds axis, drawn on
   // the plot's canvas; row labels in the left margin; tooltips from the rectangle under the
-  // cursor (else from the row's own tip). spec: {rows: [{label, color, band, bold, tip}], rects: [{row, x0, x1, color, inset,
-  // outline, dashed, tip, text, data}], ticks: [{row, x, tip}] (triangles), lines: [{x,
-  // row0, row1, tip}], end, xLabel, topAxis, rowHeight (px), after: (u, ctx, px, X, rowTop)
-  // => extra drawing}
+  // cursor, else from the row's own tip. spec: {rows: [{label, color, band, bold, tip}],
+  // rects: [{row, x0, x1, color, inset, outline, dashed, tip, text, data}], ticks: [{row,
+  // x, tip}] (triangles), lines: [{x, row0, row1, tip}], end, xLabel, topAxis, rowHeight
+  // (px), after: (u, ctx, px, X, rowTop) => extra drawing}
   function timeline(el, spec) {
     const n = spec.rows.length, top = spec.topAxis ? 30 : 6;
     const h = top + n * (spec.rowHeight || ROW) + 50;
