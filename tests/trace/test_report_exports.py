@@ -208,15 +208,16 @@ def test_prometheus_textfile(two_attempts, tmp_path):
                and x.labels["attempt"] == "0" and x.labels["gpus_bin"] == "10-100"]
     assert buckets == sorted(buckets) and buckets[-1] == 3.0       # cumulative; +Inf = count
     # node metrics: cache hit ratio, prefetch coverage, bytes from store and peers, stalls
-    node = {(x.name, x.labels.get("source") or x.labels.get("technique")): x.value
+    node = {(x.name, x.labels.get("source") or x.labels.get("technique"),
+             x.labels.get("pipeline")): x.value
             for x in seen if x.name.startswith("bootseer_node_")
             and x.labels["attempt"] == "1" and x.labels["node"] == "n2"}
-    assert node == {("bootseer_node_cache_hit_ratio", None): 0.25,
-                    ("bootseer_node_prefetch_coverage", None): 0.97,
-                    ("bootseer_node_fetched_bytes", "store"): 120e6,
-                    ("bootseer_node_fetched_bytes", "peers"): 80e6,
-                    ("bootseer_node_stall_seconds", "image"): 0.2,
-                    ("bootseer_node_stall_seconds", "ckpt"): 0.1}
+    assert node == {("bootseer_node_cache_hit_ratio", None, None): 0.25,
+                    ("bootseer_node_prefetch_coverage", None, None): 0.97,
+                    ("bootseer_node_fetched_bytes", "origin", "image"): 120e6,
+                    ("bootseer_node_fetched_bytes", "peers", "image"): 80e6,
+                    ("bootseer_node_stall_seconds", "image", None): 0.2,
+                    ("bootseer_node_stall_seconds", "ckpt", None): 0.1}
     assert re.search(r'bootseer_startup_critical_path_seconds\{job_id="job",attempt="0",'
                      r'gpus_bin="10-100",pipeline="image"\} 5\.99', text)
     assert re.search(r'bootseer_startup_technique\{job_id="job",attempt="1",gpus_bin="10-100",'
@@ -233,6 +234,29 @@ def test_prometheus_textfile(two_attempts, tmp_path):
             assert name in metrics, name
         for label in re.findall(r"(\w+)=~?\"", expr) + re.findall(r"by \(([\w, ]+)\)", expr):
             assert set(label.replace(" ", "").split(",")) <= labels, (label, expr)
+
+
+def test_prometheus_bytes_by_source_per_node_and_pipeline(tmp_path):
+    """Origin and peer bytes per node for each pipeline that traced them; a source not
+    traced (a start without peers) has no sample, not a zero."""
+    from tests.trace.test_report_sources import MiB, _node, _peers_job
+    _peers_job(tmp_path / "t", attempt=0)
+    _node(tmp_path / "t", "n0", attempt=1, image={"store_bytes": 64 * MiB},
+          ckpt=[{"bytes_fetched": 100 * MiB}])
+    r = _report(tmp_path / "t" / "job", "--prom", tmp_path / "startup.prom")
+    assert r.returncode == 0, r.stderr
+    families = _prom_families((tmp_path / "startup.prom").read_text())
+    fetched = {(x.labels["attempt"], x.labels["node"], x.labels["pipeline"],
+                x.labels["source"]): x.value
+               for x in families["bootseer_node_fetched_bytes"].samples}
+    assert fetched[("0", "n0", "image", "origin")] == 66 * MiB
+    assert fetched[("0", "n0", "image", "peers")] == 0
+    assert fetched[("0", "n1", "deps", "peers")] == 40 * MiB
+    assert fetched[("0", "n2", "deps", "origin")] == 3 * MiB
+    assert fetched[("0", "n1", "ckpt", "peers")] == 200 * MiB
+    assert len([k for k in fetched if k[0] == "0"]) == 3 * 3 * 2
+    assert {k[2:]: v for k, v in fetched.items() if k[0] == "1"} == {
+        ("image", "origin"): 64 * MiB, ("ckpt", "origin"): 100 * MiB}
 
 
 def test_trace_from_a_url(two_attempts, tmp_path):

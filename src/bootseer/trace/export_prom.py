@@ -19,7 +19,11 @@ recorded (``image.window``, ``ckpt.load``):
 
 - ``bootseer_node_cache_hit_ratio``: share of the hot set's chunks already in the node cache;
 - ``bootseer_node_prefetch_coverage``: share of the bytes read in the window prefetched;
-- ``bootseer_node_fetched_bytes{source=store|peers}``: bytes from the store and from peers;
+- ``bootseer_node_fetched_bytes{source=origin|peers,pipeline=image|deps|ckpt}``: bytes the
+  node's image start, environment restore and checkpoint loads took from the origin and
+  from the job's peers (trace/sources.py; a source a pipeline did not trace has no sample).
+  Until issue 16 this metric was the image's alone, ``{source=store|peers}`` without
+  ``pipeline``: ``source="store"`` is now ``source="origin",pipeline="image"``;
 - ``bootseer_node_stall_seconds{technique=image|ckpt}``: time reads waited on the network.
 
 Labels: ``job_id`` (not ``job``, which Prometheus sets to the scrape job: a textfile's own
@@ -112,7 +116,7 @@ def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
                          "checkpoint MB/s, deps restore s...")
                 w.sample("bootseer_startup_technique",
                          {**base, "technique": technique, "figure": figure}, value)
-        _node_metrics(w, base, v)
+        _node_metrics(w, base, v, s)
     return _grouped(w.lines)
 
 
@@ -120,10 +124,12 @@ def _number(v) -> float | None:
     return float(v) if type(v) in (int, float) and math.isfinite(v) else None
 
 
-def _node_metrics(w: _Writer, base: dict, view: AttemptView) -> None:
+def _node_metrics(w: _Writer, base: dict, view: AttemptView, s: Summary) -> None:
+    # from the node's summary figures, not its lanes (built on first use: 10,000 nodes'
+    # lanes are most of a report's time)
     for n in view.nodes:
         labels = {**base, "node": n.node}
-        window = next((m["attrs"] for m in n.marks if m["phase"] == "image.window"), {})
+        window = n.windows[0] if n.windows else {}
         planned = _number(window.get("prefetch_planned_chunks"))
         local = _number(window.get("prefetch_already_local"))
         if planned and local is not None:
@@ -135,14 +141,16 @@ def _node_metrics(w: _Writer, base: dict, view: AttemptView) -> None:
             w.metric("bootseer_node_prefetch_coverage", "gauge",
                      "Share of the bytes read during the image's window that were prefetched.")
             w.sample("bootseer_node_prefetch_coverage", labels, coverage)
-        for source, key in (("store", "store_bytes"), ("peers", "prefetch_peer_bytes")):
-            value = _number(window.get(key))
-            if value is not None:
-                w.metric("bootseer_node_fetched_bytes", "gauge",
-                         "Bytes the node's image start fetched, by source.")
-                w.sample("bootseer_node_fetched_bytes", {**labels, "source": source}, value)
+        for pipeline, row in s.node_sources.get(n.node, {}).items():
+            for source, value in (("origin", row[0]), ("peers", row[1])):
+                if value is not None:
+                    w.metric("bootseer_node_fetched_bytes", "gauge",
+                             "Bytes the node fetched, by source (origin, the job's peers) "
+                             "and pipeline.")
+                    w.sample("bootseer_node_fetched_bytes",
+                             {**labels, "source": source, "pipeline": pipeline}, value)
         stalls = {"image": _number(window.get("stall_s"))}
-        ckpt = [_number(x["attrs"].get("stall_s")) for x in n.spans if x["phase"] == "ckpt.load"]
+        ckpt = [_number(a.get("stall_s")) for a, _ in n.ckpt_loads]
         if any(x is not None for x in ckpt):
             stalls["ckpt"] = sum(x for x in ckpt if x is not None)
         for technique, value in stalls.items():
