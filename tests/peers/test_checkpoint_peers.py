@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -208,3 +209,37 @@ def test_peers_off_or_one_node_leave_the_plan_alone(nodes, checkpoint):
     assert node.engine.statistics().peers_role is None
     stop = threading.Event()
     assert ckpt_peers.fetch_checkpoint(node.config, node.engine, [], stop) is None
+
+
+def test_two_checkpoint_mounts_share_through_peers(need_fuse, nodes, checkpoint, tmp_path):
+    """The user's path: each node's `ckpt mount` (its own FUSE server process) prefetches
+    through the job's peers; the files read through the mounts are the checkpoint's, the
+    origin served the large files about once, and each unmount's load report says where
+    its bytes came from."""
+    from bootseer.ckpt.mount import mount_checkpoint
+    url, data = checkpoint
+    pair = [nodes(i, job="job-ckpt-mount", nodes=2) for i in (3, 4)]
+    for n in pair:
+        n.engine.close()   # the mount's server process has its own engine
+    mounts, reports = [], []
+    try:
+        for n in pair:
+            mp = tmp_path / f"mnt-{n.name}"
+            mp.mkdir()
+            reports.append(tmp_path / f"{n.name}.json")
+            mounts.append((mp, mount_checkpoint(url, str(mp), n.config,
+                                                stats_path=str(reports[-1]))))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                len(list(n.staging.glob("*.complete"))) == len(FILES) for n in pair):
+            time.sleep(0.1)
+        for mp, _ in mounts:
+            for rel, body in data.items():
+                assert (mp / rel).read_bytes() == body
+    finally:
+        for _, handle in mounts:
+            handle.unmount()
+    stats = [json.loads(r.read_text()) for r in reports]
+    assert sorted(s["peers_role"] for s in stats) == ["maker", "peer"], stats
+    assert sum(s["bytes_fetched"] for s in stats) <= 1.2 * _large_bytes() + 3 * 3000, stats
+    assert sum(s["peer_bytes"] for s in stats) >= 0.8 * _large_bytes(), stats
