@@ -22,55 +22,62 @@ PIPELINES = ("image", "deps", "ckpt")
 ALL = "all"   # the job total over the pipelines
 
 
-def _num(v) -> int | float | None:
-    # bool is an int to Python, not a byte count to us
-    return v if type(v) in (int, float) and v >= 0 else None
-
-
 def _add(total, v):
-    v = _num(v)
-    if v is None:
+    # a byte count: a non-negative number (bool is an int to Python, not a count to us)
+    if type(v) not in _NUMBER or v < 0:
         return total
     return v if total is None else total + v
 
 
-def _role(roles: set) -> str | None:
-    roles.discard(None)
-    return ",".join(sorted(map(str, roles))) or None
+_NUMBER = (int, float)
+
+
+def _join(role: str | None, r) -> str | None:
+    """The node's peers role so far with one more (several loads may differ: joined)."""
+    if r is None or r == role:
+        return role
+    return str(r) if role is None else ",".join(sorted({*role.split(","), str(r)}))
 
 
 def node_sources(n) -> dict[str, list]:
     """A node's (``NodeView``) bytes per pipeline: ``{pipeline: [origin, peers, role]}``,
-    None where not traced; pipelines that traced neither are left out."""
+    None where not traced; pipelines that traced neither are left out. (Runs for every
+    node of a report: plain loops, nothing done for a pipeline the node did not trace.)"""
     out: dict[str, list] = {}
-    origin = peers = None
-    roles: set = set()
-    for a in n.windows:
-        origin = _add(origin, a.get("store_bytes", a.get("prefetch_origin_bytes")))
-        peers = _add(peers, a.get("prefetch_peer_bytes"))
-        roles.add(a.get("prefetch_peers_role"))
-    if origin is not None or peers is not None:
-        out["image"] = [origin, peers, _role(roles)]
-    fetched = extracted = peers = None
-    roles = set()
-    for phase, a in n.deps_fetches:
-        if phase == "deps.fetch":
-            fetched = _add(_add(fetched, a.get("bytes")), a.get("origin_bytes"))
-        else:
-            extracted = _add(extracted, a.get("origin_bytes"))
-        peers = _add(peers, a.get("peer_bytes"))
-        roles.add(a.get("peers_role"))
-    origin = fetched if fetched is not None else extracted
-    if origin is not None or peers is not None:
-        out["deps"] = [origin, peers, _role(roles)]
-    origin = peers = None
-    roles = set()
-    for a, _ in n.ckpt_loads:
-        origin = _add(origin, a.get("bytes_fetched"))
-        peers = _add(peers, a.get("peer_bytes"))
-        roles.add(a.get("peers_role"))
-    if origin is not None or peers is not None:
-        out["ckpt"] = [origin, peers, _role(roles)]
+    if n.windows:
+        origin = peers = role = None
+        for a in n.windows:
+            if not a:
+                continue
+            origin = _add(origin, a.get("store_bytes", a.get("prefetch_origin_bytes")))
+            peers = _add(peers, a.get("prefetch_peer_bytes"))
+            role = _join(role, a.get("prefetch_peers_role"))
+        if origin is not None or peers is not None:
+            out["image"] = [origin, peers, role]
+    if n.deps_fetches:
+        fetched = extracted = peers = role = None
+        for phase, a in n.deps_fetches:
+            if not a:
+                continue
+            if phase == "deps.fetch":   # a kernel restore's has both: they add up
+                fetched = _add(_add(fetched, a.get("bytes")), a.get("origin_bytes"))
+            else:   # a snapshot restore's deps.fetch counts this origin part already
+                extracted = _add(extracted, a.get("origin_bytes"))
+            peers = _add(peers, a.get("peer_bytes"))
+            role = _join(role, a.get("peers_role"))
+        origin = fetched if fetched is not None else extracted
+        if origin is not None or peers is not None:
+            out["deps"] = [origin, peers, role]
+    if n.ckpt_loads:
+        origin = peers = role = None
+        for a, _ in n.ckpt_loads:
+            if not a:
+                continue
+            origin = _add(origin, a.get("bytes_fetched"))
+            peers = _add(peers, a.get("peer_bytes"))
+            role = _join(role, a.get("peers_role"))
+        if origin is not None or peers is not None:
+            out["ckpt"] = [origin, peers, role]
     return out
 
 
@@ -86,35 +93,38 @@ def job_sources(per_node: dict[str, dict[str, list]]) -> dict[str, dict]:
     ``origin`` and ``peers`` bytes (None: no node traced them), ``peer_share``, ``nodes``
     (that traced the pipeline's bytes), ``peer_nodes`` (that traced bytes from peers) and
     ``roles`` (nodes per peers role: maker, peer, origin)."""
+    # per pipeline: [origin, peers, nodes, peer_nodes, roles]; one pass over the nodes
+    acc: dict[str, list] = {}
+    peer_nodes = 0
+    for src in per_node.values():
+        any_peers = False
+        for pipeline, (origin, peers, role) in src.items():
+            t = acc.get(pipeline)
+            if t is None:
+                t = acc[pipeline] = [None, None, 0, 0, {}]
+            t[0] = _add(t[0], origin)
+            t[2] += 1
+            if peers is not None:
+                t[1] = _add(t[1], peers)
+                t[3] += 1
+                any_peers = True
+            if role:
+                t[4][role] = t[4].get(role, 0) + 1
+        peer_nodes += any_peers
     out: dict[str, dict] = {}
     for pipeline in PIPELINES:
-        origin = peers = None
-        nodes = peer_nodes = 0
-        roles: dict[str, int] = {}
-        for src in per_node.values():
-            row = src.get(pipeline)
-            if row is None:
-                continue
-            nodes += 1
-            origin = _add(origin, row[0])
-            if row[1] is not None:
-                peers = _add(peers, row[1])
-                peer_nodes += 1
-            if row[2]:
-                roles[row[2]] = roles.get(row[2], 0) + 1
-        if nodes:
+        if pipeline in acc:
+            origin, peers, nodes, with_peers, roles = acc[pipeline]
             out[pipeline] = {"origin": origin, "peers": peers,
                              "peer_share": peer_share(origin, peers), "nodes": nodes,
-                             "peer_nodes": peer_nodes, "roles": dict(sorted(roles.items()))}
+                             "peer_nodes": with_peers, "roles": dict(sorted(roles.items()))}
     if out:
         origin = peers = None
         for t in out.values():
             origin, peers = _add(origin, t["origin"]), _add(peers, t["peers"])
         out[ALL] = {"origin": origin, "peers": peers, "peer_share": peer_share(origin, peers),
                     "nodes": sum(1 for src in per_node.values() if src),
-                    "peer_nodes": sum(1 for src in per_node.values()
-                                      if any(r[1] is not None for r in src.values())),
-                    "roles": {}}
+                    "peer_nodes": peer_nodes, "roles": {}}
     return out
 
 
