@@ -14,6 +14,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (the same seed, the same run)")
     p.add_argument("--techniques", default="none",
                    help="all, none, or a comma list of image,deps,ckpt,overlap,peers")
+    p.add_argument("--ckpt-shared-by", type=int, default=1, metavar="N",
+                   help="nodes that read the same checkpoint bytes (data-parallel replicas "
+                        "across nodes); with 'peers' they share them (default 1: every "
+                        "node its own shard)")
     p.add_argument("--events", type=int, default=0, metavar="N",
                    help="also write full per-node traces of the first N jobs")
     p.set_defaults(func=_run)
@@ -39,8 +43,11 @@ def _run(args) -> int:
     from bootseer.trace.simulate import SimParams, simulate
     if args.jobs < 1:
         raise ConfigError("--jobs", f"must be at least 1, got {args.jobs}")
+    if args.ckpt_shared_by < 1:
+        raise ConfigError("--ckpt-shared-by", f"must be at least 1, got {args.ckpt_shared_by}")
     r = simulate(SimParams(jobs=args.jobs, seed=args.seed,
-                           techniques=parse_techniques(args.techniques)),
+                           techniques=parse_techniques(args.techniques),
+                           ckpt_shared_by=args.ckpt_shared_by),
                  args.out, events_jobs=args.events)
     print(f"wrote {r['attempts']} attempts of {r['jobs']} jobs to {r['path']}")
     return 0

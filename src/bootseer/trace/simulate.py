@@ -76,6 +76,10 @@ class SimParams:
     peer_node_gbps: float = 1.25
     """With ``peers``: one node's rate of receiving from its peers (GB/s): its NIC. (On the
     2-core bench machine 8 nodes shared the cores and got 10 MB/s each: CPU, not network.)"""
+    ckpt_shared_by: int = 1
+    """Nodes that read the same checkpoint bytes (data-parallel replicas across nodes, e.g.
+    HSDP: sharded within a node, replicated across nodes); 1: every node its own shard,
+    nothing for ``peers`` to share."""
     peer_join_s: float = 1.0
     """With ``peers``: joining the job's swarm: the roster read and the calls (bench/scale:
     up to a second, libtorrent's round of calls)."""
@@ -94,10 +98,7 @@ def _node_phases(p: SimParams, rnd: random.Random, nodes: int, gpus: int, cal: f
     if "image" in t:  # lazy image: only the hot blocks (~15%) before start
         image = set_fetch_s(p, 0.15 * p.image_gb, nodes, "peers" in t) + 2.0
     deps = 3.0 if "deps" in t else p.deps_s   # snapshot restore vs resolve+install
-    ckpt_gb = p.ckpt_gb_per_gpu * min(gpus, p.gpus_per_node)
-    bw = min(p.node_gbps * (4 if "ckpt" in t else 1),
-             p.storage_gbps * (2 if "ckpt" in t else 1) / nodes)
-    ckpt = ckpt_gb / bw
+    ckpt = ckpt_fetch_s(p, p.ckpt_gb_per_gpu * min(gpus, p.gpus_per_node), nodes)
     return {"container.create": 5.0 * cal, "image.pull": image * cal,
             "deps.install": deps * cal, "ckpt.load": ckpt * cal,
             "dist.init": (2.0 + 1.5 * math.log2(nodes + 1)) * cal, "model.init": 8.0 * cal}
@@ -115,6 +116,24 @@ def set_fetch_s(p: SimParams, gb: float, nodes: int, peers: bool) -> float:
     return p.peer_join_s + max(origin, gb / min(p.node_gbps, p.peer_node_gbps))
 
 
+def ckpt_fetch_s(p: SimParams, gb: float, nodes: int) -> float:
+    """Seconds for a node to hold its ``gb`` of checkpoint. Striped reads (``ckpt``) get 4x
+    a node's single stream and twice the storage's efficiency. With ``peers`` and nodes
+    sharing shards (``ckpt_shared_by``), the storage serves each distinct byte about once
+    (``peer_origin_copies``) and the nodes of a replica group pass it on as it arrives."""
+    # (bench/scale's ckpt sets: 1.00-1.01x the checkpoint from the origin at N = 2 to 8)
+    t = set(p.techniques)
+    node = p.node_gbps * (4 if "ckpt" in t else 1)
+    storage = p.storage_gbps * (2 if "ckpt" in t else 1)
+    group = min(max(1, p.ckpt_shared_by), nodes)
+    if "peers" not in t or group < 2:
+        return gb / min(node, storage / nodes)
+    distinct = gb * nodes / group
+    origin = p.peer_origin_copies * distinct / min(storage, nodes * node)
+    # many peers at once, like many range streams from storage: the node's striped rate
+    return p.peer_join_s + max(origin, gb / node)
+
+
 def project(p: SimParams, gpus: int) -> dict:
     """Noise-free per-node phase seconds of one start of a job of ``gpus`` GPUs (the
     calibration of its bin applied), its time to ready, and the bytes the registry serves
@@ -130,8 +149,11 @@ def project(p: SimParams, gpus: int) -> dict:
         ready = sum(base.values())
     image_gb = 0.15 * p.image_gb if "image" in t else p.image_gb
     copies = p.peer_origin_copies if "peers" in t and "image" in t and nodes > 1 else nodes
+    ckpt_gb = p.ckpt_gb_per_gpu * min(gpus, p.gpus_per_node) * nodes   # distinct shards...
+    group = min(max(1, p.ckpt_shared_by), nodes)
+    ckpt_gb = ckpt_gb / group * (p.peer_origin_copies if "peers" in t and group > 1 else group)
     return {"gpus": gpus, "nodes": nodes, "phases": base, "ready_s": ready,
-            "registry_gb": image_gb * copies}
+            "registry_gb": image_gb * copies, "storage_gb": ckpt_gb}
 
 
 def _attempt(p: SimParams, rnd: random.Random, nodes: int, base: dict):
