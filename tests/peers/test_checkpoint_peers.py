@@ -243,3 +243,14 @@ def test_two_checkpoint_mounts_share_through_peers(need_fuse, nodes, checkpoint,
     assert sorted(s["peers_role"] for s in stats) == ["maker", "peer"], stats
     assert sum(s["bytes_fetched"] for s in stats) <= 1.2 * _large_bytes() + 3 * 3000, stats
     assert sum(s["peer_bytes"] for s in stats) >= 0.8 * _large_bytes(), stats
+
+
+def test_a_seed_copy_that_does_not_fit_leaves_the_load_to_the_origin(nodes, checkpoint,
+                                                                      monkeypatch):
+    """The seed copy holds the stripes a second time: without the room, no peers (the
+    staging copy, which the job needs, is not put at risk)."""
+    _, data = checkpoint
+    monkeypatch.setattr(ckpt_peers, "SEED_HEADROOM_BYTES", 1 << 60)
+    node = nodes(0, nodes=2).run()
+    assert node.wait() == {}
+    assert node.staged() == data

@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import threading
 import time
+from pathlib import Path
 
 from bootseer.errors import DigestMismatch, InvalidDigest
 from bootseer.store.digest import parse, sha256_digest, verify
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 ROSTER_SUFFIX = "-ckpt"   # its own swarm: never mixed with an image's or an environment's
 KIND = "bootseer.peers.ckpt-manifest"
 ORIGIN_BATCH = 8          # stripes the peers left over are fetched this many at a time
+SEED_HEADROOM_BYTES = 1 << 30   # the seed copy must fit with this much disk left over
 
 
 def manifest_key(sources, stripe_bytes: int) -> str:
@@ -260,6 +263,13 @@ class CheckpointPeers:
                  "%.2fs", self.key[:12], t_fetched - t0, time.monotonic() - t_fetched)
 
 
+def _free_bytes(path) -> int:
+    path = Path(path)
+    while not path.exists():   # the seed directory is made on first use
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
 def _extent(f, idx: int) -> tuple[int, int]:
     start, end = f.staged.span(idx)
     return start, end - start
@@ -285,6 +295,13 @@ def fetch_checkpoint(config, engine, sources, stop: threading.Event | None = Non
         store = open_store(config.store.url, config)
         share = share_for(config.replace(peers={"job_id": job + ROSTER_SUFFIX}), store)
         if share is None:
+            return None
+        total = sum(s.size for s in sources)
+        free = _free_bytes(share.work_dir)
+        if free < total + SEED_HEADROOM_BYTES:
+            log.warning("peers: the seed copy of the checkpoint (%d bytes) does not fit in "
+                        "%s (%d bytes free): checkpoint from the origin", total,
+                        share.work_dir, free)
             return None
         return CheckpointPeers(config, engine, sources, share, store).run(
             stop or threading.Event())
