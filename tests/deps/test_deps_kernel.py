@@ -423,3 +423,52 @@ def test_a_mount_whose_command_died_before_completing_its_sidecar_is_replaced(pu
     lower = os.path.realpath(f"{state_dir(prefix)}/lower")
     assert [e.fstype for e in points.table() if e.mountpoint == lower] == ["erofs"]
     assert [e.fstype for e in points.table() if e.mountpoint == real] == ["overlay"]
+
+
+def test_a_lazy_image_making_room_for_its_blob_never_removes_an_environment_blob(published,
+                                                                                 tmp_path):
+    """Lazy images and restored environments keep EROFS blobs in the same node cache; an
+    image making room for its blob (at most half the cache budget for its blobs) removes
+    only the image path's own blobs: the node still remounts the environment without the
+    store."""
+    from bootseer.store import open_store
+    from bootseer.store.cache import NodeCache
+    from bootseer.store.fetch import Fetcher
+    from bootseer.tree import format as fmt
+    from bootseer.tree.blob import BlobLayout
+    from bootseer.tree.build import TreeBuilder, add_directory
+    from bootseer.tree.reader import TreeReader
+    from bootseer.tree.session import mount_tree
+    urls, spec, prefix, key = published
+    restore(published, tmp_path, "n1")
+    unmount(prefix)
+    env_blob = blob_of(tmp_path, "n1")
+    src = tmp_path / "image-src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(3 << 20))
+    store = open_store(str(tmp_path / "image-store"))
+    b = TreeBuilder(store, chunk_size=1 << 20, pack_size=2 << 20)
+    add_directory(b, src)
+    digest = b.finish()
+    size = BlobLayout(fmt.decode(store.read(digest))).size
+    # half the budget holds the image's blob and nothing beside it
+    image_config = cfg(tmp_path, "n1").replace(store={"url": str(tmp_path / "image-store")},
+                                               cache={"budget_bytes": 2 * size + 8192},
+                                               mount={"backend": "erofs"})
+    with Fetcher(image_config.fetch) as f:   # every chunk local: the blob is assembled
+        reader = TreeReader(store, digest, f, NodeCache(image_config.cache))
+        for c in reader.all_chunks():
+            reader.chunk(c)
+    mp = tmp_path / "image-mnt"
+    mp.mkdir()
+    handle, _, _ = mount_tree(image_config, digest, str(mp), str(tmp_path / "image-state"))
+    try:
+        assert handle.backend == "erofs-local"
+        assert (mp / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
+    finally:
+        handle.unmount()
+    assert env_blob.exists()
+    dead = cfg(tmp_path, "n1").replace(store={"url": "http://127.0.0.1:9/gone"})
+    r = restore(published, tmp_path, "n1", config=dead)
+    assert (r.how, r.form) == ("restored", "mount")
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"

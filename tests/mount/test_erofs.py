@@ -239,7 +239,7 @@ def test_local_blob_when_every_chunk_is_local(tmp_path, src, tree):
         assert handle.backend == "erofs-local" and handle.pid is None and handle.proc.is_alive()
         assert assert_same_tree(src, mp) > 400
         assert (state / PREFETCHED).exists() and (state / "figures.json").exists()
-        blobs = list((tmp_path / "cache/erofs").glob("*.blob"))
+        blobs = list((tmp_path / "cache/erofs/trees").glob("*.blob"))
         metas = list((tmp_path / "cache/erofs").glob("*.meta"))
         assert len(blobs) == 1 and len(metas) == 1
         if shutil.which("fsck.erofs"):
@@ -257,7 +257,7 @@ def test_corrupt_local_blob_is_refused_before_mounting(tmp_path, src, tree, capl
     _fill_cache(config, digest)
     handle, mp, _ = _mount(config, digest, tmp_path)
     handle.unmount()
-    blob = next((tmp_path / "cache/erofs").glob("*.blob"))
+    blob = next((tmp_path / "cache/erofs/trees").glob("*.blob"))
     meta = next((tmp_path / "cache/erofs").glob("*.meta"))
     good, good_meta = blob.read_bytes(), meta.read_bytes()
     for path, at in ((blob, 5000), (meta, 4096 + 10)):

@@ -75,6 +75,12 @@ def _erofs_dir(config: BootseerConfig) -> Path:
     return Path(config.cache.dir) / "erofs"
 
 
+def env_blob_path(config: BootseerConfig, layout) -> Path:
+    """Where environments keep a blob: ``deps gc`` is the only one to remove it (lazy
+    images keep theirs apart, in ``erofs/trees``, and make room among those only)."""
+    return _erofs_dir(config) / f"{layout.key}.blob"
+
+
 def _index_path(config: BootseerConfig, key: str) -> Path:
     return _erofs_dir(config) / f"env-{key.removeprefix('sha256:')}.json"
 
@@ -173,7 +179,7 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.blob import BlobLayout, unsupported
-    from bootseer.tree.blob_mount import local_blob_path, metadata_image
+    from bootseer.tree.blob_mount import metadata_image
     from bootseer.tree.reader import TreeReader
     tree = manifest["tree"]
     relocated = None
@@ -213,7 +219,7 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
         writer.start()
         try:
             blob = _local_blob(config, store, reader, layout, key, f, progress,
-                               str(local_blob_path(config, layout)))
+                               str(env_blob_path(config, layout)))
         finally:
             writer.join()
     if "error" in made:

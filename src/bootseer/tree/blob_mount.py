@@ -1,7 +1,7 @@
 """A lazy tree mounted by the kernel: EROFS on a metadata image written from the TOC, with
 the data blob as its device.
 
-* The blob is complete on the node (``<cache>/erofs/<layout key>.blob``, re-verified
+* The blob is complete on the node (``<cache>/erofs/trees/<layout key>.blob``, re-verified
   chunk by chunk before each mount): EROFS mounts it directly, no Python serves reads.
   Every chunk of a tree already in the node cache is first assembled into that file.
 * Otherwise a single-file FUSE server (the tree session: demand reads through the
@@ -104,7 +104,10 @@ class ErofsTreeHandle:
 
 
 def local_blob_path(config: BootseerConfig, layout: BlobLayout) -> Path:
-    return Path(config.cache.dir) / "erofs" / f"{layout.key}.blob"
+    """Lazy trees' blobs have a directory of their own, the only one their LRU removes
+    from: restored environments keep theirs in ``<cache>/erofs`` (deps.kernel_restore),
+    owned and removed by ``deps gc`` alone, whether mounted or not."""
+    return Path(config.cache.dir) / "erofs" / "trees" / f"{layout.key}.blob"
 
 
 def _local_blob(config: BootseerConfig, layout: BlobLayout) -> str | None:
