@@ -8,8 +8,11 @@ import subprocess
 import sys
 import time
 
-from bootseer.ckpt.staging import StagingArea, gc, node_staging_dir, staged_name
+import pytest
+
+from bootseer.ckpt.staging import MARKER, StagingArea, gc, node_staging_dir, staged_name
 from bootseer.config import BootseerConfig
+from bootseer.errors import CacheError
 
 MiB = 1 << 20
 
@@ -24,19 +27,17 @@ def staged(d, key: str, age_s: float, size: int = MiB) -> str:
 
 
 def test_least_recently_used_go_first_until_the_rest_fit(tmp_path):
-    d = tmp_path / "ckpt"
-    d.mkdir()
+    d = StagingArea(tmp_path / "ckpt").dir   # made by bootseer: marked as its own
     old, mid, new = (staged(d, k, age) for k, age in (("a", 300), ("b", 200), ("c", 100)))
     (d / "profiles-v1").mkdir()   # not a staged file: never touched
     report = {name: action for name, _, _, action in gc(d, MiB + MiB // 2)}
     assert report == {old: "removed", mid: "removed", new: "kept"}
-    assert sorted(p.name for p in d.iterdir()) == sorted([new, f"{new}.complete",
+    assert sorted(p.name for p in d.iterdir()) == sorted([new, f"{new}.complete", MARKER,
                                                           ".gc.lock", "profiles-v1"])
 
 
 def test_files_a_live_engine_took_up_or_a_job_links_are_spared(tmp_path):
-    d = tmp_path / "ckpt"
-    d.mkdir()
+    d = StagingArea(tmp_path / "ckpt").dir
     a, b, c, e = (staged(d, k, age) for k, age in
                   (("a", 400), ("b", 300), ("c", 200), ("e", 100)))
     os.link(d / e, tmp_path / "job-copy")          # bootseer run handed it to a job
@@ -59,10 +60,40 @@ def test_files_a_live_engine_took_up_or_a_job_links_are_spared(tmp_path):
 
 def test_cli_gc_dry_run_says_and_keeps(tmp_path):
     env = {**os.environ, "BOOTSEER_CACHE_DIR": str(tmp_path / "cache/blobs")}
-    d = node_staging_dir(BootseerConfig.from_env(env))
-    d.mkdir(parents=True)
+    d = StagingArea(node_staging_dir(BootseerConfig.from_env(env))).dir
     name = staged(d, "k", 60)
     r = subprocess.run([sys.executable, "-m", "bootseer", "ckpt", "gc", "--max-size", "0",
                         "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("would remove\t1 MiB\t" + name) and (d / name).exists()
+
+
+def test_the_staging_directory_is_never_a_users_ckpt_folder_next_to_the_cache(tmp_path):
+    """BOOTSEER_CACHE_DIR=/data/cache with the user's checkpoints in /data/ckpt: bootseer
+    neither stages into nor trims the user's folder."""
+    env = {**os.environ, "BOOTSEER_CACHE_DIR": str(tmp_path / "data/cache")}
+    users = tmp_path / "data/ckpt"
+    users.mkdir(parents=True)
+    mine = staged(users, "the user's own file, named like a staged one", 600)
+    staging = node_staging_dir(BootseerConfig.from_env(env))
+    assert staging.name == "bootseer-ckpt-staging" and staging.parent == users.parent
+    StagingArea(staging).file("k", MiB, MiB).write(0, b"x" * MiB)
+    r = subprocess.run([sys.executable, "-m", "bootseer", "ckpt", "gc", "--max-size", "0"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert staged_name("k") in r.stdout and not (staging / staged_name("k")).exists()
+    assert sorted(p.name for p in users.iterdir()) == sorted([mine, f"{mine}.complete"])
+
+
+def test_gc_removes_nothing_from_a_directory_bootseer_did_not_make(tmp_path):
+    users = tmp_path / "given"
+    users.mkdir()
+    name = staged(users, "k", 600)
+    area = StagingArea(users)        # an engine may stage into a directory it was given ...
+    area.close()
+    assert not (users / MARKER).exists()
+    with pytest.raises(CacheError, match="did not make"):   # ... gc never trims it
+        gc(users, 0)
+    assert (users / name).exists() and (users / f"{name}.complete").exists()
+    made = StagingArea(tmp_path / "made/staging")
+    assert (made.dir / MARKER).is_file()

@@ -1,8 +1,9 @@
 """The node's local copy of checkpoint files, stripe by stripe.
 
-Layout of a staging directory (one per node: ``<cache.dir>/../ckpt``)::
+Layout of a staging directory (one per node: ``<cache.dir>/../bootseer-ckpt-staging``)::
 
     <staging>/
+      .bootseer-ckpt-staging  made with the directory: ``gc`` trims no directory without it
       <name>             sparse file, the remote file's size; stripes written in place
       <name>.complete    every stripe is in <name> (written once, by whoever finishes)
       profiles-v1/       recorded access profiles (see ckpt/profile.py)
@@ -22,7 +23,11 @@ file private and the staging directory 0700; ``shared`` makes every file 0644.
 Nothing else removes staged files, so ``bootseer ckpt gc`` keeps the directory under a
 size: least recently used first (an engine touches a file when it takes it up), never a
 file that a live engine may be using (touched since the oldest live engine registered) or
-that a job holds as a hard link.
+that a job holds as a hard link, and only in a directory bootseer made (its marker): an
+engine may stage into a directory it is given, never trimmed.
+
+Before the marker the node's directory was ``<cache.dir>/../ckpt``, which is just as
+likely a user's folder next to the cache: it is no longer used, nor removed.
 """
 
 from __future__ import annotations
@@ -41,6 +46,23 @@ from bootseer import alive
 from bootseer.errors import CacheError
 
 
+MARKER = ".bootseer-ckpt-staging"
+
+
+def _make_marked(directory: Path) -> None:
+    """Make ``directory`` (and its parents) with the marker that lets ``gc`` trim it; one
+    that exists is used as it is: marked only if bootseer made it."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        if not directory.is_dir():
+            raise
+        return
+    (directory / MARKER).write_text("made by bootseer: checkpoint staging copies, which "
+                                    "`bootseer ckpt gc` may remove\n")
+
+
 def staged_name(key: str) -> str:
     """The staging file name of one remote file version (its source ``key``)."""
     return hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -52,7 +74,7 @@ class StagingArea:
     def __init__(self, directory: str | os.PathLike, *, owned: bool = False,
                  mode: str = "auto"):
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        _make_marked(self.dir)
         self.mode = mode
         if mode == "private":
             os.chmod(self.dir, 0o700)
@@ -216,8 +238,9 @@ class StagedFile:
 
 
 def node_staging_dir(config) -> Path:
-    """The node's staging directory: next to the block cache (``<cache.dir>/../ckpt``)."""
-    return Path(config.cache.dir).parent / "ckpt"
+    """The node's staging directory, next to the block cache and named as bootseer's
+    (``<cache.dir>/../bootseer-ckpt-staging``): never a user's folder beside the cache."""
+    return Path(config.cache.dir).parent / "bootseer-ckpt-staging"
 
 
 def _live_since(directory: Path) -> float | None:
@@ -250,6 +273,9 @@ def gc(directory: str | os.PathLike, max_bytes: int, *, dry_run: bool = False
     directory = Path(directory)
     if not directory.is_dir():
         return []
+    if not (directory / MARKER).is_file():
+        raise CacheError(f"{directory} has no {MARKER} marker: bootseer did not make it, so "
+                         "it removes nothing from it")
     fd = os.open(directory / ".gc.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX)   # no engine takes up a file meanwhile
