@@ -99,6 +99,7 @@ def test_bytes_from_origin_and_peers_per_node_and_pipeline(tmp_path):
     assert total["peers"] == (127 + 78 + 395) * MiB
     assert total["peer_share"] == pytest.approx(600 / 921)
     assert total["nodes"] == 3
+    assert total["most_origin"] == {"node": "n0", "origin": (66 + 41 + 200) * MiB}
 
 
 def test_without_peers_the_origin_is_traced_and_the_peers_are_not(tmp_path):

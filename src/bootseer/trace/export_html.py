@@ -225,9 +225,8 @@ def _sources_section(s: Summary, shown: list[str]) -> str:
     per_node = s.node_sources
     # the swim lanes' nodes, then the one that took the most from the origin
     names = [n for n in shown if n in per_node]
-    heaviest = max(per_node, key=lambda n: (sum(r[0] or 0 for r in per_node[n].values()), n),
-                   default=None)
-    if heaviest is not None and heaviest not in names:
+    heaviest = s.sources[src.ALL]["most_origin"]["node"]
+    if heaviest not in names:
         names.append(heaviest)
     rows = []
     for n in names:

@@ -80,13 +80,12 @@ def sources_table(s: Summary) -> list[str]:
     out = ["bytes by source (all nodes; MiB as stored; -: not traced)",
            table(["pipeline", "origin MiB", "peers MiB", "from peers", "nodes", "peers role"],
                  rows)]
-    totals = {n: sum(r[0] or 0 for r in per.values()) for n, per in s.node_sources.items()}
-    if len(totals) > 1:   # the node that took the most from the origin (a maker, or cut off)
-        node = max(totals, key=lambda n: (totals[n], n))
-        per = ", ".join(f"{p} {src.mib(r[0])}" for p, r in s.node_sources[node].items()
-                        if r[0])
-        out.append(f"  most from the origin: node {node}, {src.mib(totals[node])} MiB"
-                   + (f" ({per})" if per else ""))
+    most = s.sources[src.ALL]["most_origin"]
+    if s.sources[src.ALL]["nodes"] > 1:   # a maker, or a node the peers missed
+        per = ", ".join(f"{p} {src.mib(r[0])}"
+                        for p, r in s.node_sources[most["node"]].items() if r[0])
+        out.append(f"  most from the origin: node {most['node']}, {src.mib(most['origin'])} "
+                   "MiB" + (f" ({per})" if per else ""))
     return out
 
 

@@ -92,17 +92,21 @@ def job_sources(per_node: dict[str, dict[str, list]]) -> dict[str, dict]:
     """Job totals from :func:`node_sources` of every node: per pipeline (and ``all``)
     ``origin`` and ``peers`` bytes (None: no node traced them), ``peer_share``, ``nodes``
     (that traced the pipeline's bytes), ``peer_nodes`` (that traced bytes from peers) and
-    ``roles`` (nodes per peers role: maker, peer, origin)."""
+    ``roles`` (nodes per peers role: maker, peer, origin); ``all`` also names the node that
+    took the most from the origin (``most_origin``: the maker, or a node the peers missed)."""
     # per pipeline: [origin, peers, nodes, peer_nodes, roles]; one pass over the nodes
     acc: dict[str, list] = {}
     peer_nodes = 0
-    for src in per_node.values():
+    most, most_bytes = None, -1
+    for node, src in per_node.items():
         any_peers = False
+        node_origin = 0
         for pipeline, (origin, peers, role) in src.items():
             t = acc.get(pipeline)
             if t is None:
                 t = acc[pipeline] = [None, None, 0, 0, {}]
             t[0] = _add(t[0], origin)
+            node_origin += origin or 0
             t[2] += 1
             if peers is not None:
                 t[1] = _add(t[1], peers)
@@ -111,6 +115,8 @@ def job_sources(per_node: dict[str, dict[str, list]]) -> dict[str, dict]:
             if role:
                 t[4][role] = t[4].get(role, 0) + 1
         peer_nodes += any_peers
+        if node_origin > most_bytes or (node_origin == most_bytes and node > most):
+            most, most_bytes = node, node_origin
     out: dict[str, dict] = {}
     for pipeline in PIPELINES:
         if pipeline in acc:
@@ -124,7 +130,8 @@ def job_sources(per_node: dict[str, dict[str, list]]) -> dict[str, dict]:
             origin, peers = _add(origin, t["origin"]), _add(peers, t["peers"])
         out[ALL] = {"origin": origin, "peers": peers, "peer_share": peer_share(origin, peers),
                     "nodes": sum(1 for src in per_node.values() if src),
-                    "peer_nodes": peer_nodes, "roles": {}}
+                    "peer_nodes": peer_nodes, "roles": {},
+                    "most_origin": {"node": most, "origin": most_bytes}}
     return out
 
 
