@@ -247,3 +247,42 @@ def test_per_rank_node_name_without_rank_is_not_traced():
     r = Recorder.from_env({"BOOTSEER_TRACE_LOCATION": "/x", "BOOTSEER_TRACE_NODE": "n{local_rank}",
                            "LOCAL_RANK": "0"})
     assert r.enabled and r.node == "n0"
+
+
+def _event_line(node: str, phase: str, at: float, kind: str = "span") -> str:
+    return json.dumps({"v": 1, "job": "job", "attempt": 0, "node": node, "gpus": 8,
+                       "kind": kind, "phase": phase, "start": 1000.0 + at,
+                       "end": 1000.0 + at + (kind == "span")})
+
+
+def test_a_line_is_one_event_torn_and_blank_lines_cost_nothing_else(tmp_path):
+    """A line holding two JSON objects is a bad line, not two events (in a small file read
+    at once and in a large one read line by line); a torn last line (a node killed
+    mid-write) costs only itself; blank lines are nothing. Each bad line is a one-line
+    warning naming file:line, in the report too, never a traceback."""
+    d = tmp_path / "job/0"
+    d.mkdir(parents=True)
+    (d / "a-1.jsonl").write_text("\n".join([
+        _event_line("a", "p1", 0), f"{_event_line('a', 'p2', 1)}, {_event_line('a', 'p3', 2)}",
+        _event_line("a", "ready", 5, "mark")]) + "\n")
+    (d / "b-1.jsonl").write_text("\n" + _event_line("b", "q1", 0) + "\n\n  \n"
+                                 + _event_line("b", "ready", 5, "mark") + "\n"
+                                 + '{"v": 1, "job": "job", "attempt": 0, "node": "b", "pha')
+    filler = [_event_line("c", f"f{i}", i / 1000) for i in range(9000)]   # > 1 MiB
+    filler[10] = f"{_event_line('c', 'x1', 0)},{_event_line('c', 'x2', 0)}"
+    (d / "c-1.jsonl").write_text("\n".join(filler + [_event_line("c", "ready", 9, "mark")])
+                                 + "\n")
+    assert (d / "c-1.jsonl").stat().st_size > load.MAX_LINE
+    t = load.load(tmp_path / "job")
+    phases = {(e["node"], e["phase"]) for e in t.events}
+    assert {("a", "p1"), ("a", "ready"), ("b", "q1"), ("b", "ready"), ("c", "ready")} <= phases
+    assert not phases & {("a", "p2"), ("a", "p3"), ("c", "x1"), ("c", "x2")}
+    assert len(t.events) == 4 + 9000 and t.skipped_lines == 3
+    said = [p for p in t.problems if ".jsonl:" in p]
+    assert any(p.startswith("0/a-1.jsonl:2: ") for p in said), said
+    assert any(p.startswith("0/b-1.jsonl:6: ") and "torn" in p for p in said), said
+    assert any(p.startswith("0/c-1.jsonl:11: ") for p in said), said
+    r = subprocess.run([sys.executable, "-m", "bootseer", "report", str(tmp_path / "job")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "warning: 0/a-1.jsonl:2: " in r.stdout and "Traceback" not in r.stderr

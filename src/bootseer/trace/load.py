@@ -1,5 +1,8 @@
-"""Reading traces: every ``*.jsonl`` under a directory; torn or garbage lines are
-skipped and counted, never fatal.
+"""Reading traces: every ``*.jsonl`` under a directory, one event per line; torn or
+garbage lines are skipped and counted, never fatal, and the first few are named
+(``<file>:<line>: why``) among the trace's problems. A line holding two JSON values is
+one bad line, not two events; a torn last line (a node killed mid-write) costs only
+itself; blank lines are nothing.
 
 A trace directory is input from many writers, so the reader trusts nothing in it: only
 regular files are read (a FIFO would block forever, a link to ``/dev/zero`` would be read
@@ -24,6 +27,7 @@ MAX_SECONDS = 1e11        # |time| in seconds: year 5138 on the wall clock
 MAX_INT = 1 << 63         # counts, bytes, ranks
 _NUMBER = (int, float)
 _COUNTS = ("rank", "gpus", "pid")
+NAMED_BAD_LINES = 10      # a trace of 10,000 torn files is not 10,000 warnings
 
 
 @dataclass
@@ -41,6 +45,13 @@ class Trace:
     """Events with NaN, infinite or out-of-range numbers (also in ``skipped_lines``)."""
     jobs: set = field(default_factory=set)
     """The jobs the events belong to (one, unless files of several were mixed)."""
+    bad_lines: list[str] = field(default_factory=list)
+    """``<file>:<line>: why`` of the first :data:`NAMED_BAD_LINES` skipped lines."""
+
+    def skip(self, where: str, lineno: int, why: str) -> None:
+        self.skipped_lines += 1
+        if len(self.bad_lines) < NAMED_BAD_LINES:
+            self.bad_lines.append(f"{where}:{lineno}: {why}; skipped")
 
 
 def open_regular(path: str | os.PathLike, *, follow: bool = False) -> int | None:
@@ -68,26 +79,39 @@ def _open_sized(path: str | os.PathLike, follow: bool) -> tuple[int, int] | None
 def read_lines(fd: int, max_line: int = MAX_LINE) -> tuple[list[bytes], int]:
     """The non-blank lines of an open file, and how many were longer than ``max_line``
     (skipped, never held whole). Closes ``fd``."""
-    lines: list[bytes] = []
-    long_lines, tail, in_long = 0, b"", False
+    numbered, long_at, _ = numbered_lines(fd, max_line)
+    return [raw for _, raw in numbered], len(long_at)
+
+
+def numbered_lines(fd: int, max_line: int = MAX_LINE
+                   ) -> tuple[list[tuple[int, bytes]], list[int], int | None]:
+    """The non-blank lines of an open file with their numbers (from 1), the numbers of the
+    lines longer than ``max_line`` (skipped, never held whole), and the number of a last
+    line without an end of line (torn, if it does not parse), else None. Closes ``fd``."""
+    lines: list[tuple[int, bytes]] = []
+    long_at: list[int] = []
+    tail, in_long, lineno = b"", False, 0
     try:   # os.read, not a file object: one per trace file of a 10,000-node job
         while chunk := os.read(fd, 1 << 20):
             parts = (tail + chunk).split(b"\n")
             tail = parts.pop()
             for part in parts:
+                lineno += 1
                 if in_long or len(part) > max_line:
-                    long_lines, in_long = long_lines + 1, False
+                    long_at.append(lineno)
+                    in_long = False
                 elif part.strip():
-                    lines.append(part)
+                    lines.append((lineno, part))
             if len(tail) > max_line:   # drop the long line's bytes as they come
                 tail, in_long = b"", True
     finally:
         os.close(fd)
+    unterminated = lineno + 1 if in_long or tail.strip() else None
     if in_long or len(tail) > max_line:
-        long_lines += 1
+        long_at.append(lineno + 1)
     elif tail.strip():
-        lines.append(tail)
-    return lines, long_lines
+        lines.append((lineno + 1, tail))
+    return lines, long_at, unterminated
 
 
 class _NotFinite(ValueError):
@@ -153,24 +177,41 @@ def _check(ev) -> int:
     return _GOOD
 
 
-def _read_small(fd: int, size: int) -> list | None:
+def _decode_joined(lines: bytes, count: int) -> list | None:
+    """``count`` lines (joined by newlines) decoded at once, as the items of one array
+    (one decode per file is ~3x faster than one per line); None unless each line is one
+    JSON value: a line of two (``{..}, {..}``) gives one item too many. (A line of two
+    and a value split over two lines would balance out: no writer of traces breaks an
+    event's line.)"""
+    try:
+        values = _DECODER.decode(b"".join((b"[", lines.replace(b"\n", b","), b"]")).decode())
+    except (ValueError, RecursionError):   # (UnicodeDecodeError is a ValueError)
+        return None
+    return values if len(values) == count else None
+
+
+def _read_small(fd: int, size: int) -> tuple[list, int] | None:
     """The events of a file (``size`` bytes when opened) under MAX_LINE bytes whose every
     line is one JSON value (the usual file: no line of it can be too long, none is torn or
-    blank), decoded at once and ``fd`` closed; None otherwise, ``fd`` left open at its start
-    for :func:`read_lines`."""
+    blank), decoded at once and ``fd`` closed, with the number of the first event's line;
+    None otherwise, ``fd`` left open at its start for :func:`numbered_lines`."""
     # asked for one byte more than its size: all of it came when fewer did (a 1 MiB
     # buffer for each of 10,000 small files would cost more than reading them)
     data = os.read(fd, size + 1) if size < MAX_LINE else b""
     if len(data) <= size < MAX_LINE:
-        try:
-            events = _DECODER.decode(b"".join((b"[", data.strip().replace(b"\n", b","),
-                                               b"]")).decode())
+        body = data.strip()
+        events = _decode_joined(body, body.count(b"\n") + 1) if body else []
+        if events is not None:
             os.close(fd)
-            return events
-        except (ValueError, RecursionError):
-            pass
+            first = 1 + (data[:len(data) - len(data.lstrip())].count(b"\n")
+                         if data[:1].isspace() else 0)
+            return events, first
     os.lseek(fd, 0, os.SEEK_SET)
     return None
+
+
+_WHY = {_MALFORMED: "not a trace event (a field missing or of the wrong type)",
+        _OUT_OF_RANGE: "a number that is NaN, infinite or out of range"}
 
 
 def load(path: str | Path) -> Trace:
@@ -183,6 +224,7 @@ def load(path: str | Path) -> Trace:
     if not files:
         raise TraceError(f"{p} holds no trace files (*.jsonl)")
     t = Trace(files=len(files))
+    root = str(p.parent if named else p)
     seen: set = set()
     for f in files:
         opened = _open_sized(f, named)
@@ -190,28 +232,37 @@ def load(path: str | Path) -> Trace:
             t.skipped_files += 1
             continue
         fd, size = opened
-        parsed = _read_small(fd, size)
-        if parsed is None:
-            lines, long_lines = read_lines(fd)
-            t.long_lines += long_lines
-            t.skipped_lines += long_lines
-            try:  # one decode per file is ~3x faster than one per line
-                parsed = _DECODER.decode((b"[" + b",".join(lines) + b"]").decode())
-            except (ValueError, RecursionError):   # (UnicodeDecodeError is a ValueError)
-                parsed = [_decoded(raw) for raw in lines]
+        small = _read_small(fd, size)
+        torn_at = None   # the number of an unterminated last line
+        if small is not None:
+            parsed, first = small
+            linenos = range(first, first + len(parsed))
+        else:
+            numbered, long_at, torn_at = numbered_lines(fd)
+            linenos = [n for n, _ in numbered]
+            for n in long_at:
+                t.long_lines += 1
+                t.skip(os.path.relpath(f, root), n, f"longer than {MAX_LINE // 1024} KiB")
+            raws = [raw for _, raw in numbered]
+            parsed = _decode_joined(b"\n".join(raws), len(raws))
+            if parsed is None:
+                parsed = [_decoded(raw) for raw in raws]
         events, problems = t.events, t.problems
-        for lineno, ev in enumerate(parsed, 1):
+        for lineno, ev in zip(linenos, parsed):
             bad = _check(ev)
             if bad:
-                t.skipped_lines += 1
                 t.rejected += bad == _OUT_OF_RANGE
+                why = _WHY.get(bad) if ev is not None else (
+                    "torn (no end of line: its writer was killed mid-write?)"
+                    if lineno == torn_at else "not one JSON value")
+                t.skip(os.path.relpath(f, root), lineno, why)
                 continue
             start, end = ev["start"], ev["end"]
             if end < start and not (type(ev.get("mono_start")) in _NUMBER
                                     and type(ev.get("mono_end")) in _NUMBER):
                 # (with both clocks recorded the report places it by the monotonic one)
-                problems.append(f"{os.path.basename(f)}:{lineno}: phase {ev['phase']} ends "
-                                f"before it starts; clamped")
+                problems.append(f"{os.path.relpath(f, root)}:{lineno}: phase {ev['phase']} "
+                                f"ends before it starts; clamped")
                 ev["end"] = end = start
             key = (ev["job"], ev["attempt"], ev["node"], ev.get("pid"), ev.get("kind"),
                    ev["phase"], start, end)
@@ -220,10 +271,15 @@ def load(path: str | Path) -> Trace:
                     t.duplicates += 1
                     continue
             except TypeError:   # a list or an object as the job, node or pid
-                t.skipped_lines += 1
+                t.skip(os.path.relpath(f, root), lineno, "its job, node or pid is not a "
+                       "string or a number")
                 continue
             seen.add(key)
             events.append(ev)
+    t.problems += t.bad_lines
+    if t.skipped_lines > len(t.bad_lines):
+        t.problems.append(f"{t.skipped_lines - len(t.bad_lines)} more skipped line(s) not "
+                          f"named")
     if t.skipped_files:
         t.problems.append(f"skipped {t.skipped_files} trace file(s) that are not regular "
                           f"files (a FIFO, a device or a symlink)")
