@@ -85,6 +85,35 @@ def test_build_once_restore_warm(index, tmp_path):
     assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
 
 
+def test_verify_json_says_what_changed_and_nothing_else_on_stdout(index, tmp_path):
+    urls, spec = index
+    prefix = str(tmp_path / "env")
+    E.ensure(str(spec), prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+    verify = [PY, "-m", "bootseer", "deps", "verify", prefix, "--store",
+              str(tmp_path / "store"), "--json"]
+    out = subprocess.run(verify, capture_output=True, text=True)
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["schema"] == 1 and doc["ok"] is True, out.stderr
+    assert doc["prefix"] == prefix and doc["tree"].startswith("sha256:") and doc["problems"] == []
+    assert doc["files"] > 2
+    site = f"{prefix}/lib/python3.11/site-packages"
+    os.chmod(f"{site}/bsdeps_one/__init__.py", 0o644)
+    with open(f"{site}/bsdeps_one/__init__.py", "w") as f:
+        f.write("X = 99\n")
+    os.chmod(f"{site}/bsdeps_two", 0o755)
+    os.unlink(f"{site}/bsdeps_two/__init__.py")
+    out = subprocess.run(verify, capture_output=True, text=True)
+    doc = json.loads(out.stdout)
+    assert out.returncode == 1 and doc["ok"] is False
+    assert sorted((p["problem"], p["path"]) for p in doc["problems"]) == [
+        ("missing", "/lib/python3.11/site-packages/bsdeps_two/__init__.py"),
+        ("modified", "/lib/python3.11/site-packages/bsdeps_one/__init__.py")]
+    out = subprocess.run([*verify[:5], str(tmp_path), *verify[6:]], capture_output=True,
+                         text=True)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("bootseer: error: ") and "not a restored" in out.stderr
+
+
 def test_key_handed_to_a_cold_node_restores_without_the_index(index, tmp_path, nginx_factory):
     urls, spec = index
     prefix = str(tmp_path / "env")

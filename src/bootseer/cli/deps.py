@@ -57,6 +57,8 @@ def register(sub) -> None:
     v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
     v.add_argument("prefix", help="a restored environment")
     v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_json_arg(v, "the result (ok, the files checked, each problem: missing or modified "
+                    "and its path)")
     v.set_defaults(func=_verify)
 
 
@@ -174,19 +176,25 @@ def _verify(args) -> int:
     moved = m.get("relocated") or {}
     rewritten = {"/" + p for p in moved.get("text", [])}
     store = open_store(args.store, _config(args.store))
-    bad = 0
+    problems: list[dict] = []
+    files = 0
+
+    def problem(kind: str, path: str) -> None:
+        problems.append({"problem": kind, "path": path})
+        if not args.json:
+            print(f"{kind} {path}")
     with Fetcher() as f:
         reader = TreeReader(store, m["tree"], f)
         cs = reader.toc["chunk_size"]
         for e in reader.toc["entries"]:
             if e["type"] != "f":
                 continue
+            files += 1
             path = os.path.join(args.prefix, e["path"].lstrip("/"))
             try:
                 data = open(path, "rb").read()
             except OSError:
-                print(f"missing {e['path']}")
-                bad += 1
+                problem("missing", e["path"])
                 continue
             if e["path"] in rewritten:   # relocated: the snapshot's bytes, rewritten
                 want = rewrite_bytes(reader.read(e["path"], e["size"], 0), moved["from"],
@@ -197,7 +205,11 @@ def _verify(args) -> int:
                          == c[0] for i, c in enumerate(e["chunks"])) and \
                     len(data) == e["size"]
             if not ok:
-                print(f"modified {e['path']}")
-                bad += 1
-    print(f"{'OK' if not bad else 'FAILED'}: {bad} problem(s)")
-    return 1 if bad else 0
+                problem("modified", e["path"])
+    if args.json:
+        print_json({"prefix": args.prefix, "key": m.get("key"), "tree": m["tree"],
+                    "ok": not problems,
+                    "files": files, "problems": problems})
+    else:
+        print(f"{'OK' if not problems else 'FAILED'}: {len(problems)} problem(s)")
+    return 1 if problems else 0
