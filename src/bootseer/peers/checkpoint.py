@@ -10,8 +10,9 @@ like an image's hot set and travels the same way (bootseer.peers.share): one tor
 origin's part dealt among the nodes by rendezvous hashing, the rest from the peers, and
 every stripe checked against its digest before it is staged, where the engine finds it.
 
-The manifest needs the bytes. The first node of a job to load files no manifest lists (an
-exclusive ref per job and attempt) reads them from the origin as without peers, hashes
+The manifest needs the bytes. One node of the job (chosen alike by every node when the
+roster lists exactly the job's nodes, else the first to claim the key for the job's
+attempt) reads them from the origin as without peers, hashes
 each stripe, makes and publishes the torrent and the manifest, and seeds; meanwhile the
 others' demand reads go to the origin as ever and they wait for the manifest (at most
 ``peers.wait_s``), then take the rest from the maker and each other. Later starts on the
@@ -177,7 +178,7 @@ class CheckpointPeers:
         t0 = time.monotonic()
         digests = read_manifest(self.store, self.key, self.files)
         if digests is None:
-            if self.store.set_ref(self._maker_ref(), self.share.announcement, exclusive=True):
+            if self._am_maker():
                 self._make(stop)
                 return self._done(t0)
             digests = self._await_manifest(stop)
@@ -198,6 +199,24 @@ class CheckpointPeers:
         self.figures["origin_bytes"] = stats.get("origin_bytes", 0)
         self._origin_rest(stripes, left, stop)
         return self._done(t0)
+
+    def _am_maker(self) -> bool:
+        """Whether this node makes the manifest. When the roster lists exactly the job's
+        nodes, every node picks the same one without a claim (on a registry an exclusive
+        claim waits a settle time, a second): the node whose hash with the key is highest;
+        it still marks the claim at once, so a node that saw the roster incomplete and
+        claims finds it taken. Otherwise (a late or a stale announcement) the first claim."""
+        share = self.share
+        if share.nodes >= 2:
+            share.await_members(share.nodes)
+            addrs = [f"{ip}:{port}" for ip, port in share.swarm.endpoints()]
+            addrs.append(share.swarm.addr)
+            if len(addrs) == share.nodes:
+                chosen = max(addrs, key=lambda a: sha256_digest(f"{a} {self.key}".encode()))
+                if chosen == share.swarm.addr:
+                    self.store.set_ref(self._maker_ref(), share.announcement)
+                return chosen == share.swarm.addr
+        return self.store.set_ref(self._maker_ref(), share.announcement, exclusive=True)
 
     def _done(self, t0: float) -> dict:
         self.figures["peers_seen"] = self.share.stats["peers"]
