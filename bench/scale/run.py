@@ -21,7 +21,8 @@ All nodes of a round wait at a start line, then fetch the set: from the origin o
 with peers (libtorrent among the job's nodes). Per set, N and mode: origin egress (bytes
 the storage host sent, from its interface counters, and as a multiple of the set), and time
 to ready (the slowest node's fetch from the start line, and as a multiple of N = 1 in the
-same mode). Needs root (network namespaces, tc).
+same mode), and the nodes' CPU seconds (per second of the round: near the machine's cores,
+the round was bound by the CPU, not the link). Needs root (network namespaces, tc).
 
     .venv/bin/python bench/scale/run.py [--nodes 1,2,4,8] [--mib 64] [--sets image,env,ckpt,ckpt-new]
 """
@@ -112,6 +113,13 @@ def _environment(root: Path, mib: int) -> None:
         (root / "lib" / f"native{k:02d}.so").write_bytes(os.urandom(8 << 20))
 
 
+def _cpu_s() -> float:
+    """This node's CPU seconds so far (every thread: libtorrent's, the fetcher's)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _checkpoint(root: Path, mib: int) -> None:
     """Four shards of incompressible bytes (a data-parallel job's replicas read them all)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -143,11 +151,12 @@ def ckpt_node(args, mode: str, nodes: int, go: str | None = None) -> dict:
         Path(args.out + ".ready").touch()
         while not os.path.exists(go):
             time.sleep(0.005)
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), _cpu_s()
     prefetch, _ = start_plan(engine, remote, config=config)
     prefetch.join()
     figures = prefetch.peer_figures
-    return {"ready_s": time.monotonic() - t0, "peer_bytes": figures.get("peer_bytes", 0),
+    return {"ready_s": time.monotonic() - t0, "cpu_s": _cpu_s() - c0,
+            "peer_bytes": figures.get("peer_bytes", 0),
             "origin_bytes": engine.fetcher.counters()["bytes"],
             "peers_role": figures.get("peers_role"), "failed": prefetch.failed,
             "complete": all(engine.file(s).staged.complete for s in remote.walk().values())}
@@ -183,10 +192,10 @@ def node(args) -> None:
     Path(args.out + ".ready").touch()
     while not os.path.exists(args.go):
         time.sleep(0.005)
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), _cpu_s()
     pre = Prefetcher(reader, spec["profile"], peers=share).start()
     pre.wait()
-    stats = {**pre.stats, "ready_s": time.monotonic() - t0}
+    stats = {**pre.stats, "ready_s": time.monotonic() - t0, "cpu_s": _cpu_s() - c0}
     Path(args.out).write_text(json.dumps(stats, default=str))
     _seed_until(args.stop)
 
@@ -238,6 +247,7 @@ def run_round(storage, hosts, store_url, spec_path, scratch: Path, which: str, n
               f"from origin {st['origin_bytes'] / 2**20:.0f} MiB", flush=True)
     return {"set": which, "n": n, "peers": peers, "egress": tx,
             "ready_s": max(s["ready_s"] for s in stats),
+            "cpu_s": sum(s["cpu_s"] for s in stats),
             "peer_bytes": sum(s["peer_bytes"] for s in stats),
             "origin_bytes": sum(s["origin_bytes"] for s in stats)}
 
@@ -352,12 +362,15 @@ def main() -> None:
           + f"), storage link {args.rate}, nodes start at once; load average "
           f"{load_before} before, {load_after} after\n")
     print(f"| set | N | mode | origin egress (MiB) | egress / set | time to ready (s) "
-          f"| ready / N={counts[0]} |")
-    print("|---|---|---|---|---|---|---|")
+          f"| ready / N={counts[0]} | nodes' CPU (s) | CPU / ready |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['set']} | {r['n']} | {'p2p' if r['peers'] else 'origin'} "
               f"| {r['egress'] / 2**20:.0f} | {r['egress'] / set_bytes[r['set']]:.2f} "
-              f"| {r['ready_s']:.2f} | {r['ready_s'] / base[(r['set'], r['peers'])]:.2f} |")
+              f"| {r['ready_s']:.2f} | {r['ready_s'] / base[(r['set'], r['peers'])]:.2f} "
+              f"| {r['cpu_s']:.2f} | {r['cpu_s'] / r['ready_s']:.2f} |")
+    print(f"\n(CPU / ready: the nodes' CPU seconds per second of the round; this machine has "
+          f"{os.cpu_count()} cores: near that, the round was bound by the CPU, not the link)")
 
 
 if __name__ == "__main__":
