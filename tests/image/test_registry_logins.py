@@ -97,6 +97,25 @@ def test_docker_config_helpers_before_inline_auths(home):
     assert logins.find("u:3") is None
 
 
+def test_a_namespaced_key_matches_its_repositories_the_longest_first(home):
+    """Keys ``host/namespace...`` (podman login REGISTRY/NAMESPACE) as containers-auth.json
+    says: the most specific key whose path components lead the repository's wins; a key
+    with a scheme (docker's ``https://host/v1/``) names its host only."""
+    write_json(home / ".config/containers/auth.json", {"auths": {
+        "r:5000": inline("host", "1"), "r:5000/team": inline("team", "2"),
+        "r:5000/team/app": inline("app", "3"), "https://s:1/v1/": inline("legacy", "4"),
+        "t:2/ns": inline("ns-only", "5")}})
+    assert logins.find("r:5000", repository="team/app") == logins.Login("app", "3")
+    assert logins.find("r:5000", repository="team/app/sub") == logins.Login("app", "3")
+    assert logins.find("r:5000", repository="team/app2") == logins.Login("team", "2")
+    assert logins.find("r:5000", repository="other/x") == logins.Login("host", "1")
+    assert logins.find("r:5000") == logins.Login("host", "1")
+    assert logins.find("s:1", repository="v1/x") == logins.Login("legacy", "4")
+    assert logins.find("t:2", repository="ns/img") == logins.Login("ns-only", "5")
+    assert logins.find("t:2", repository="other/img") is None
+    assert logins.find("t:2") is None
+
+
 def test_a_helper_that_fails_or_is_missing_is_one_clear_error(home):
     helper(home, "broken", {}, fail="pass store is locked")
     write_json(home / ".docker/config.json", {"credHelpers": {"r:5000": "broken",
@@ -164,3 +183,21 @@ def test_oci_store_logs_in_with_the_auth_file(home, auth_registry):
     store = OciBackend(url)
     assert store.write(digest, data) and store.read(digest) == data
     assert PASSWORD not in repr(store)
+
+
+def test_namespaced_logins_for_the_oci_store_and_convert(home, auth_registry, tmp_path):
+    """The registry's login is kept for the team's namespace; the host's own key holds a
+    stale password: the store and convert's pull and referrer push take the team's."""
+    need_skopeo()
+    host = f"127.0.0.1:{auth_registry.port}"
+    write_json(home / ".config/containers/auth.json", {"auths": {
+        host: inline(USER, "stale"), f"{host}/team": inline(USER, PASSWORD)}})
+    data = b"chunk of the store"
+    store = OciBackend(f"oci://{host}/team/store")
+    assert store.write(sha256_digest(data), data) and store.read(sha256_digest(data)) == data
+    layout = oci_layout(tmp_path / "layout", [tar_layer([("hello", b"hi\n", "f")])])
+    push(f"oci:{layout}", f"{host}/team/app:1", f"--dest-creds={USER}:{PASSWORD}")
+    p = bootseer("image", "convert", f"{host}/team/app:1", "--store", tmp_path / "trees")
+    assert p.returncode == 0, p.stderr
+    assert tree_file(tmp_path / "trees", p.stdout.split()[-1], "hello") == b"hi\n"
+    assert PASSWORD not in p.stdout + p.stderr

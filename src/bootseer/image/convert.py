@@ -26,7 +26,8 @@ from bootseer import alive, redact
 from bootseer import proc as procs
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
-from bootseer.image.registry import TRANSPORTS, RegistryOptions, pull_bytes, registry_host
+from bootseer.image.registry import (TRANSPORTS, RegistryOptions, pull_bytes, registry_host,
+                                     registry_repository)
 from bootseer.store.digest import VerifyingReader, parse, parse_oci
 from bootseer.tree.build import TreeBuilder, TreeBuildError
 
@@ -51,7 +52,8 @@ def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=
     total: what the registry's manifest lists; None for other transports)."""
     transport = src if src.startswith(TRANSPORTS) else f"docker://{src}"
     host = registry_host(transport)
-    source = registry.skopeo_source_args(host, dest.parent) if host else []
+    source = (registry.skopeo_source_args(host, dest.parent, registry_repository(transport))
+              if host else [])
     total = pull_bytes(transport, registry, source) if host and progress else None
     proc = subprocess.Popen(["skopeo", *registry.skopeo_global_args(), "copy", "-q", *source,
                              transport, f"oci:{dest}:src"],
@@ -356,9 +358,9 @@ def _announce(src: str, digest: str, store, registry: RegistryOptions) -> None:
     where = referrer.registry_ref(src)
     if where is None:
         return
-    host = where[0].removeprefix("oci://").split("/", 1)[0]
+    host, _, repository = where[0].removeprefix("oci://").partition("/")
     config = BootseerConfig.from_env()
-    login = registry.login_for(host)
+    login = registry.login_for(host, repository)
     store_cfg = dataclasses.replace(
         config.store, username=login.username if login else config.store.username,
         password=login.password if login else config.store.password,

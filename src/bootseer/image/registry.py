@@ -72,13 +72,15 @@ class RegistryOptions:
         args = ["--override-os", os_, "--override-arch", arch]
         return args + (["--override-variant", variant] if variant else [])
 
-    def skopeo_source_args(self, host: str, private_dir: Path) -> list[str]:
-        """Credential and TLS options of ``skopeo copy`` for a registry source on ``host``;
-        the login goes into an auth file in ``private_dir`` (0600)."""
+    def skopeo_source_args(self, host: str, private_dir: Path,
+                           repository: str | None = None) -> list[str]:
+        """Credential and TLS options of ``skopeo copy`` for a registry source on ``host``
+        (its ``repository``: ``team/app``); the login goes into an auth file in
+        ``private_dir`` (0600)."""
         args = []
         verify = self.tls_verify if self.tls_verify is not None else not _is_loopback(host)
         args.append(f"--src-tls-verify={'true' if verify else 'false'}")
-        login = self.login_for(host)
+        login = self.login_for(host, repository)
         if login is not None:
             path = private_dir / "auth.json"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -89,12 +91,13 @@ class RegistryOptions:
             args.append(f"--src-authfile={self.authfile}")
         return args
 
-    def login_for(self, host: str) -> logins.Login | None:
-        """The login for ``host``: ``--creds``, else ``--authfile``'s, else the standard
-        auth files' (credential helpers included)."""
+    def login_for(self, host: str, repository: str | None = None) -> logins.Login | None:
+        """The login for ``host`` (and its ``repository``, for logins kept per namespace):
+        ``--creds``, else ``--authfile``'s, else the standard auth files' (credential
+        helpers included)."""
         if self.creds is not None:
             return logins.Login(*parse_creds(self.creds))
-        return logins.find(host, self.authfile)
+        return logins.find(host, self.authfile, repository=repository)
 
     def matches(self, platform: dict) -> bool:
         """Whether an index entry's (or a config's) ``os``/``architecture``/``variant`` is
@@ -115,6 +118,16 @@ def registry_host(spec: str) -> str | None:
     if not spec.startswith("docker://"):
         return None
     return spec.removeprefix("docker://").split("/", 1)[0]
+
+
+def registry_repository(spec: str) -> str | None:
+    """The repository (``team/app``) of a ``docker://`` source, without tag or digest."""
+    if not spec.startswith("docker://"):
+        return None
+    path = spec.removeprefix("docker://").partition("/")[2].partition("@")[0]
+    head, _, last = path.rpartition("/")
+    last = last.partition(":")[0]   # the tag
+    return (f"{head}/{last}" if head else last) or None
 
 
 def pull_bytes(transport: str, registry: RegistryOptions, source_args: list[str]) -> int | None:

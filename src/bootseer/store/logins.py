@@ -7,7 +7,11 @@ Files, first found wins (as podman and skopeo look): ``--authfile``, else
 ``~/.config/containers/auth.json``, ``$DOCKER_CONFIG/config.json`` or
 ``~/.docker/config.json``. In a file, as docker does: a per-registry credential helper
 (``credHelpers``), else the global one (``credsStore``), else the inline ``auths`` entry
-(base64 ``user:password`` in ``auth``). A helper is ``docker-credential-NAME`` on PATH, run
+(base64 ``user:password`` in ``auth``). An ``auths`` key may name a namespace,
+``host/team`` (``podman login host/team``): as containers-auth.json(5) says, the most
+specific key whose path leads the repository wins (``host/team/app``, then ``host/team``,
+then ``host``); a key with a scheme (docker's ``https://host/v1/``) names its host only.
+A helper is ``docker-credential-NAME`` on PATH, run
 as ``docker-credential-NAME get`` with the server on standard input; it answers
 ``{"ServerURL", "Username", "Secret"}`` (user ``<token>``: the secret is an identity token).
 A registry's own helper that is missing or fails is an error; a global ``credsStore``
@@ -73,19 +77,22 @@ def standard_authfiles() -> list[Path]:
     return out
 
 
-def find(host: str, authfile: str | os.PathLike | None = None) -> Login | None:
-    """The login for registry ``host`` (``name[:port]``): from ``authfile`` only when given,
+def find(host: str, authfile: str | os.PathLike | None = None, *,
+         repository: str | None = None) -> Login | None:
+    """The login for registry ``host`` (``name[:port]``), for its ``repository``
+    (``team/app``; None: the host's own login only): from ``authfile`` only when given,
     else from the first standard file that has one; None when nobody has one."""
     files = [Path(authfile)] if authfile else standard_authfiles()
     for path in files:
-        login = login_in(path, host)
+        login = login_in(path, host, repository)
         if login is not None:
             return login
     return None
 
 
-def login_in(path: Path, host: str) -> Login | None:
-    """The login one auth file gives ``host``, or None (no file, no entry for it)."""
+def login_in(path: Path, host: str, repository: str | None = None) -> Login | None:
+    """The login one auth file gives ``host`` (for ``repository``), or None (no file, no
+    entry for it)."""
     try:
         config = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -105,7 +112,7 @@ def login_in(path: Path, host: str) -> Login | None:
             login = run_helper(store, host, path)
             if login is not None:
                 return login
-    entry = _entry(config.get("auths"), host)
+    entry = _auths_entry(config.get("auths"), host, repository)
     return _inline(entry) if isinstance(entry, dict) else None
 
 
@@ -114,6 +121,35 @@ def _same_registry(key: str, host: str) -> bool:
     name = key.split("://", 1)[-1].split("/", 1)[0].lower()
     host = host.lower()
     return name == host or (name in _DOCKER_HUB and host in _DOCKER_HUB)
+
+
+def _auths_key(key: str) -> tuple[str, tuple[str, ...]]:
+    """An ``auths`` key as (host, namespace's path components): ``host/team`` gives
+    ``("host", ("team",))``; one with a scheme names its host only (docker's legacy
+    ``https://index.docker.io/v1/``)."""
+    if "://" in key:
+        return key.split("://", 1)[1].split("/", 1)[0].lower(), ()
+    name, _, path = key.partition("/")
+    return name.lower(), tuple(part for part in path.split("/") if part)
+
+
+def _auths_entry(table, host: str, repository: str | None):
+    """The ``auths`` entry of the most specific key for ``host``/``repository``."""
+    if not isinstance(table, dict):
+        return None
+    wanted = tuple(part for part in (repository or "").split("/") if part)
+    best, best_depth = None, -1
+    for key, value in table.items():
+        if not isinstance(key, str):
+            continue
+        name, namespace = _auths_key(key)
+        if not _same_registry(name, host) or wanted[:len(namespace)] != namespace:
+            continue
+        # an exact spelling of the host outranks an alias of it (docker.io's names)
+        depth = len(namespace) * 2 + (name == host.lower())
+        if depth > best_depth:
+            best, best_depth = value, depth
+    return best
 
 
 def _entry(table, host: str):

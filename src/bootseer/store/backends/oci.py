@@ -169,7 +169,7 @@ class OciBackend:
             self._standard_login_tried = True
         from bootseer.store import logins
         try:
-            login = logins.find(self.host)
+            login = logins.find(self.host, repository=self.repo)
         except logins.CredentialHelperError as e:   # a store error, as callers expect
             raise StoreError(str(e), url=self.url) from None
         if login is None or login.identity_token:
