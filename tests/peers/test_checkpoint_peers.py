@@ -256,3 +256,28 @@ def test_a_seed_copy_that_does_not_fit_leaves_the_load_to_the_origin(nodes, chec
     node = nodes(0, nodes=2).run()
     assert node.wait() == {}
     assert node.staged() == data
+
+
+def test_a_maker_gone_mid_fetch_frees_the_others_long_before_wait_s(nodes, checkpoint,
+                                                                    tmp_path):
+    """The maker claimed the files and died: its peer port refuses, so the others stop
+    waiting for its manifest within seconds (not wait_s) and load from the origin."""
+    _, data = checkpoint
+    node = nodes(1, nodes=3)   # three nodes, one never came: the claim decides the maker
+    remote = RemoteDir(node.url)
+    large = [s for s in remote.walk().values() if s.size > (1 << 20)]
+    key = ckpt_peers.manifest_key(large, STRIPE)
+    store = open_store(str(tmp_path / "store"))
+    import socket as _socket
+    with _socket.socket() as s:   # a port nobody listens on any more
+        s.bind(("127.0.0.9", 0))
+        dead = f"127.0.0.9:{s.getsockname()[1]}"
+    blob = json.dumps({"node": "gone", "addr": dead}).encode()
+    store.write(sha256_digest(blob), blob)
+    assert store.set_ref(f"peers/job-ckpt-ckpt/ckpt-maker/0/{key}", sha256_digest(blob),
+                         exclusive=True)
+    t0 = time.monotonic()
+    figures = node.run().wait()
+    assert figures["peers_role"] == "origin"
+    assert time.monotonic() - t0 < 15   # wait_s is 30
+    assert node.staged() == data
