@@ -282,6 +282,43 @@ def test_corrupt_local_blob_is_refused_before_mounting(tmp_path, src, tree, capl
         handle.unmount()
 
 
+def test_making_room_for_a_blob_never_removes_a_live_mounts(tmp_path, need_root):
+    """Half the budget holds one tree's blob: a second tree mounted while the first is
+    still keeps the first's blob (its mount uses it); once both are unmounted, a third
+    tree's blob takes the room of both."""
+    store = open_store(str(tmp_path / "store"))
+    trees = []
+    for name in ("a", "b", "c"):
+        src = tmp_path / f"src-{name}"
+        src.mkdir()
+        (src / "data.bin").write_bytes(os.urandom(2 * MiB + 5))
+        b = TreeBuilder(store, chunk_size=MiB, pack_size=2 * MiB)
+        add_directory(b, src)
+        trees.append(b.finish())
+    size = BlobLayout(fmt.decode(store.read(trees[0]))).size
+    config = BootseerConfig(store=StoreConfig(url=str(tmp_path / "store")),
+                            cache=CacheConfig(dir=str(tmp_path / "cache"),
+                                              budget_bytes=2 * size + 8192),
+                            mount=MountConfig(backend="erofs"))
+    blobs = tmp_path / "cache/erofs/trees"
+    handles = []
+    try:
+        for name, digest in zip("ab", trees):
+            _fill_cache(config, digest)
+            handle, mp, _ = _mount(config, digest, tmp_path, f"mnt-{name}")
+            handles.append(handle)
+            assert handle.backend == "erofs-local"
+            assert len((mp / "data.bin").read_bytes()) == 2 * MiB + 5
+        assert len(list(blobs.glob("*.blob"))) == 2   # a's blob stays while a is mounted
+    finally:
+        for handle in handles:
+            handle.unmount()
+    _fill_cache(config, trees[2])
+    handle, _, _ = _mount(config, trees[2], tmp_path, "mnt-c")
+    handle.unmount()
+    assert len(list(blobs.glob("*.blob"))) == 1
+
+
 def test_corrupt_chunk_in_the_store_is_eio_for_its_range_only(tmp_path, src, tree):
     store, digest, b = tree
     toc = fmt.decode(store.read(digest))

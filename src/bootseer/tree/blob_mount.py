@@ -21,6 +21,7 @@ pieces), checked against its sha256 before each mount.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -68,8 +69,10 @@ class _NoServer:
 class ErofsTreeHandle:
     """A mounted tree on the kernel path; the same surface as the FUSE MountHandle."""
 
-    def __init__(self, mountpoint: str, server=None, backend: str = "erofs"):
+    def __init__(self, mountpoint: str, server=None, backend: str = "erofs",
+                 blob_hold: int | None = None):
         self.mountpoint, self.server, self.backend = mountpoint, server, backend
+        self._blob_hold = blob_hold   # the local blob's shared lock (see _make_room)
         # no server dies with us: a SIGKILLed owner's kernel mount is undone by the next
         # command on the node (bootseer.alive)
         self._note: alive.StateDir | None = alive.note_mount(mountpoint)
@@ -92,6 +95,9 @@ class ErofsTreeHandle:
                 log.info("%s is busy: detached lazily", self.mountpoint)
         if self.server is not None:
             self.server.unmount(timeout=timeout if immediate else 2)
+        if self._blob_hold is not None:
+            os.close(self._blob_hold)
+            self._blob_hold = None
         if self._note is not None:
             self._note.close()
             self._note = None
@@ -110,17 +116,38 @@ def local_blob_path(config: BootseerConfig, layout: BlobLayout) -> Path:
     return Path(config.cache.dir) / "erofs" / "trees" / f"{layout.key}.blob"
 
 
-def _local_blob(config: BootseerConfig, layout: BlobLayout) -> str | None:
-    """The complete blob as a verified local file, when it is or can be made so."""
+def _hold(path: Path) -> int | None:
+    """A descriptor of ``path`` with a shared lock on it, kept while a mount uses the
+    blob: ``_make_room`` removes no blob that one holds. None when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:   # removed while we waited for the lock: not the file at path any more
+        st, held = os.stat(path), os.fstat(fd)
+        if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _local_blob(config: BootseerConfig, layout: BlobLayout) -> tuple[str, int] | None:
+    """The complete blob as a verified local file, when it is or can be made so, held
+    (:func:`_hold`: the caller closes the descriptor when its mount is gone)."""
     path = local_blob_path(config, layout)
-    if path.exists():
+    held = _hold(path)
+    if held is not None:
         try:
             verify_blob(layout, str(path))
             os.utime(path)   # LRU clock among local blobs
-            return str(path)
+            return str(path), held
         except (OSError, StoreError) as e:
             log.error("local blob %s fails verification, removed: %s", path, e)
             path.unlink(missing_ok=True)
+            os.close(held)
     cache = NodeCache(config.cache)
     # a blob doubles the bytes of its chunks on disk: only where half the budget allows
     share = config.cache.budget_bytes // 2
@@ -133,20 +160,43 @@ def _local_blob(config: BootseerConfig, layout: BlobLayout) -> str | None:
     except (OSError, StoreError) as e:
         log.info("blob of %d bytes not assembled (%s): served by FUSE", layout.size, e)
         return None
+    held = _hold(path)   # None: another node process made room meanwhile
+    if held is None:
+        return None
     log.info("assembled the complete blob %s (%d bytes)", path.name, layout.size)
-    return str(path)
+    return str(path), held
 
 
 def _make_room(directory: Path, allowed: int) -> None:
-    """Remove the least recently mounted blobs until the rest fit ``allowed`` bytes
-    (a mounted blob stays usable: the kernel holds it open)."""
-    blobs = sorted((p.stat().st_mtime, p.stat().st_size, p) for p in directory.glob("*.blob"))
+    """Remove the least recently mounted blobs until the rest fit ``allowed`` bytes,
+    never one a live mount holds (a shared lock, :func:`_hold`): the kernel would keep
+    reading it, its bytes still on disk, and a remount would make it again."""
+    blobs = []
+    for p in directory.glob("*.blob"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        blobs.append((st.st_mtime, st.st_size, p))
+    blobs.sort()
     used = sum(size for _, size, _ in blobs)
     for _, size, p in blobs:
         if used <= allowed:
             break
-        p.unlink(missing_ok=True)
-        used -= size
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            used -= size
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue   # a live mount's
+        else:
+            p.unlink(missing_ok=True)
+            used -= size
+        finally:
+            os.close(fd)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -237,11 +287,17 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
     hot = [row[0] for row in profile["chunks"]] if profile else []
     layout = BlobLayout(toc, hot)
 
-    local = _local_blob(config, layout)
-    if local is not None:
-        meta = metadata_image(config, tree, toc, layout, state)
-        kernel.mount_with_read_ahead(str(meta), mountpoint, local)
-        handle = ErofsTreeHandle(mountpoint, None, backend="erofs-local")   # noted at once
+    found = _local_blob(config, layout)
+    if found is not None:
+        local, held = found
+        try:
+            meta = metadata_image(config, tree, toc, layout, state)
+            kernel.mount_with_read_ahead(str(meta), mountpoint, local)
+        except BaseException:
+            os.close(held)
+            raise
+        handle = ErofsTreeHandle(mountpoint, None, backend="erofs-local",   # noted at once
+                                 blob_hold=held)
         # no Python sees the reads: nothing to record, nothing to prefetch
         _write_atomic(state / "figures.json", json.dumps({
             "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
