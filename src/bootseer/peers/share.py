@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import libtorrent as lt
 
 from bootseer.peers import roster
-from bootseer.peers.swarm import Swarm
+from bootseer.peers.swarm import PIECE_DONE, Swarm
 from bootseer.peers.torrent import file_name, load_torrent, make_torrent, set_key, torrent_name
 from bootseer.store.digest import sha256_digest, verify
 from bootseer.store.fetch import Priority
@@ -52,6 +52,9 @@ JOIN_GRACE_S = 1.0          # how long the origin's work waits for announced nod
 JOIN_WAIT_S = 0.3           # at join, how long to look for the job's other nodes announcing
 RECALL_S = 2.0              # a node not connected to an announced peer calls it again this often
 REDIAL_S = 0.25             # ... and this often while it is connected to nobody
+TICK_S = 0.1                # how often libtorrent's state is asked for (peers, availability)
+EVENT_BATCH = 256           # piece events handled between two looks at the time
+ORIGIN_DONE = "origin"      # an event of the set's queue: an origin fetch is done
 
 
 def torrent_ref(key: str) -> str:
@@ -154,6 +157,8 @@ class SetTransfer:
         self.delivered: set[str] = set()
         self.prefetched: set[str] = set()   # digests this transfer put in the cache
         self._stop = threading.Event()
+        self._have: set[int] = set()   # pieces libtorrent has (passed their hash here)
+        self._avail, self._busy = None, set()   # who has what, as the last tick saw it
         # Segments: runs of the plan, in its order, dealt out to nodes for the origin.
         self.segments: list[list[str]] = []
         cur: list[str] = []
@@ -255,12 +260,13 @@ class SetTransfer:
                and time.monotonic() < deadline):
             time.sleep(0.01)
         pieces = _have(self.handle.status(lt.torrent_handle.query_pieces))
+        self._have = {p for p, have in enumerate(pieces) if have}
         for name in linked:
             first, n = self.layout[name]
             if all(pieces[first + k] for k in range(n)):
                 self.delivered.add(name)
                 self.stats["already_local"] += 1
-        self._call_again()
+        self._call_again(self.handle.get_peer_info())
 
     def _link_cached(self) -> list[str]:
         """Hard links from the node cache's entries of the set into the seed copy (the
@@ -282,10 +288,10 @@ class SetTransfer:
         return linked
 
     # -- who fetches what from the origin -----------------------------------------------------
-    def _view(self) -> list[str]:
-        """This node and the peers connected now (handshake done, by address), sorted."""
+    def _view(self, peers) -> list[str]:
+        """This node and the ``peers`` connected now (handshake done, by address), sorted."""
         half = lt.peer_info.connecting | lt.peer_info.handshake
-        ips = {p.ip[0] for p in self.handle.get_peer_info() if not p.flags & half}
+        ips = {p.ip[0] for p in peers if not p.flags & half}
         return sorted((ips - self.share.swarm.banned) | {self.share.swarm.ip})
 
     def _mine(self, view: list[str], dealt: bool) -> list[int]:
@@ -306,45 +312,57 @@ class SetTransfer:
 
     def _swarm_fetch(self) -> None:
         """Until every item is here, or neither peers nor the origin made progress for
-        ``stall_s``. Pieces from peers are read back through libtorrent (its disk cache may
-        not have written them yet) and checked by digest before they enter the cache."""
+        ``stall_s``. Driven by events (``Swarm.events``): a piece that passed its hash is
+        read back through libtorrent (its disk cache may not have written it yet) and its
+        item checked by digest before it enters the cache; an origin fetch that is done is
+        cached and handed to libtorrent, and the origin's window refilled. libtorrent's
+        state (peers, availability, progress) is asked only every ``TICK_S``: each such
+        call waits for its network thread, which a node busy with peers keeps busy, and
+        walking every piece each time cost more than the pieces themselves."""
         share, h, swarm = self.share, self.handle, self.share.swarm
-        pieces_q = swarm.pieces(self.ti)
-        piece_of = {p: name for name, (first, n) in self.layout.items()
-                    for p in range(first, first + n)}
-        got: dict[int, bytes] = {}
-        asked: set[int] = set()
+        events = swarm.events(self.ti)
+        self._piece_of = {p: name for name, (first, n) in self.layout.items()
+                          for p in range(first, first + n)}
+        self._got, self._asked, self._unread = {}, set(), set()
         inflight: dict[str, Future] = {}
         t_start = last_progress = last_call = time.monotonic()
-        last_done, view, mine, was_dealt = -1, None, [], None
+        next_tick = t_start
+        last_done, view, mine, was_dealt, origin_on = -1, None, [], None, False
         while len(self.delivered) < len(self.refs) and not self._stop.is_set():
-            progressed = False
-            swarm.check_peers(h)
-            while True:
-                try:
-                    p, data = pieces_q.get_nowait()
-                except queue.Empty:
+            try:
+                ev = events.get(timeout=max(0.0, next_tick - time.monotonic()))
+            except queue.Empty:
+                ev = None
+            progressed = origin_done = False
+            for _ in range(EVENT_BATCH):   # then a tick, however busy the peers keep it
+                if ev is None:
                     break
-                if data is None:
-                    asked.discard(p)
+                if ev[0] == ORIGIN_DONE:
+                    fut = inflight.pop(ev[1], None)
+                    origin_done = True
+                    progressed |= fut is not None and self._from_origin(ev[1], fut)
                 else:
-                    got[p] = data
-            st = h.status(lt.torrent_handle.query_pieces)
-            have_pieces = _have(st)
-            for p, have in enumerate(have_pieces):
-                if have and p in piece_of and p not in asked and piece_of[p] not in self.delivered:
-                    asked.add(p)
-                    h.read_piece(p)
-            for name, (first, n) in self.layout.items():
-                if name not in self.delivered and all(first + k in got for k in range(n)):
-                    raw = b"".join(got.pop(first + k) for k in range(n))
-                    self._take(name, raw)
-                    progressed = True
-            for name in [n for n, f in inflight.items() if f.done()]:
-                progressed |= self._from_origin(name, inflight.pop(name))
-            # the origin: this node's segments, each chunk no peer has or is sending
+                    progressed |= self._on_piece(*ev)
+                try:
+                    ev = events.get_nowait()
+                except queue.Empty:
+                    ev = None
+            if ev is not None:
+                events.put(ev)   # taken, not handled: after the tick
             now = time.monotonic()
-            v = self._view()
+            if progressed:
+                last_progress = now
+            if now < next_tick:
+                if origin_done and origin_on:   # refill the window from what is known
+                    self._submit_origin(mine, inflight, events, fresh=False)
+                continue
+            next_tick = now + TICK_S
+            peers = h.get_peer_info()
+            swarm.check_peers(peers)
+            for p in list(self._unread):   # a read that failed: again
+                self._read(p)
+            # the origin: this node's segments, each chunk no peer has or is sending
+            v = self._view(peers)
             # connected to nobody while nodes answer and hang up: they will let this one in
             # once they have read the roster (its knock); wait for that, up to stall_s
             admitting = len(v) == 1 and any(now - swarm.hung_up.get(ip, -JOIN_GRACE_S) < 1.0
@@ -353,19 +371,19 @@ class SetTransfer:
                      or (now - t_start > JOIN_GRACE_S and not admitting))
             if v != view or dealt != was_dealt:
                 view, was_dealt, mine = v, dealt, self._mine(v, dealt)
-            if dealt:
-                self._submit_origin(mine, inflight, have_pieces, ORIGIN_WINDOW)
-            elif len(v) == 1 and not [ip for ip, _ in swarm.endpoints()
-                                      if swarm.unreachable.get(ip, 0) < t_start]:
-                # nobody else announced (after the join wait), or every call refused
-                # (firewalled): on alone, from its own starting point
-                self._submit_origin(mine, inflight, have_pieces, ORIGIN_WINDOW)
-            # else: calling the others, or connected to some: the rest of the job has the
-            # join grace to connect (a call refused by a node that does not know this one
-            # yet is made again within REDIAL_S, once that node has read the roster)
-            if st.total_payload_download != last_done:   # partial pieces count as progress
-                last_done, progressed = st.total_payload_download, True
-            if progressed or inflight:
+            # not dealt: calling the others, or connected to some: the rest of the job has
+            # the join grace to connect (a call refused by a node that does not know this
+            # one yet is made again within REDIAL_S, once that node has read the roster);
+            # but nobody else announced (after the join wait), or every call was refused
+            # (firewalled): on alone, from its own starting point
+            origin_on = dealt or (len(v) == 1 and not [ip for ip, _ in swarm.endpoints()
+                                                       if swarm.unreachable.get(ip, 0) < t_start])
+            if origin_on:
+                self._submit_origin(mine, inflight, events, fresh=True, peers=peers)
+            done = h.status(0).total_payload_download
+            if done != last_done:   # partial pieces count as progress
+                last_done, last_progress = done, now
+            if inflight:
                 last_progress = now
             elif swarm.banned and not swarm.endpoints():
                 log.info("peers: every peer of set %s is banned: origin for the rest",
@@ -376,23 +394,51 @@ class SetTransfer:
                          share.stall_s, self.key[:12])
                 break
             if now - last_call > RECALL_S or (len(v) == 1 and now - last_call > REDIAL_S):
-                self._call_again()
+                self._call_again(peers)
                 last_call = now
-            time.sleep(0.02)
         for name, fut in inflight.items():   # already asked: let them land
             try:
                 self._from_origin(name, fut)
             except Exception:  # noqa: BLE001 - the caller's origin pass refetches it
                 pass
 
-    def _call_again(self) -> None:
+    def _on_piece(self, kind: str, p: int, data: bytes | None) -> bool:
+        """A piece event: one that passed its hash is read back, unless its item is here
+        already (the origin's, added here); one read back completes its item, maybe.
+        Returns whether an item was delivered."""
+        name = self._piece_of.get(p)
+        if kind == PIECE_DONE:
+            self._have.add(p)
+            if name is not None and name not in self.delivered:
+                self._read(p)
+            return False
+        self._asked.discard(p)
+        if data is None:
+            self._unread.add(p)
+            return False
+        if name is None or name in self.delivered:
+            return False
+        self._got[p] = data
+        first, n = self.layout[name]
+        if not all(first + k in self._got for k in range(n)):
+            return False
+        self._take(name, b"".join(self._got.pop(first + k) for k in range(n)))
+        return True
+
+    def _read(self, p: int) -> None:
+        self._unread.discard(p)
+        if p not in self._asked and self._piece_of.get(p) not in self.delivered:
+            self._asked.add(p)
+            self.handle.read_piece(p)
+
+    def _call_again(self, peers) -> None:
         """Call the announced nodes not connected (two calls crossing make one connection).
         libtorrent makes the calls asked of a running torrent in its next round, up to a
         second later, but at once when the torrent resumes: a node connected to nobody
         (just joined, or its first calls were refused by nodes that did not know it yet)
         pauses and resumes its torrent after asking, which drops nothing."""
         h = self.handle
-        connected = {p.ip[0] for p in h.get_peer_info()}
+        connected = {p.ip[0] for p in peers}
         for ep in self.share.swarm.endpoints():
             if ep[0] not in connected:
                 h.connect_peer(ep)
@@ -400,37 +446,49 @@ class SetTransfer:
             h.pause()
             h.resume()
 
-    def _submit_origin(self, mine: list[int], inflight: dict, have: list, window: int) -> None:
+    def _submit_origin(self, mine: list[int], inflight: dict, events, *, fresh: bool,
+                       peers=None) -> None:
+        """Ask the origin for this node's next chunks, up to ``ORIGIN_WINDOW`` in flight:
+        those of its segments that no peer has or is sending. ``fresh``: ask libtorrent
+        who has what (a tick), else use what the last tick learned (an origin fetch just
+        landed: its room is refilled at once, not a tick later)."""
         if self.reader is None:
             return
-        room = window - sum(self.refs[n][3] for n in inflight)
+        room = ORIGIN_WINDOW - sum(self.refs[n][3] for n in inflight)
         if room <= 0:
             return
-        if any(p.flags & lt.peer_info.seed for p in self.handle.get_peer_info()):
-            return   # a seed has every piece (its pieces are not in the availability)
-        avail = self.handle.piece_availability()   # empty once this node seeds
-        if len(avail) < len(have):
+        wanted = [name for i in mine for name in self.segments[i]
+                  if name not in self.delivered and name not in inflight
+                  and self.layout[name][0] not in self._have]
+        if not wanted:
             return
-        busy = {q["piece_index"] for q in self.handle.get_download_queue()}
+        if fresh:
+            self._avail = None
+            if any(p.flags & lt.peer_info.seed for p in peers):
+                return   # a seed has every piece (its pieces are not in the availability)
+            avail = self.handle.piece_availability()   # empty once this node seeds
+            if len(avail) < self.ti.num_pieces():
+                return
+            self._avail = avail
+            self._busy = {q["piece_index"] for q in self.handle.get_download_queue()}
+        if self._avail is None:
+            return
         todo = []
-        for i in mine:
-            for name in self.segments[i]:
-                if name in self.delivered or name in inflight:
-                    continue
-                first, _ = self.layout[name]
-                if avail[first] > 0 or first in busy or have[first]:
-                    continue   # a peer has it or is sending it
-                todo.append(self.refs[name])
-                room -= self.refs[name][3]
-                if room <= 0:
-                    break
+        for name in wanted:
+            first, _ = self.layout[name]
+            if self._avail[first] > 0 or first in self._busy:
+                continue   # a peer has it or is sending it
+            todo.append(self.refs[name])
+            room -= self.refs[name][3]
             if room <= 0:
                 break
         if not todo:
             return
         todo.sort(key=lambda c: (c[1], c[2]))   # pack order: the fetcher coalesces
         for ref, fut in zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH)):
-            inflight[file_name(ref[0])] = fut
+            name = file_name(ref[0])
+            inflight[name] = fut
+            fut.add_done_callback(lambda _f, name=name: events.put((ORIGIN_DONE, name, None)))
 
     def _from_origin(self, name: str, fut: Future) -> bool:
         ref = self.refs[name]
@@ -463,7 +521,7 @@ class SetTransfer:
             if sha256_digest(data) != ref[0]:
                 raise ValueError(f"the bytes hash to {sha256_digest(data)}")
             if self.cache is not None:
-                self.cache.offer(ref[0], data)
+                self.cache.offer(ref[0], data, verified=True)   # just hashed: once is enough
         except Exception as e:  # noqa: BLE001 - a bad chunk is refetched from the origin
             self.share.stats["rejected"] += 1
             log.warning("peers: chunk %s from peers failed verification (%s): refetched from "

@@ -6,10 +6,12 @@ applies to every peer (libtorrent exempts private networks from rate limits by d
 a job's network is usually one). A peer that sends data failing its v2 piece hash is banned
 by libtorrent; the ban is noted here and the address blocked for the node's lifetime.
 
-One thread pumps the session's alerts: bans are applied, pieces read back are queued per
-torrent (so several sets can move at once in one process), and a call from an address the
-filter does not know yet (a node that joined after this one read the roster) is noted as a
-knock: the share then reads the roster once and calls the newcomer back. Nobody polls.
+One thread pumps the session's alerts: bans are applied, pieces that passed their hash and
+pieces read back are queued per torrent (so several sets can move at once in one process,
+and a set's transfer wakes on them instead of asking libtorrent for the state of every
+piece), and a call from an address the filter does not know yet (a node that joined after
+this one read the roster) is noted as a knock: the share then reads the roster once and
+calls the newcomer back. Nobody polls.
 """
 
 from __future__ import annotations
@@ -29,10 +31,14 @@ log = logging.getLogger(__name__)
 _ALERTS = (lt.alert.category_t.error_notification | lt.alert.category_t.peer_notification
            | lt.alert.category_t.status_notification | lt.alert.category_t.storage_notification
            | lt.alert.category_t.connect_notification
-           | lt.alert.category_t.ip_block_notification)
+           | lt.alert.category_t.ip_block_notification
+           | lt.alert.category_t.piece_progress_notification)
 _ALL_V4 = ("0.0.0.0", "255.255.255.255")
 KNOCK_REPEAT_S = 2.0
 BLOCKED = 1
+# the events of a torrent's queue (``Swarm.events``): (kind, piece, bytes or None)
+PIECE_DONE = "done"   # the piece passed its hash (from a peer, or added here)
+PIECE_READ = "read"   # the piece read back (``read_piece``): its bytes, None on a read error
 
 
 def free_port(ip: str, port_min: int, port_max: int) -> int:
@@ -64,7 +70,7 @@ class Swarm:
         self.knockers: dict[str, float] = {}   # ip -> when its knock was last heeded
         self.unreachable: dict[str, float] = {}   # ip -> when a call to it last failed
         self.hung_up: dict[str, float] = {}       # ip -> when a connection with it last ended
-        self._pieces: dict[str, queue.SimpleQueue] = {}   # torrent name -> read pieces
+        self._events: dict[str, queue.SimpleQueue] = {}   # torrent name -> piece events
         self._closed = threading.Event()
         self.session = lt.session({
             "listen_interfaces": f"{ip}:{self.port}", "outgoing_interfaces": ip,
@@ -117,8 +123,8 @@ class Swarm:
             return sorted(ep for ep in self._endpoints if ep[0] not in self.banned)
 
     def add(self, ti: lt.torrent_info, save_path: str, *, seed: bool = False):
-        """Add a torrent; its pieces read back (``read_piece``) arrive on ``pieces(ti)``."""
-        self._pieces.setdefault(ti.name(), queue.SimpleQueue())
+        """Add a torrent; its pieces' events arrive on ``events(ti)``."""
+        self.events(ti)
         params = lt.add_torrent_params()
         params.ti, params.save_path = ti, save_path
         params.flags = (lt.torrent_flags.disable_dht | lt.torrent_flags.disable_lsd
@@ -148,18 +154,20 @@ class Swarm:
             self._apply_filter()
         log.warning("peers: banned %s: %s", ip, why)
 
-    def check_peers(self, handle) -> None:
-        """Ban every peer of ``handle`` that took part in a piece that failed its hash.
-        libtorrent bans by its own rules too, but may first ask for block hashes and
-        take seconds; a peer that shared a failed piece with a liar is banned with it
-        (it only costs its bytes, which the origin then serves)."""
-        for p in handle.get_peer_info():
+    def check_peers(self, peers) -> None:
+        """Ban every peer (of ``handle.get_peer_info()``) that took part in a piece that
+        failed its hash. libtorrent bans by its own rules too, but may first ask for block
+        hashes and take seconds; a peer that shared a failed piece with a liar is banned
+        with it (it only costs its bytes, which the origin then serves)."""
+        for p in peers:
             if p.num_hashfails > 0:
                 self.ban(p.ip[0], f"sent data that failed its piece hash ({p.num_hashfails})")
 
-    def pieces(self, ti: lt.torrent_info) -> queue.SimpleQueue:
-        """(piece, bytes or None on a read error) of ``ti``'s pieces read back."""
-        return self._pieces.setdefault(ti.name(), queue.SimpleQueue())
+    def events(self, ti: lt.torrent_info) -> queue.SimpleQueue:
+        """``(PIECE_DONE, piece, None)`` and ``(PIECE_READ, piece, bytes or None)`` of
+        ``ti``'s pieces; the set's transfer puts its own wake-ups there too."""
+        with self._lock:
+            return self._events.setdefault(ti.name(), queue.SimpleQueue())
 
     def _stop_pump(self) -> None:
         self._closed.set()
@@ -174,12 +182,16 @@ class Swarm:
                 log.info("peers: alert pump: %s", e)
 
     def _note(self, alerts) -> None:
-        """Act on alerts: bans blocked, pieces queued, knocks noted."""
+        """Act on alerts: bans blocked, piece events queued, knocks noted."""
         for a in alerts:
-            if isinstance(a, lt.read_piece_alert):
-                q = self._pieces.get(a.torrent_name)
+            if isinstance(a, lt.piece_finished_alert):
+                q = self._events.get(a.torrent_name)
                 if q is not None:
-                    q.put((a.piece, None if a.error.value() else bytes(a.buffer)))
+                    q.put((PIECE_DONE, a.piece_index, None))
+            elif isinstance(a, lt.read_piece_alert):
+                q = self._events.get(a.torrent_name)
+                if q is not None:
+                    q.put((PIECE_READ, a.piece, None if a.error.value() else bytes(a.buffer)))
             elif isinstance(a, lt.peer_blocked_alert):
                 self._knock(a.ip[0] if isinstance(a.ip, tuple) else str(a.ip))
             elif isinstance(a, lt.peer_ban_alert):
