@@ -113,18 +113,44 @@ def _is_loopback(host: str) -> bool:
     return name in ("localhost", "::1", "[::1]") or name.startswith("127.")
 
 
-def registry_host(spec: str) -> str | None:
-    """The registry host of a ``docker://`` source, else None."""
+# where docker's short names live: ``alpine`` is docker.io/library/alpine (logins for it are
+# found under docker.io's other spellings too: store/logins.py)
+DOCKER_HUB = "docker.io"
+
+
+def _split_reference(spec: str) -> tuple[str, str] | None:
+    """(registry host, path with tag or digest) of a ``docker://`` source, as docker's
+    reference grammar splits it: the first component is a host only if it has a ``.``
+    or a ``:``, is ``localhost`` or has an upper-case letter (``alpine``, ``team/app``
+    are Docker Hub's)."""
     if not spec.startswith("docker://"):
         return None
-    return spec.removeprefix("docker://").split("/", 1)[0]
+    name = spec.removeprefix("docker://")
+    first, slash, rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"
+                  or first != first.lower()):
+        host, path = first, rest
+    else:
+        host, path = DOCKER_HUB, name
+    if host == "index.docker.io":   # docker's legacy name of the same registry
+        host = DOCKER_HUB
+    if host == DOCKER_HUB and "/" not in path:
+        path = f"library/{path}"
+    return host, path
+
+
+def registry_host(spec: str) -> str | None:
+    """The registry host of a ``docker://`` source, else None."""
+    split = _split_reference(spec)
+    return split[0] if split else None
 
 
 def registry_repository(spec: str) -> str | None:
     """The repository (``team/app``) of a ``docker://`` source, without tag or digest."""
-    if not spec.startswith("docker://"):
+    split = _split_reference(spec)
+    if split is None:
         return None
-    path = spec.removeprefix("docker://").partition("/")[2].partition("@")[0]
+    path = split[1].partition("@")[0]
     head, _, last = path.rpartition("/")
     last = last.partition(":")[0]   # the tag
     return (f"{head}/{last}" if head else last) or None
