@@ -162,10 +162,10 @@ def _ls(args) -> int:
 
 
 def _verify(args) -> int:
-    import hashlib
     import os
     from bootseer.deps.relocate import rewrite_bytes
     from bootseer.deps.snapshot import read_marker
+    from bootseer.deps.verify import bytes_match, file_matches
     from bootseer.errors import BootseerError
     from bootseer.store import open_store
     from bootseer.store.fetch import Fetcher
@@ -191,19 +191,16 @@ def _verify(args) -> int:
                 continue
             files += 1
             path = os.path.join(args.prefix, e["path"].lstrip("/"))
-            try:
-                data = open(path, "rb").read()
-            except OSError:
-                problem("missing", e["path"])
-                continue
+            want = None
             if e["path"] in rewritten:   # relocated: the snapshot's bytes, rewritten
                 want = rewrite_bytes(reader.read(e["path"], e["size"], 0), moved["from"],
                                      os.path.abspath(args.prefix))
-                ok = data == want
-            else:
-                ok = all("sha256:" + hashlib.sha256(data[i * cs:(i + 1) * cs]).hexdigest()
-                         == c[0] for i, c in enumerate(e["chunks"])) and \
-                    len(data) == e["size"]
+            try:   # read in blocks: a 2 GB library never sits in memory whole
+                ok = (bytes_match(path, want) if want is not None
+                      else file_matches(path, e["chunks"], cs, e["size"]))
+            except OSError:
+                problem("missing", e["path"])
+                continue
             if not ok:
                 problem("modified", e["path"])
     if args.json:
