@@ -15,7 +15,8 @@ from bootseer.config import BootseerConfig, CacheConfig, FetchConfig
 from bootseer.peers import share_for
 from bootseer.peers.share import PeerShare
 from bootseer.peers.swarm import Swarm
-from bootseer.peers.torrent import file_name, load_torrent, make_torrent, set_key, torrent_name
+from bootseer.peers.torrent import (layout, load_torrent, make_torrent, put_member, set_items,
+                                    set_key, torrent_name)
 from bootseer.store import open_store
 from bootseer.store.cache import NodeCache
 from bootseer.store.digest import sha256_digest
@@ -128,23 +129,38 @@ def nodes(tmp_path, tree):
         node.close()
 
 
+def write_seed_copy(where, items, data_of) -> None:
+    """The files of the torrent of ``items`` under ``where``, as a seeding node holds them
+    (``data_of[digest]``: the item's bytes)."""
+    files = where / torrent_name(set_key(items))
+    files.mkdir(parents=True)
+    for tfile in layout(items):
+        for m in tfile.members:
+            put_member(files, tfile, m, data_of[m.digest])
+
+
 def test_torrent_is_the_same_on_every_node_and_checked(tmp_path):
-    items = []
-    for i in range(3):
-        data = os.urandom(40000 + i)
-        items.append((sha256_digest(data), len(data), data))
-    sets = [(d, n) for d, n, _ in items]
+    data_of, refs = {}, []
+    for i, size in enumerate((40000, 200, 3000, 70000, 9000)):
+        data = os.urandom(size)
+        data_of[sha256_digest(data)] = data
+        refs.append([sha256_digest(data), 0, i * 100000, size, size])
+    items = set_items(refs)
+    assert set_items(refs[::-1]) == items   # pack order, whatever the refs' order
     out = []
-    for where, order in (("a", sets), ("b", sets[::-1])):
-        d = tmp_path / where / torrent_name(set_key(sets))
-        d.mkdir(parents=True)
-        for digest, _, data in items:
-            (d / file_name(digest)).write_bytes(data)
-        out.append(make_torrent(str(tmp_path / where), order))
+    for where in ("a", "b"):
+        write_seed_copy(tmp_path / where, items, data_of)
+        out.append(make_torrent(str(tmp_path / where), items))
     assert out[0] == out[1]
-    assert load_torrent(out[0], sets).info_hashes().has_v2()
+    ti = load_torrent(out[0], items)
+    assert ti.info_hashes().has_v2()
+    # small items packed: [40000, 200, 3000] | [70000] | [9000], in set order
+    assert [(f.size, f.bundle) for f in layout(items)] == [(43200, True), (70000, False),
+                                                          (9000, True)]
     with pytest.raises(ValueError):   # a torrent of another set is refused
-        load_torrent(out[0], sets[:2])
+        load_torrent(out[0], items[:2])
+    with pytest.raises(ValueError):   # ... and of the same items in another order
+        load_torrent(out[0], items[::-1])
 
 
 def test_hot_set_to_three_nodes_costs_the_origin_once(tree, nodes):
@@ -352,12 +368,9 @@ def test_torrent_that_lies_is_caught_by_the_digest(tree, nodes, tmp_path):
     store, digest, profile, set_bytes = tree
     r = TreeReader(store, digest, Fetcher(FetchConfig()))
     refs = r.all_chunks()
-    items = sorted({(c[0], c[4]) for c in refs})
+    items = set_items(refs)
     bad = tmp_path / "bad"
-    files = bad / torrent_name(set_key(items))
-    files.mkdir(parents=True)
-    for d, size in items:
-        (files / file_name(d)).write_bytes(os.urandom(size))
+    write_seed_copy(bad, items, {d: os.urandom(size) for d, size in items})
     from bootseer.peers.share import torrent_ref
     data = make_torrent(str(bad), items)
     store.write(sha256_digest(data), data)

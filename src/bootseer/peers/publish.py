@@ -37,26 +37,29 @@ def publish_torrent(store, refs: list[list], chunk_file: Callable[[list], str | 
     ``chunk_file(ref)`` names a file holding exactly the chunk's bytes, to link (None when
     there is none), else ``chunk_bytes(ref)`` gives them."""
     from bootseer.peers.share import torrent_ref
-    from bootseer.peers.torrent import file_name, make_torrent, set_key, torrent_name
+    from bootseer.peers.torrent import layout, make_torrent, put_member, set_items, set_key
+    from bootseer.peers.torrent import torrent_name
     from bootseer.store.digest import sha256_digest
-    items = sorted({(r[0], r[4]) for r in refs})
+    items = set_items(refs)
     key = set_key(items)
     if store.get_ref(torrent_ref(key)) is not None:
         return None
+    by_digest = {r[0]: r for r in refs}
     Path(scratch).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="torrent-", dir=scratch))
     try:
         files = work / torrent_name(key)
         files.mkdir()
-        for r in {r[0]: r for r in refs}.values():
-            dest = files / file_name(r[0])
-            src = chunk_file(r)
-            try:
-                if src is None:
-                    raise OSError("no file")
-                os.link(src, dest)
-            except OSError:
-                dest.write_bytes(chunk_bytes(r))
+        for tfile in layout(items):
+            for m in tfile.members:
+                ref = by_digest[m.digest]
+                src = None if tfile.bundle else chunk_file(ref)
+                try:
+                    if src is None:
+                        raise OSError("no file")
+                    os.link(src, files / tfile.name)
+                except OSError:
+                    put_member(files, tfile, m, chunk_bytes(ref))
         data = make_torrent(str(work), items)
     finally:
         shutil.rmtree(work, ignore_errors=True)

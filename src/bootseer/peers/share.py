@@ -39,7 +39,8 @@ import libtorrent as lt
 
 from bootseer.peers import roster
 from bootseer.peers.swarm import PIECE_DONE, Swarm
-from bootseer.peers.torrent import file_name, load_torrent, make_torrent, set_key, torrent_name
+from bootseer.peers.torrent import (file_name, layout, load_torrent, make_torrent, put_member,
+                                    set_items, set_key, torrent_name)
 from bootseer.store.digest import sha256_digest, verify
 from bootseer.store.fetch import Priority
 
@@ -141,8 +142,10 @@ class SetTransfer:
         self.share, self.reader = share, reader
         self.cache = getattr(reader, "cache", None)
         self.refs = {file_name(r[0]): r for r in refs}
-        self.items = sorted({(r[0], r[4]) for r in refs})
+        self.items = set_items(refs)
         self.key = set_key(self.items)
+        self.tfiles = layout(self.items)   # the torrent's files: large items, bundles
+        self.file_of = {file_name(m.digest): (f, m) for f in self.tfiles for m in f.members}
         self.dir = share.work_dir / self.key
         self._lock = hold_set(self.dir)   # while this process lives, nobody removes it
         self.files = self.dir / torrent_name(self.key)
@@ -152,23 +155,27 @@ class SetTransfer:
             self.stats.setdefault(k, 0)
         self.handle = None
         self.ti = None
-        self._names: list[str] = []
-        self.layout: dict[str, tuple[int, int]] = {}
+        self._names: list[str] = []   # the torrent's file names by index (pad files too)
+        self.layout: dict[str, tuple[int, int]] = {}   # item -> (first piece, pieces)
+        self._piece_items: dict[int, list[str]] = {}   # piece -> the items in it
+        self._parts: dict[str, dict[str, bytes]] = {}   # bundle -> its members here so far
+        self._on_disk: set[str] = set()   # items in the seed copy before the torrent exists
         self.delivered: set[str] = set()
         self.prefetched: set[str] = set()   # digests this transfer put in the cache
         self._stop = threading.Event()
         self._have: set[int] = set()   # pieces libtorrent has (passed their hash here)
         self._avail, self._busy = None, set()   # who has what, as the last tick saw it
-        # Segments: runs of the plan, in its order, dealt out to nodes for the origin.
+        # Segments: runs of the torrent's files (set order, i.e. pack order, so a node's
+        # origin reads coalesce; a bundle never split), dealt out to nodes for the origin.
         self.segments: list[list[str]] = []
         cur: list[str] = []
         size = 0
-        for name, r in self.refs.items():
-            if cur and size + r[4] > SEGMENT_BYTES:
+        for f in self.tfiles:
+            if cur and size + f.size > SEGMENT_BYTES:
                 self.segments.append(cur)
                 cur, size = [], 0
-            cur.append(name)
-            size += r[4]
+            cur.extend(file_name(m.digest) for m in f.members)
+            size += f.size
         if cur:
             self.segments.append(cur)
         self._segment_hashes = [_hash(seg[0]) for seg in self.segments]
@@ -232,60 +239,80 @@ class SetTransfer:
         left = [r for name, r in self.refs.items() if name not in self.delivered]
         if self.handle is not None and left:
             # the origin brings these (and offer() hands them over): no second copy
-            wanted = {file_name(r[0]) for r in left}
+            wanted = {self.file_of[file_name(r[0])][0].name for r in left}
             self.handle.prioritize_files([0 if name in wanted else 4
                                           for name in self._names])
         return left
 
     def _attach(self, ti) -> None:
         """Add the torrent to the swarm, seeding what the node cache holds already (linked
-        into the seed copy: no download, no second copy on disk); note where each item
-        lies (v2 torrents align every file to a piece with pad files, which are no item)."""
+        or, for bundles, copied into the seed copy: no download); note where each item
+        lies (v2 torrents align every file to a piece with pad files, which hold no item)."""
         self.files.mkdir(parents=True, exist_ok=True)
         self.ti, fs, plen = ti, ti.layout(), ti.piece_length()
-        self._names, self.layout = [], {}
+        tfiles = {f.name: f for f in self.tfiles}
+        self._names, self.layout, self._piece_items = [], {}, {}
         for i in range(fs.num_files()):
             name = os.path.basename(fs.file_path(i))
             self._names.append(name)
             if fs.file_flags(i) & fs.flag_pad_file:
                 continue
-            first, size = fs.piece_index_at_file(i), fs.file_size(i)
-            self.layout[name] = (first, max(1, -(-size // plen)))
-        linked = self._link_cached()
+            first, n = fs.piece_index_at_file(i), max(1, -(-fs.file_size(i) // plen))
+            for m in tfiles[name].members:
+                item = file_name(m.digest)
+                self.layout[item] = (first, n)
+                for k in range(n):
+                    self._piece_items.setdefault(first + k, []).append(item)
+        placed = self._link_cached()
         self.handle = self.share.swarm.add(ti, str(self.dir))
         self.share.handles.append(self.handle)
-        deadline = time.monotonic() + 60   # libtorrent hashes what was linked
+        deadline = time.monotonic() + 60   # libtorrent hashes what was placed
         while (self.handle.status().state in (lt.torrent_status.checking_files,
                                               lt.torrent_status.checking_resume_data)
                and time.monotonic() < deadline):
             time.sleep(0.01)
         pieces = _have(self.handle.status(lt.torrent_handle.query_pieces))
         self._have = {p for p, have in enumerate(pieces) if have}
-        for name in linked:
+        for name in placed:
             first, n = self.layout[name]
-            if all(pieces[first + k] for k in range(n)):
+            # a bundle's member came from the cache, verified: here whatever the piece
+            if self.file_of[name][0].bundle or all(pieces[first + k] for k in range(n)):
                 self.delivered.add(name)
                 self.stats["already_local"] += 1
         self._call_again(self.handle.get_peer_info())
 
     def _link_cached(self) -> list[str]:
-        """Hard links from the node cache's entries of the set into the seed copy (the
-        cache's files hold exactly the torrent's bytes); libtorrent checks them."""
-        linked = []
+        """The node cache's entries of the set into the seed copy: hard links for items
+        that are a file of their own (the cache's files hold exactly the torrent's bytes;
+        libtorrent checks them), copies at their place for the members of a bundle (each
+        checked by its digest; kept to complete the bundle's piece when the rest comes)."""
+        placed = []
         if self.cache is None:
-            return linked
+            return placed
+        self.files.mkdir(parents=True, exist_ok=True)
         for name, ref in self.refs.items():
-            dest = self.files / name
+            tfile, m = self.file_of[name]
             src = self.cache.path(ref[0])
-            if src is None and not dest.exists():
-                continue
+            dest = self.files / tfile.name
             try:
-                if not dest.exists():
+                if tfile.bundle:
+                    if src is None:
+                        continue
+                    data = Path(src).read_bytes()
+                    if sha256_digest(data) != ref[0]:
+                        continue   # the cache drops it when read; peers or the origin bring it
+                    put_member(self.files, tfile, m, data)
+                    self._parts.setdefault(tfile.name, {})[name] = data
+                elif not dest.exists():
+                    if src is None:
+                        continue
                     os.link(src, dest)
-                linked.append(name)
-            except OSError as e:   # another file system: libtorrent downloads it
-                log.debug("peers: cannot link %s into the seed copy: %s", name, e)
-        return linked
+            except OSError as e:   # another file system: it comes from peers or the origin
+                log.debug("peers: cannot place %s in the seed copy: %s", name, e)
+                continue
+            placed.append(name)
+            self._on_disk.add(name)
+        return placed
 
     # -- who fetches what from the origin -----------------------------------------------------
     def _view(self, peers) -> list[str]:
@@ -321,8 +348,6 @@ class SetTransfer:
         walking every piece each time cost more than the pieces themselves."""
         share, h, swarm = self.share, self.handle, self.share.swarm
         events = swarm.events(self.ti)
-        self._piece_of = {p: name for name, (first, n) in self.layout.items()
-                          for p in range(first, first + n)}
         self._got, self._asked, self._unread = {}, set(), set()
         inflight: dict[str, Future] = {}
         t_start = last_progress = last_call = time.monotonic()
@@ -403,31 +428,42 @@ class SetTransfer:
                 pass
 
     def _on_piece(self, kind: str, p: int, data: bytes | None) -> bool:
-        """A piece event: one that passed its hash is read back, unless its item is here
-        already (the origin's, added here); one read back completes its item, maybe.
-        Returns whether an item was delivered."""
-        name = self._piece_of.get(p)
+        """A piece event: one that passed its hash is read back, unless its items are here
+        already (the origin's, added here); one read back completes its items, maybe (a
+        bundle's piece: all its members; a large item's last piece: the item). Returns
+        whether an item was delivered."""
+        items = self._piece_items.get(p, ())
         if kind == PIECE_DONE:
             self._have.add(p)
-            if name is not None and name not in self.delivered:
-                self._read(p)
+            self._read(p)
             return False
         self._asked.discard(p)
         if data is None:
             self._unread.add(p)
             return False
-        if name is None or name in self.delivered:
-            return False
         self._got[p] = data
-        first, n = self.layout[name]
-        if not all(first + k in self._got for k in range(n)):
-            return False
-        self._take(name, b"".join(self._got.pop(first + k) for k in range(n)))
-        return True
+        took = False
+        for name in items:
+            first, n = self.layout[name]
+            if name in self.delivered or not all(first + k in self._got for k in range(n)):
+                continue
+            _, m = self.file_of[name]
+            raw = self._got[first] if n == 1 else b"".join(self._got[first + k]
+                                                         for k in range(n))
+            self._take(name, raw[m.offset:m.offset + m.size])
+            took = True
+        for name in items:   # keep a piece only while an item of it still needs it
+            first, n = self.layout[name]
+            if all(it in self.delivered for k in range(n)
+                   for it in self._piece_items[first + k]):
+                for k in range(n):
+                    self._got.pop(first + k, None)
+        return took
 
     def _read(self, p: int) -> None:
         self._unread.discard(p)
-        if p not in self._asked and self._piece_of.get(p) not in self.delivered:
+        if p not in self._asked and any(it not in self.delivered
+                                        for it in self._piece_items.get(p, ())):
             self._asked.add(p)
             self.handle.read_piece(p)
 
@@ -509,7 +545,18 @@ class SetTransfer:
         return True
 
     def _add_pieces(self, name: str, data: bytes) -> None:
+        """An item from the origin to libtorrent, so this node seeds it: a large item's
+        pieces at once, a bundle's piece once all its members are here."""
+        tfile, _ = self.file_of[name]
         first, _ = self.layout[name]
+        if tfile.bundle:
+            parts = self._parts.setdefault(tfile.name, {})
+            parts[name] = data
+            if len(parts) == len(tfile.members):
+                del self._parts[tfile.name]
+                self.handle.add_piece(first, b"".join(parts[file_name(m.digest)]
+                                                      for m in tfile.members), 0)
+            return
         plen = self.ti.piece_length()
         for k in range(0, max(len(data), 1), plen):
             self.handle.add_piece(first + k // plen, data[k:k + plen], 0)
@@ -545,17 +592,22 @@ class SetTransfer:
         if self.handle is not None:
             self._add_pieces(name, data)
             return
+        tfile, m = self.file_of[name]
         self.files.mkdir(parents=True, exist_ok=True)
-        tmp = self.files / f".{name}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, self.files / name)
+        if tfile.bundle:
+            put_member(self.files, tfile, m, data)
+        else:
+            tmp = self.files / f".{tfile.name}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, self.files / tfile.name)
+        self._on_disk.add(name)
 
     def finish(self) -> bool:
         """After the origin fetch of a node without the torrent: make, publish and seed it.
         Needs every chunk of the set here; returns whether this node seeds."""
         if self.handle is not None:
             return True
-        if not all((self.files / n).is_file() for n in self.refs):
+        if not all(name in self._on_disk for name in self.refs):
             return False
         store = self.share.store
         data = make_torrent(str(self.dir), self.items)
