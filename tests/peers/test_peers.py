@@ -51,14 +51,19 @@ class SharedLink:
         return data
 
 
+LARGE = [256 * 1024 + i for i in range(16)]   # one chunk each, a torrent file each
+# an environment's shape: small modules (packed into bundles) between large files
+MIXED = [256 * 1024 + i if i % 50 == 0 else 1000 + 37 * i for i in range(300)]
+
+
 @pytest.fixture
-def tree(tmp_path):
-    """A tree of incompressible files (the stored set is as large as the files) and a
-    profile naming every chunk: the hot set."""
+def tree(tmp_path, request):
+    """A tree of incompressible files (the stored set is as large as the files; sizes from
+    the test's parameter, else LARGE) and a profile naming every chunk: the hot set."""
     root = tmp_path / "src"
     root.mkdir()
-    for i in range(16):
-        (root / f"f{i:02d}").write_bytes(os.urandom(256 * 1024 + i))
+    for i, size in enumerate(getattr(request, "param", LARGE)):
+        (root / f"f{i:03d}").write_bytes(os.urandom(size))
     store = open_store(str(tmp_path / "store"))
     b = TreeBuilder(store, chunk_size=1 << 20, pack_size=2 << 20)
     add_directory(b, root)
@@ -163,6 +168,26 @@ def test_torrent_is_the_same_on_every_node_and_checked(tmp_path):
         load_torrent(out[0], items[::-1])
 
 
+@pytest.mark.parametrize("tree", [MIXED], indirect=True)
+def test_small_items_travel_packed(tree, nodes, tmp_path):
+    """Small chunks are packed into bundles (a few pieces, not one per chunk), and three
+    nodes still get every chunk, verified, the origin serving the set about once."""
+    store, _, _, set_bytes = tree
+    publish(tree, tmp_path)
+    group = [nodes(n, nodes=3) for n in (1, 2, 3)]
+    refs = group[0].reader.all_chunks()
+    key = set_key(set_items(refs))
+    ti = load_torrent(store.read(store.get_ref(f"peers/torrents/{key}")), set_items(refs))
+    assert ti.num_pieces() < len(refs) / 10, (ti.num_pieces(), len(refs))
+    sent0 = store.sent
+    for node in group:
+        node.run()
+    stats = [node.wait() for node in group]
+    assert all(node.has_all() for node in group)
+    assert store.sent - sent0 < 1.6 * set_bytes, (store.sent - sent0, stats)
+    assert all(s["peer_bytes"] > 0 for s in stats), stats
+
+
 def test_hot_set_to_three_nodes_costs_the_origin_once(tree, nodes):
     _, _, _, set_bytes = tree
     group = [nodes(n, nodes=3) for n in (1, 2, 3)]
@@ -176,6 +201,7 @@ def test_hot_set_to_three_nodes_costs_the_origin_once(tree, nodes):
     assert sorted(n.share.stats["role"] for n in group) == ["maker", "peer", "peer"]
 
 
+@pytest.mark.parametrize("tree", [LARGE, MIXED], indirect=True, ids=["large", "mixed"])
 def test_published_torrent_every_node_joins_at_once(tree, nodes, tmp_path):
     """The torrent came with the profile: no maker, nobody waits for anybody's whole fetch.
     Each node takes its dealt part from the origin and the rest from the others."""
@@ -194,6 +220,7 @@ def test_published_torrent_every_node_joins_at_once(tree, nodes, tmp_path):
     assert all(s["peer_bytes"] > 0 for s in stats), stats
 
 
+@pytest.mark.parametrize("tree", [LARGE, MIXED], indirect=True, ids=["large", "mixed"])
 def test_chunks_in_the_node_cache_are_seeded_not_fetched(tree, nodes, tmp_path):
     """A node whose cache holds the set fetches nothing and seeds it from there (its
     entries linked into the seed copy); a node holding half fetches only the other half."""
@@ -350,6 +377,7 @@ def _corrupt_in_place(node: Node) -> int:
     return n
 
 
+@pytest.mark.parametrize("tree", [LARGE, MIXED], indirect=True, ids=["large", "mixed"])
 def test_lying_peer_is_banned_and_its_chunks_refetched(tree, nodes):
     liar = nodes(1).run()          # fetched from the origin, made and published the torrent
     liar.wait()
