@@ -319,6 +319,68 @@ def test_making_room_for_a_blob_never_removes_a_live_mounts(tmp_path, need_root)
     assert len(list(blobs.glob("*.blob"))) == 1
 
 
+# a blob assembly from the node cache that stops after its first chunk, its temporary
+# written: says "writing" and waits to be killed
+_STUCK_ASSEMBLY = """
+import sys, time
+from bootseer.config import CacheConfig
+from bootseer.store import open_store
+from bootseer.store.cache import NodeCache
+from bootseer.tree import format as fmt
+from bootseer.tree.blob import BlobLayout, assemble
+store, digest, cache_dir, dest = sys.argv[1:]
+cache = NodeCache(CacheConfig(dir=cache_dir, budget_bytes=1 << 30))
+class Stuck:
+    served = 0
+    def get(self, digest, size):
+        self.served += 1
+        if self.served == 2:
+            print("writing", flush=True)
+            time.sleep(600)
+        return cache.get(digest, size)
+assemble(BlobLayout(fmt.decode(open_store(store).read(digest))), Stuck(), dest)
+"""
+
+
+def _stuck_assembly(config, digest, dest) -> subprocess.Popen:
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", _STUCK_ASSEMBLY, config.store.url, digest,
+                          config.cache.dir, str(dest)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "writing\n"
+    return p
+
+
+def test_a_killed_blob_builds_temporaries_go_at_the_next_mount_a_live_ones_stay(
+        tmp_path, src, tree):
+    """A blob assembly SIGKILLed midway leaves its temporary in ``erofs/trees``: the next
+    mount on the node removes it, and never the temporary of one still writing."""
+    import signal
+    store, digest, _ = tree
+    config = _config(tmp_path)
+    _fill_cache(config, digest)
+    blobs = tmp_path / "cache/erofs/trees"
+    blobs.mkdir(parents=True)
+    killed = _stuck_assembly(config, digest, blobs / "other-tree.blob")
+    dead_ones = set(os.listdir(blobs))
+    live = _stuck_assembly(config, digest, blobs / "third-tree.blob")
+    try:
+        live_ones = set(os.listdir(blobs)) - dead_ones
+        assert dead_ones and live_ones
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        handle, mp, _ = _mount(config, digest, tmp_path)
+        handle.unmount()
+        assert handle.backend == "erofs-local"
+        mine = {p.name for p in blobs.glob("*.blob")}
+        assert set(os.listdir(blobs)) == mine | live_ones
+    finally:
+        live.kill()
+        live.wait()
+    handle, mp, _ = _mount(config, digest, tmp_path, "again")   # the blob is there already
+    handle.unmount()
+    assert set(os.listdir(blobs)) == mine
+
+
 def test_corrupt_chunk_in_the_store_is_eio_for_its_range_only(tmp_path, src, tree):
     store, digest, b = tree
     toc = fmt.decode(store.read(digest))

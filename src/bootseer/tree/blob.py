@@ -21,12 +21,12 @@ import bisect
 import hashlib
 import os
 import stat
-import tempfile
 
 from bootseer.errors import DigestMismatch
 from bootseer.mount.erofs.layout import BLOCK, blocks_for
 from bootseer.mount.erofs.writer import Inode
 from bootseer.mount.view import Attr
+from bootseer.partfile import PartFile
 from bootseer.tree import format as fmt
 
 BLOB_NAME = "blob"
@@ -218,17 +218,10 @@ def assemble(layout: BlobLayout, cache, dest: str) -> None:
                 raise FileNotFoundError(f"chunk {ref[0]} is not (or no longer) in the "
                                         "node cache")
             yield i, data
-    d = os.path.dirname(dest)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-blob-")
-    try:
-        try:
-            fill_blob(layout, fd, from_cache())
-        finally:
-            os.close(fd)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    # a part marked alive: one a killed assembly leaves is removed by the next mount
+    with PartFile(dest) as part:
+        fill_blob(layout, part.fd, from_cache())
+        part.commit()
 
 
 def fill_blob(layout: BlobLayout, fd: int, pieces) -> None:

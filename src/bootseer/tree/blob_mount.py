@@ -3,7 +3,9 @@ the data blob as its device.
 
 * The blob is complete on the node (``<cache>/erofs/trees/<layout key>.blob``, re-verified
   chunk by chunk before each mount): EROFS mounts it directly, no Python serves reads.
-  Every chunk of a tree already in the node cache is first assembled into that file.
+  Every chunk of a tree already in the node cache is first assembled into that file
+  (through a part marked alive, :mod:`bootseer.partfile`: the part a killed assembly
+  leaves is removed by the next mount on the node).
 * Otherwise a single-file FUSE server (the tree session: demand reads through the
   fetcher and node cache, verified, recorded, hot chunks prefetched) serves the blob,
   and EROFS mounts the blob file on that FUSE mount, reading it with O_DIRECT
@@ -27,12 +29,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from bootseer import alive
+from bootseer import alive, partfile
 from bootseer.config import BootseerConfig
 from bootseer.errors import StoreError
 from bootseer.mount.erofs import kernel
@@ -138,6 +139,7 @@ def _local_blob(config: BootseerConfig, layout: BlobLayout) -> tuple[str, int] |
     """The complete blob as a verified local file, when it is or can be made so, held
     (:func:`_hold`: the caller closes the descriptor when its mount is gone)."""
     path = local_blob_path(config, layout)
+    partfile.sweep_dead(path.parent)   # what killed assemblies left (any tree's)
     held = _hold(path)
     if held is not None:
         try:
@@ -199,17 +201,6 @@ def _make_room(directory: Path, allowed: int) -> None:
             os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 META_FORMAT = b"bootseer.erofs-meta.v1"
 
 
@@ -244,8 +235,9 @@ def metadata_image(config: BootseerConfig, tree: str, toc: dict, layout: BlobLay
         log.warning("tree %s: %d xattrs outside EROFS's namespaces and %d dangling hard "
                     "links are not in the image", tree[:19], stats.skipped_xattrs,
                     skipped["hardlinks_to_missing"])
-    _write_atomic(sums, hashlib.sha256(image).hexdigest().encode())
-    _write_atomic(path, image)
+    partfile.sweep_dead(d)   # images a killed writer left half written
+    partfile.write_atomic(sums, hashlib.sha256(image).hexdigest().encode())
+    partfile.write_atomic(path, image)
     return path
 
 
@@ -299,7 +291,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
         handle = ErofsTreeHandle(mountpoint, None, backend="erofs-local",   # noted at once
                                  blob_hold=held)
         # no Python sees the reads: nothing to record, nothing to prefetch
-        _write_atomic(state / "figures.json", json.dumps({
+        partfile.write_atomic(state / "figures.json", json.dumps({
             "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
             "read_chunks": 0, "read_bytes": 0, "coverage": 1.0, "precision": None,
             "stall_s": 0.0, "demand_chunks": 0, "store_bytes": 0, "store_requests": 0,
