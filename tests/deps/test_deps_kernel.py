@@ -305,6 +305,32 @@ def test_a_fetch_killed_halfway_leaves_no_mount_and_its_part_is_swept(published,
     assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
 
 
+def _killed_part_writer(dest: Path) -> None:
+    """What a fetch of ``dest`` killed midway and never retried leaves: its part."""
+    code = ("import os, sys, time\nfrom bootseer.partfile import PartFile\n"
+            "part = PartFile(sys.argv[1])\nos.write(part.fd, b'x' * 65536)\n"
+            "print('writing', flush=True)\ntime.sleep(600)\n")
+    p = subprocess.Popen([PY, "-c", code, str(dest)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "writing\n"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+
+
+def test_the_next_fetch_removes_every_dead_writers_part(published, tmp_path):
+    """A part is removed by the next fetch on the node whichever blob it was for: the
+    part of an environment never fetched again stayed for ever."""
+    _, _, prefix, _ = published
+    restore(published, tmp_path, "n1")
+    unmount(prefix)
+    erofs = tmp_path / "n1" / "cache" / "erofs"
+    blob_of(tmp_path, "n1").unlink()   # fetched again; its metadata image is still good
+    _killed_part_writer(erofs / f"{'f' * 64}.blob")
+    assert [n for n in os.listdir(erofs) if ".part-" in n]
+    r = restore(published, tmp_path, "n1")
+    assert (r.how, r.form) == ("restored", "mount")
+    assert [n for n in os.listdir(erofs) if ".part-" in n] == []
+
+
 @pytest.mark.parametrize("flag", [None, "-q", "--no-progress"])
 def test_the_blob_fetch_shows_a_bar_on_a_terminal_only(published, tmp_path, flag):
     from types import SimpleNamespace

@@ -8,34 +8,23 @@ chunk's bytes are held only until written and nothing is written twice: the blob
 node's copy of the environment, its chunks are not also put in the node cache.
 
 The blob is written to ``<blob>.part-<pid>-<tag>`` beside its final name with a liveness
-mark (``bootseer.alive``), then renamed: a killed fetch leaves no blob that looks whole,
-and the next fetch removes the part a dead process left.
+mark (``bootseer.partfile``), then renamed: a killed fetch leaves no blob that looks whole,
+and the next fetch on the node removes every part a dead process left, whichever
+environment's blob it was.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import secrets
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from bootseer.alive import Mark, held
+from bootseer import partfile
 from bootseer.store.fetch import Priority
 from bootseer.tree.blob import BlobLayout, fill_blob
 
 DECODE_THREADS = 3
 DECODE_AHEAD = 64
-
-
-def sweep_parts(dest: str) -> None:
-    """Remove the partial blobs of ``dest`` whose fetching process died."""
-    for mark in glob.glob(f"{glob.escape(dest)}.part-*.alive"):
-        if held(mark) is False:
-            part = mark[:-len(".alive")]
-            if os.path.isfile(part) and not os.path.islink(part):
-                os.unlink(part)
-            os.unlink(mark)
 
 
 def fetch_blob(reader, layout: BlobLayout, dest: str,
@@ -45,9 +34,8 @@ def fetch_blob(reader, layout: BlobLayout, dest: str,
     fetched from the store (``chunks``, ``bytes`` as stored; none when every chunk was in
     the node cache). A chunk that fails verification raises (DigestMismatch) and leaves
     nothing at ``dest``."""
-    sweep_parts(dest)
-    part = f"{dest}.part-{os.getpid()}-{secrets.token_hex(4)}"
-    mark = Mark(part + ".alive")
+    partfile.sweep_dead(os.path.dirname(dest))
+    part = partfile.PartFile(dest)
     local, missing = [], []
     for i, ref in enumerate(layout.refs):
         (local if reader.has_chunk(ref) else missing).append((i, ref))
@@ -79,20 +67,13 @@ def fetch_blob(reader, layout: BlobLayout, dest: str,
             yield i, data
 
     try:
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            # no fsync (1 GB through it took seconds): a crash reboots the node, and a
-            # blob from an earlier boot is re-verified before it is mounted
-            fill_blob(layout, fd, pieces())
-        finally:
-            os.close(fd)
-        os.chmod(part, 0o444)
-        os.replace(part, dest)
+        # no fsync (1 GB through it took seconds): a crash reboots the node, and a
+        # blob from an earlier boot is re-verified before it is mounted
+        fill_blob(layout, part.fd, pieces())
+        part.commit(mode=0o444)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         for fut in futures:
             fut.cancel()
-        if os.path.exists(part):
-            os.unlink(part)
-        mark.release()
+        part.close()
     return {"chunks": len(missing), "bytes": fetched}
