@@ -1,0 +1,50 @@
+"""Parts of cache files: renamed into place when complete, removed on failure, and swept
+once their writer is gone, never while it runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bootseer.partfile import PartFile, sweep_dead, write_atomic
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_commit_renames_and_a_failure_leaves_nothing(tmp_path):
+    dest = tmp_path / "x.blob"
+    with PartFile(dest) as part:
+        os.write(part.fd, b"whole")
+        part.commit(mode=0o444)
+    assert dest.read_bytes() == b"whole" and os.stat(dest).st_mode & 0o777 == 0o444
+    with pytest.raises(RuntimeError), PartFile(tmp_path / "y.blob") as part:
+        os.write(part.fd, b"half")
+        raise RuntimeError("killed midway")
+    assert sorted(os.listdir(tmp_path)) == ["x.blob"]
+    write_atomic(tmp_path / "x.blob", b"new")
+    assert sorted(os.listdir(tmp_path)) == ["x.blob"] and dest.read_bytes() == b"new"
+
+
+def test_only_parts_whose_writer_is_gone_are_swept(tmp_path):
+    live = PartFile(tmp_path / "live.blob")   # this process writes it, its mark held
+    dead = tmp_path / f"dead.blob.part-{_dead_pid()}-0a0b0c0d"
+    # a writer that made its mark but has not locked it yet: its pid still runs
+    starting = tmp_path / f"starting.blob.part-{os.getpid()}-01020304"
+    for part in (dead, starting):
+        part.write_bytes(b"x" * 4096)
+        (tmp_path / f"{part.name}.alive").touch()
+    (tmp_path / "other.blob").write_bytes(b"not a part")
+    try:
+        assert sweep_dead(tmp_path) == [str(dead)]
+        assert sorted(os.listdir(tmp_path)) == sorted([
+            "other.blob", os.path.basename(live.path), os.path.basename(live.path) + ".alive",
+            starting.name, starting.name + ".alive"])
+    finally:
+        live.close()
