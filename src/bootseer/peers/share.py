@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 1 << 20     # the unit of the origin's work dealt to nodes (coalesced reads)
 ORIGIN_WINDOW = 4 << 20     # origin bytes in flight per node: small, so a new view applies fast
-JOIN_GRACE_S = 1.0          # how long the origin's work waits for announced nodes to connect
-                            # (a node learned by its knock calls back within a second)
+JOIN_GRACE_S = 1.0          # how long an announced node not connected yet keeps its share of
+                            # the origin's segments (one learned by its knock calls back
+                            # within a second)
 JOIN_WAIT_S = 0.3           # at join, how long to look for the job's other nodes announcing
 RECALL_S = 2.0              # a node not connected to an announced peer calls it again this often
 REDIAL_S = 0.25             # ... and this often while it is connected to nobody
@@ -315,24 +316,37 @@ class SetTransfer:
         return placed
 
     # -- who fetches what from the origin -----------------------------------------------------
-    def _view(self, peers) -> list[str]:
-        """This node and the ``peers`` connected now (handshake done, by address), sorted."""
+    def _view(self, peers, t_start: float, now: float) -> tuple[list[str], bool]:
+        """This node and those it deals the origin's segments among, sorted: the ``peers``
+        connected now (handshake done, by address); and while the job's nodes join (the
+        join grace; or, for a node connected to nobody whose calls are answered and hung
+        up, up to ``stall_s``: those nodes let it in once they have read the roster), every
+        announced node not found unreachable since ``t_start``. Nodes started together
+        thus deal the set alike from the start, before all their calls are through; one
+        that is not connected when the grace ends drops out, and its segments go to the
+        others (rendezvous hashing, ``_mine``); a node alone or firewalled takes them all.
+        Also whether the node is still calling: connected to nobody while nodes may still
+        answer, it asks the origin for nothing yet (one of them may have the whole set)."""
+        swarm = self.share.swarm
         half = lt.peer_info.connecting | lt.peer_info.handshake
         ips = {p.ip[0] for p in peers if not p.flags & half}
-        return sorted((ips - self.share.swarm.banned) | {self.share.swarm.ip})
+        announced = [ip for ip, _ in swarm.endpoints()]
+        admitting = not ips and any(now - swarm.hung_up.get(ip, -JOIN_GRACE_S) < 1.0
+                                    for ip in announced)
+        joining = now - t_start <= JOIN_GRACE_S or (admitting
+                                                    and now - t_start <= self.share.stall_s)
+        pending = {ip for ip in announced if swarm.unreachable.get(ip, 0) < t_start} - ips
+        calling = joining and not ips and bool(pending)
+        if joining:
+            ips |= pending
+        return sorted((ips - swarm.banned) | {swarm.ip}), calling
 
-    def _mine(self, view: list[str], dealt: bool) -> list[int]:
-        """Indexes of the segments this node fetches from the origin, in order. Once every
-        node of the job is connected (or the join grace is over), each segment is the
-        node's of the view whose hash with the segment is highest (rendezvous hashing: two
+    def _mine(self, view: list[str]) -> list[int]:
+        """Indexes of the segments this node fetches from the origin, in order: those
+        whose hash with this node's is the highest of the ``view`` (rendezvous hashing: two
         nodes whose views differ by one node disagree only on that node's segments; a node
-        gone drops out of the view and its segments go to the others). Before that (alone,
-        or firewalled), all of them from a point of its own."""
-        n = len(self.segments)
+        gone drops out of the view and its segments go to the others)."""
         me = _hash(self.share.swarm.ip)
-        if not dealt:
-            start = me % max(n, 1)
-            return [(start + i) % n for i in range(n)]
         others = [_hash(ip) for ip in view if ip != self.share.swarm.ip]
         return [i for i, seg in enumerate(self._segment_hashes)
                 if all(_mix(me, seg) > _mix(o, seg) for o in others)]
@@ -352,7 +366,7 @@ class SetTransfer:
         inflight: dict[str, Future] = {}
         t_start = last_progress = last_call = time.monotonic()
         next_tick = t_start
-        last_done, view, mine, was_dealt, origin_on = -1, None, [], None, False
+        last_done, view, mine = -1, None, []
         while len(self.delivered) < len(self.refs) and not self._stop.is_set():
             try:
                 ev = events.get(timeout=max(0.0, next_tick - time.monotonic()))
@@ -378,7 +392,7 @@ class SetTransfer:
             if progressed:
                 last_progress = now
             if now < next_tick:
-                if origin_done and origin_on:   # refill the window from what is known
+                if origin_done and view is not None:   # refill the window from what is known
                     self._submit_origin(mine, inflight, events, fresh=False)
                 continue
             next_tick = now + TICK_S
@@ -387,23 +401,10 @@ class SetTransfer:
             for p in list(self._unread):   # a read that failed: again
                 self._read(p)
             # the origin: this node's segments, each chunk no peer has or is sending
-            v = self._view(peers)
-            # connected to nobody while nodes answer and hang up: they will let this one in
-            # once they have read the roster (its knock); wait for that, up to stall_s
-            admitting = len(v) == 1 and any(now - swarm.hung_up.get(ip, -JOIN_GRACE_S) < 1.0
-                                            for ip, _ in swarm.endpoints())
-            dealt = (len(v) >= max(share.nodes, 2) or now - t_start > share.stall_s
-                     or (now - t_start > JOIN_GRACE_S and not admitting))
-            if v != view or dealt != was_dealt:
-                view, was_dealt, mine = v, dealt, self._mine(v, dealt)
-            # not dealt: calling the others, or connected to some: the rest of the job has
-            # the join grace to connect (a call refused by a node that does not know this
-            # one yet is made again within REDIAL_S, once that node has read the roster);
-            # but nobody else announced (after the join wait), or every call was refused
-            # (firewalled): on alone, from its own starting point
-            origin_on = dealt or (len(v) == 1 and not [ip for ip, _ in swarm.endpoints()
-                                                       if swarm.unreachable.get(ip, 0) < t_start])
-            if origin_on:
+            v, calling = self._view(peers, t_start, now)
+            if v != view:
+                view, mine = v, self._mine(v)
+            if not calling:
                 self._submit_origin(mine, inflight, events, fresh=True, peers=peers)
             done = h.status(0).total_payload_download
             if done != last_done:   # partial pieces count as progress
