@@ -1,58 +1,52 @@
 """Files bootseer owns in its cache (EROFS blobs, metadata images), written beside their
-final name and renamed into place when complete: ``<name>.part-<pid>-<tag>``, with a
-liveness mark (``<part>.alive``, :mod:`bootseer.alive`) held while its writer lives.
+final name and renamed into place when complete: ``<name>.part-<pid>-<tag>``, locked
+(an exclusive ``flock``) by its writer for as long as it writes.
 
 A writer killed midway (SIGKILL, OOM) leaves its part: the next writer in the directory
 removes it (:func:`sweep_dead`), so a crash does not leak the blob's bytes on the node.
-A part is removed only when its mark is held by nobody and no process with the writer's
-pid runs here: a live writer's part is never touched (the pid check covers the instant
-between the mark's creation and its lock).
+A part is removed only when nobody holds its lock and no process with the writer's pid
+runs here: a live writer's part is never touched (the pid covers the instant between
+the part's creation and its lock). The kernel drops the lock when the writer dies; a
+probe of it sees writers in any PID namespace, and one from the writer's own process
+conflicts too (``flock`` locks belong to the open file, unlike the POSIX locks that
+:mod:`bootseer.alive` reads from ``/proc/locks``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import logging
 import os
 import secrets
-from pathlib import Path
-
-from bootseer.alive import Mark, held
+import stat
 
 log = logging.getLogger(__name__)
-MARK_SUFFIX = ".alive"
 
 
 class PartFile:
     """A part of ``dest`` open for writing at ``fd``: :meth:`commit` renames it to
     ``dest``; :meth:`close` (also on leaving a ``with`` block) removes what was not
-    committed and drops the mark."""
+    committed."""
 
     def __init__(self, dest: str | os.PathLike, mode: int = 0o600):
         self.dest = str(dest)
         self.path = f"{self.dest}.part-{os.getpid()}-{secrets.token_hex(4)}"
-        self._mark: Mark | None = Mark(self.path + MARK_SUFFIX)   # before the part exists
-        try:
-            self.fd: int | None = os.open(
-                self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        except BaseException:
-            self._mark.release()
-            raise
+        self.fd: int | None = os.open(
+            self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)   # held until closed: the writer is alive
 
     def commit(self, mode: int | None = None) -> None:
-        """Close the part and rename it to ``dest`` (``mode``: set first, e.g. 0o444)."""
-        self._close_fd()
+        """Rename the part to ``dest`` (``mode``: set first, e.g. 0o444) and close it."""
         if mode is not None:
-            os.chmod(self.path, mode)
+            os.fchmod(self.fd, mode)
         os.replace(self.path, self.dest)
+        self._close_fd()
 
     def close(self) -> None:
-        self._close_fd()
-        if os.path.lexists(self.path):
+        if os.path.lexists(self.path):   # removed while still locked: no sweep races us
             os.unlink(self.path)
-        if self._mark is not None:   # last: a kill before this leaves only a dead mark
-            self._mark.release()
-            self._mark = None
+        self._close_fd()
 
     def _close_fd(self) -> None:
         if self.fd is not None:
@@ -75,9 +69,9 @@ def write_atomic(dest: str | os.PathLike, data: bytes) -> None:
         part.commit()
 
 
-def _writer_pid(mark: str) -> int | None:
+def _writer_pid(part: str) -> int | None:
     try:
-        return int(mark.rsplit(".part-", 1)[1].split("-", 1)[0])
+        return int(part.rsplit(".part-", 1)[1].split("-", 1)[0])
     except (IndexError, ValueError):
         return None
 
@@ -98,13 +92,27 @@ def sweep_dead(directory: str | os.PathLike) -> list[str]:
     """Remove the parts in ``directory`` whose writer is gone (see the module docstring);
     return the parts removed."""
     removed = []
-    for mark in glob.glob(os.path.join(glob.escape(str(directory)), f"*.part-*{MARK_SUFFIX}")):
-        if held(mark) is not False or _runs_here(_writer_pid(mark)):
+    for part in glob.glob(os.path.join(glob.escape(str(directory)), "*.part-*")):
+        if _runs_here(_writer_pid(part)):
             continue
-        part = Path(mark[:-len(MARK_SUFFIX)])
-        if part.is_file() and not part.is_symlink():
-            part.unlink(missing_ok=True)
-            removed.append(str(part))
-            log.info("removed %s, left by a writer that died", part)
-        Path(mark).unlink(missing_ok=True)
+        try:
+            fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue   # gone meanwhile, or a link: not a part we wrote
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue   # its writer holds it
+        else:   # still the file we locked (not renamed or replaced since): remove it
+            st = os.fstat(fd)
+            try:
+                same = stat.S_ISREG(st.st_mode) and os.path.samestat(st, os.lstat(part))
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.unlink(part)
+                removed.append(part)
+                log.info("removed %s, left by a writer that died", part)
+        finally:
+            os.close(fd)
     return removed

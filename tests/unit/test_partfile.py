@@ -3,9 +3,9 @@ once their writer is gone, never while it runs."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +13,7 @@ from bootseer.partfile import PartFile, sweep_dead, write_atomic
 
 
 def _dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
 
@@ -33,18 +33,22 @@ def test_commit_renames_and_a_failure_leaves_nothing(tmp_path):
 
 
 def test_only_parts_whose_writer_is_gone_are_swept(tmp_path):
-    live = PartFile(tmp_path / "live.blob")   # this process writes it, its mark held
+    live = PartFile(tmp_path / "live.blob")   # this process writes it: locked
     dead = tmp_path / f"dead.blob.part-{_dead_pid()}-0a0b0c0d"
-    # a writer that made its mark but has not locked it yet: its pid still runs
+    # a writer that made its part and has not locked it yet: its pid still runs
     starting = tmp_path / f"starting.blob.part-{os.getpid()}-01020304"
-    for part in (dead, starting):
+    # a writer whose pid this PID namespace does not show: its lock alone keeps the part
+    elsewhere = tmp_path / f"elsewhere.blob.part-{_dead_pid()}-05060708"
+    for part in (dead, starting, elsewhere):
         part.write_bytes(b"x" * 4096)
-        (tmp_path / f"{part.name}.alive").touch()
     (tmp_path / "other.blob").write_bytes(b"not a part")
+    held = os.open(elsewhere, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)
     try:
         assert sweep_dead(tmp_path) == [str(dead)]
         assert sorted(os.listdir(tmp_path)) == sorted([
-            "other.blob", os.path.basename(live.path), os.path.basename(live.path) + ".alive",
-            starting.name, starting.name + ".alive"])
+            "other.blob", os.path.basename(live.path), starting.name, elsewhere.name])
     finally:
+        os.close(held)
         live.close()
+    assert sweep_dead(tmp_path) == [str(elsewhere)]

@@ -7,8 +7,8 @@ blob order and written at their slots as they arrive (``tree.blob.fill_blob``), 
 chunk's bytes are held only until written and nothing is written twice: the blob is the
 node's copy of the environment, its chunks are not also put in the node cache.
 
-The blob is written to ``<blob>.part-<pid>-<tag>`` beside its final name with a liveness
-mark (``bootseer.partfile``), then renamed: a killed fetch leaves no blob that looks whole,
+The blob is written to ``<blob>.part-<pid>-<tag>`` beside its final name, locked by its
+writer (``bootseer.partfile``), then renamed: a killed fetch leaves no blob that looks whole,
 and the next fetch on the node removes every part a dead process left, whichever
 environment's blob it was.
 """

@@ -218,7 +218,7 @@ def assemble(layout: BlobLayout, cache, dest: str) -> None:
                 raise FileNotFoundError(f"chunk {ref[0]} is not (or no longer) in the "
                                         "node cache")
             yield i, data
-    # a part marked alive: one a killed assembly leaves is removed by the next mount
+    # a part locked while written: one a killed assembly leaves is removed by the next mount
     with PartFile(dest) as part:
         fill_blob(layout, part.fd, from_cache())
         part.commit()

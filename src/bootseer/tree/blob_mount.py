@@ -4,7 +4,7 @@ the data blob as its device.
 * The blob is complete on the node (``<cache>/erofs/trees/<layout key>.blob``, re-verified
   chunk by chunk before each mount): EROFS mounts it directly, no Python serves reads.
   Every chunk of a tree already in the node cache is first assembled into that file
-  (through a part marked alive, :mod:`bootseer.partfile`: the part a killed assembly
+  (through a part its writer locks, :mod:`bootseer.partfile`: the part a killed assembly
   leaves is removed by the next mount on the node).
 * Otherwise a single-file FUSE server (the tree session: demand reads through the
   fetcher and node cache, verified, recorded, hot chunks prefetched) serves the blob,
