@@ -527,3 +527,29 @@ def test_a_stranger_knocking_makes_the_roster_be_read_once_in_a_while():
         assert s.knocked.is_set()
     finally:
         s.close()
+
+
+def test_a_knock_from_a_node_admitted_meanwhile_costs_no_roster_read(tmp_path):
+    """Nodes started together call each other before all have read the roster: the call
+    is refused (a knock), then the node's own read at join admits the caller. That knock
+    needs no second read (at N = 8 each such read was a second of a busy store's time)."""
+    from bootseer.peers import roster
+    store = open_store(str(tmp_path / "store"))
+    share = PeerShare(store, Swarm("127.0.0.62", port_min=21980, port_max=21989), JOB, "a",
+                      str(tmp_path / "peers"), refresh_s=0.05)
+    try:
+        roster.announce(store, JOB, "b", "127.0.0.63:21990")
+        share.swarm._knock("127.0.0.63")      # b called before a read the roster again
+        share.read_roster()                   # a's read at join admits b
+        reads = share.roster_reads
+        time.sleep(0.5)
+        assert share.roster_reads == reads
+        share.swarm._knock("127.0.0.64")      # a node that announced after: read
+        roster.announce(store, JOB, "c", "127.0.0.64:21991")
+        deadline = time.monotonic() + 5
+        while share.roster_reads == reads and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert share.roster_reads == reads + 1
+        assert "127.0.0.64" in share.swarm.members
+    finally:
+        share.close()

@@ -8,10 +8,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from bootseer.store.digest import sha256_digest
 
 log = logging.getLogger(__name__)
+READERS = 16   # announcements read at once
 
 
 def _prefix(job: str) -> str:
@@ -41,16 +43,20 @@ def _valid(addr: object) -> str | None:
 
 
 def members(store, job: str) -> dict[str, str]:
-    """``{node: ip:port}`` of every node that announced itself in ``job``."""
-    out = {}
-    for name in store.list_refs(_prefix(job)):
-        try:
-            digest = store.get_ref(name)
-            entry = json.loads(store.read(digest)) if digest else None
-        except Exception as e:  # noqa: BLE001 - a bad announcement is skipped, not fatal
-            log.info("peers: skipping announcement %s: %s", name, e)
-            continue
-        addr = _valid(entry.get("addr")) if isinstance(entry, dict) else None
-        if addr:
-            out[name[len(_prefix(job)):]] = addr
-    return out
+    """``{node: ip:port}`` of every node that announced itself in ``job``. The
+    announcements are read in parallel: a job's nodes start together and read the roster
+    at once, and one after the other each read was a round trip to a busy store."""
+    names = list(store.list_refs(_prefix(job)))
+    with ThreadPoolExecutor(max_workers=min(READERS, max(1, len(names)))) as pool:
+        addrs = list(pool.map(lambda name: _read_announcement(store, name), names))
+    return {name[len(_prefix(job)):]: addr for name, addr in zip(names, addrs) if addr}
+
+
+def _read_announcement(store, name: str) -> str | None:
+    try:
+        digest = store.get_ref(name)
+        entry = json.loads(store.read(digest)) if digest else None
+    except Exception as e:  # noqa: BLE001 - a bad announcement is skipped, not fatal
+        log.info("peers: skipping announcement %s: %s", name, e)
+        return None
+    return _valid(entry.get("addr")) if isinstance(entry, dict) else None

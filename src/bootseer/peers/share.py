@@ -113,12 +113,16 @@ class PeerShare:
 
     def _learn(self) -> None:
         """A knock (a call from an address not admitted) means a node joined after this one
-        read the roster: read it again, at most every ``refresh_s``."""
+        read the roster: read it again, at most every ``refresh_s``; not when every knocker
+        was admitted meanwhile (nodes started together call each other before they have
+        all read the roster, which each then reads anyway)."""
         while not self._stop.is_set():
             if not self.swarm.knocked.wait(1.0):
                 continue
             time.sleep(self.refresh_s)   # knocks come in bursts: one read for all of them
             self.swarm.knocked.clear()
+            if not self.swarm.take_knocks():
+                continue
             try:
                 self.read_roster()
             except Exception as e:  # noqa: BLE001 - sharing never fails the node

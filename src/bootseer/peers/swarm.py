@@ -68,6 +68,7 @@ class Swarm:
         self.hash_failures = 0
         self.knocked = threading.Event()   # an unknown address called: read the roster
         self.knockers: dict[str, float] = {}   # ip -> when its knock was last heeded
+        self._knocks: set[str] = set()   # addresses that knocked since take_knocks()
         self.unreachable: dict[str, float] = {}   # ip -> when a call to it last failed
         self.hung_up: dict[str, float] = {}       # ip -> when a connection with it last ended
         self._events: dict[str, queue.SimpleQueue] = {}   # torrent name -> piece events
@@ -143,7 +144,15 @@ class Swarm:
                     or now - self.knockers.get(ip, -KNOCK_REPEAT_S) < KNOCK_REPEAT_S):
                 return
             self.knockers[ip] = now
+            self._knocks.add(ip)
         self.knocked.set()
+
+    def take_knocks(self) -> set[str]:
+        """The addresses that knocked since the last call, less those admitted meanwhile
+        (a node whose call was refused just before this one read the roster)."""
+        with self._lock:
+            knocks, self._knocks = self._knocks - self.members, set()
+        return knocks
 
     def ban(self, ip: str, why: str) -> None:
         """Block ``ip`` for this node's lifetime (the IP filter drops its connections)."""
