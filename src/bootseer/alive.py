@@ -1,11 +1,15 @@
-"""Liveness marks: a process holds a POSIX record lock on a small file for as long as it
+"""Liveness marks: a process holds an exclusive ``flock`` on a small file for as long as it
 lives; the kernel drops the lock when the process dies (SIGKILL and OOM included), so a
 mark nobody holds was left by a dead process.
 
-Whether a mark is held is read from ``/proc/locks``, never by trying to take the lock:
-POSIX locks never conflict within one process, so a probe from the holder's own process
-would succeed, and closing the probe would drop the holder's lock. Holders in other PID
-namespaces are seen too (the lock is on the file).
+Whether a mark is held is probed by asking for a shared lock on a descriptor of our own:
+``flock`` locks belong to the open file description, so the probe conflicts with the
+holder even inside the holder's own process, and closing the probe leaves the holder's
+lock alone. It sees holders in every PID namespace; ``/proc/locks``, read before, lists only
+the locks of processes visible in the reader's namespace (a containerised command sharing
+the node's directories took every host command's mark for dead). A mark is locked before
+it gets its name (made under a dot name, locked, renamed), so no probe ever finds a live
+holder's mark unlocked.
 
 State directories build on marks: every command that mounts or keeps state makes a
 :class:`StateDir` (``/tmp/<prefix>XXXX`` holding its mark) and notes in it what it leaves
@@ -33,21 +37,31 @@ log = logging.getLogger(__name__)
 
 
 class Mark:
-    """A held mark at ``path`` (created); ``release`` drops and removes it."""
+    """A held mark at ``path`` (created, or taken over from a dead holder); ``release``
+    drops and removes it."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.new-")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.fchmod(fd, 0o644)
+            os.rename(tmp, self.path)   # named only once locked
+        except BaseException:
+            os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._fd: int | None = fd
 
     @classmethod
     def new_in(cls, directory: str | os.PathLike) -> "Mark":
         """A mark with a fresh name in ``directory`` (one per holder, even within a
         process)."""
         os.makedirs(directory, exist_ok=True)
-        fd, path = tempfile.mkstemp(dir=directory, prefix=f"{os.getpid()}-")
-        os.close(fd)
-        return cls(path)
+        while True:
+            path = Path(directory, f"{os.getpid()}-{os.urandom(6).hex()}")
+            if not path.exists():
+                return cls(path)
 
     def release(self, *, remove: bool = True) -> None:
         """Drop the lock; ``remove=False`` leaves the file, a dead mark (swept later)."""
@@ -58,33 +72,24 @@ class Mark:
             self._fd = None
 
 
-def _held_locks() -> set[tuple[int, int, int]] | None:
-    """(major, minor, inode) of every file a process holds a lock on; None: cannot tell."""
-    out = set()
-    try:
-        with open("/proc/locks") as f:
-            for line in f:
-                fields = line.split()
-                if "->" in fields or len(fields) < 6:   # a waiter, not a holder
-                    continue
-                major, minor, ino = fields[5].split(":")
-                out.add((int(major, 16), int(minor, 16), int(ino)))
-    except (OSError, ValueError):
-        return None
-    return out
-
-
-def held(path: str | os.PathLike, locks: set | None = None) -> bool | None:
+def held(path: str | os.PathLike, locks=None) -> bool | None:
     """Whether a live process holds the mark at ``path`` (None: there is no such file).
-    ``locks``: a :func:`_held_locks` read to reuse (one read for many marks)."""
+    ``locks`` is ignored (kept for callers of the earlier ``/proc/locks`` reader)."""
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    locks = _held_locks() if locks is None else locks
-    if locks is None:
-        return True   # cannot tell: treat as alive, never remove what may be in use
-    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in locks
+    except OSError:
+        return True   # cannot tell (a link, no permission): alive, never remove what may be in use
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)   # our probe's lock, if we got it, goes with it
+    return False
 
 
 # -- state directories -----------------------------------------------------------------------
@@ -194,10 +199,9 @@ def sweep_dead(root: str = STATE_ROOT) -> list[str]:
     candidates = [p for p in candidates if _private(p) and stat.S_ISDIR(os.lstat(p).st_mode)]
     if not candidates:
         return []
-    locks = _held_locks()
     live_mounts, dead = set(), []
     for path in candidates:
-        state = held(path / MARK, locks)
+        state = held(path / MARK)
         if state is None:
             continue
         if state:

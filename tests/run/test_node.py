@@ -223,10 +223,10 @@ def test_state_left_by_a_killed_node_run_is_swept_by_the_next(tmp_path):
 
 
 def _holder(path) -> int | None:
-    """The pid holding a POSIX lock on ``path`` (from /proc/locks), if any."""
+    """The pid holding a flock (bootseer.alive marks) on ``path`` (from /proc/locks), if any."""
     ino = os.stat(path).st_ino
     for line in open("/proc/locks"):
         f = line.split()
-        if f[1] == "POSIX" and f[5].split(":")[-1] == str(ino):
+        if f[1] == "FLOCK" and f[5].split(":")[-1] == str(ino):
             return int(f[4])
     return None

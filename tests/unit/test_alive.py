@@ -35,3 +35,27 @@ def test_a_killed_holders_mark_is_dead(tmp_path):
     while alive.held(path) and time.time() < deadline:
         time.sleep(0.05)
     assert alive.held(path) is False   # the file is still there; nobody holds it
+
+
+def test_a_holder_in_another_pid_namespace_is_seen(tmp_path, need_root):
+    """/proc/locks lists only the locks of processes visible in the reader's PID namespace:
+    a check made from a container (its own /proc) must still see a host holder alive."""
+    m = alive.Mark.new_in(tmp_path / "marks")
+    code = ("import sys; from bootseer import alive; "
+            f"print(alive.held({str(m.path)!r}), len(open('/proc/locks').read().split()))")
+    out = subprocess.run(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", code],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "0"], out   # the namespace shows no lock, the probe still sees it
+    m.release()
+
+
+def test_a_mark_is_named_only_once_locked(tmp_path):
+    """No instant where a probe finds a live holder's mark unlocked: made under a dot name,
+    locked, renamed; taking over a dead holder's mark replaces it."""
+    path = tmp_path / "mark"
+    path.write_text("left by a dead holder")
+    m = alive.Mark(path)
+    assert alive.held(path) is True
+    assert [p.name for p in tmp_path.iterdir()] == ["mark"]
+    m.release()
+    assert not path.exists()

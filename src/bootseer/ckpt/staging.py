@@ -39,6 +39,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -252,6 +253,13 @@ def _live_since(directory: Path) -> float | None:
     except FileNotFoundError:
         return None
     for e in entries:
+        if e.name.startswith("."):   # a mark being made (bootseer.alive: named once locked)
+            try:
+                if alive.held(e) is False and time.time() - e.stat().st_mtime > 60:
+                    e.unlink(missing_ok=True)   # its maker died before naming it
+            except FileNotFoundError:
+                pass
+            continue
         if alive.held(e) is False:
             e.unlink(missing_ok=True)   # a dead engine's
             continue
