@@ -170,6 +170,8 @@ class SetTransfer:
         self._stop = threading.Event()
         self._have: set[int] = set()   # pieces libtorrent has (passed their hash here)
         self._avail, self._busy = None, set()   # who has what, as the last tick saw it
+        self._t_called = 0.0   # when the announced nodes were called (after attaching)
+        self._window = ORIGIN_WINDOW   # origin bytes in flight at most, now
         # Segments: runs of the torrent's files (set order, i.e. pack order, so a node's
         # origin reads coalesce; a bundle never split), dealt out to nodes for the origin.
         self.segments: list[list[str]] = []
@@ -284,6 +286,7 @@ class SetTransfer:
             if self.file_of[name][0].bundle or all(pieces[first + k] for k in range(n)):
                 self.delivered.add(name)
                 self.stats["already_local"] += 1
+        self._t_called = time.monotonic()
         self._call_again(self.handle.get_peer_info())
 
     def _link_cached(self) -> list[str]:
@@ -325,7 +328,7 @@ class SetTransfer:
         connected now (handshake done, by address); and while the job's nodes join (the
         join grace; or, for a node connected to nobody whose calls are answered and hung
         up, up to ``stall_s``: those nodes let it in once they have read the roster), every
-        announced node not found unreachable since ``t_start``. Nodes started together
+        announced node not found unreachable since it was called. Nodes started together
         thus deal the set alike from the start, before all their calls are through; one
         that is not connected when the grace ends drops out, and its segments go to the
         others (rendezvous hashing, ``_mine``); a node alone or firewalled takes them all.
@@ -339,7 +342,8 @@ class SetTransfer:
                                     for ip in announced)
         joining = now - t_start <= JOIN_GRACE_S or (admitting
                                                     and now - t_start <= self.share.stall_s)
-        pending = {ip for ip in announced if swarm.unreachable.get(ip, 0) < t_start} - ips
+        pending = {ip for ip in announced
+                   if swarm.unreachable.get(ip, 0) < self._t_called} - ips
         calling = joining and not ips and bool(pending)
         if joining:
             ips |= pending
@@ -349,9 +353,13 @@ class SetTransfer:
         """Indexes of the segments this node fetches from the origin, in order: those
         whose hash with this node's is the highest of the ``view`` (rendezvous hashing: two
         nodes whose views differ by one node disagree only on that node's segments; a node
-        gone drops out of the view and its segments go to the others)."""
+        gone drops out of the view and its segments go to the others). Alone: all of them,
+        from a point of its own (nodes that do not know each other yet start apart)."""
         me = _hash(self.share.swarm.ip)
         others = [_hash(ip) for ip in view if ip != self.share.swarm.ip]
+        if not others:
+            n = len(self.segments)
+            return [(me + i) % n for i in range(n)]
         return [i for i, seg in enumerate(self._segment_hashes)
                 if all(_mix(me, seg) > _mix(o, seg) for o in others)]
 
@@ -408,6 +416,11 @@ class SetTransfer:
             v, calling = self._view(peers, t_start, now)
             if v != view:
                 view, mine = v, self._mine(v)
+            # alone while the job has more nodes: one that announced after this node read
+            # the roster may call any moment (a knock); until the grace ends, one segment
+            # at a time, so that little is fetched twice once they are connected
+            self._window = (SEGMENT_BYTES if len(v) == 1 and share.nodes > 1
+                            and now - t_start <= JOIN_GRACE_S else ORIGIN_WINDOW)
             if not calling:
                 self._submit_origin(mine, inflight, events, fresh=True, peers=peers)
             done = h.status(0).total_payload_download
@@ -495,7 +508,7 @@ class SetTransfer:
         landed: its room is refilled at once, not a tick later)."""
         if self.reader is None:
             return
-        room = ORIGIN_WINDOW - sum(self.refs[n][3] for n in inflight)
+        room = self._window - sum(self.refs[n][3] for n in inflight)
         if room <= 0:
             return
         wanted = [name for i in mine for name in self.segments[i]
