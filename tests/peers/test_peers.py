@@ -553,3 +553,47 @@ def test_a_knock_from_a_node_admitted_meanwhile_costs_no_roster_read(tmp_path):
         assert "127.0.0.64" in share.swarm.members
     finally:
         share.close()
+
+
+def test_a_transfer_asks_libtorrent_for_its_state_a_few_times_a_second(tree, nodes, tmp_path,
+                                                                       monkeypatch):
+    """A set's transfer wakes on piece events (finished, read back) and asks libtorrent for
+    peers and availability every TICK_S; it does not walk every piece's state in a tight
+    loop (each such call waits for libtorrent's network thread: at N = 8 on 2 cores that
+    loop was the node's bottleneck)."""
+    from collections import Counter
+
+    import libtorrent as lt
+
+    from bootseer.peers import share as share_mod
+    calls: Counter = Counter()
+    real_add = Swarm.add
+
+    class Counting:
+        def __init__(self, handle):
+            self._h = handle
+
+        def __getattr__(self, name):
+            attr = getattr(self._h, name)
+
+            def call(*args, **kw):
+                calls[name] += 1
+                if name == "status" and args and args[0] & lt.torrent_handle.query_pieces:
+                    calls["status with pieces"] += 1
+                return attr(*args, **kw)
+            return call if callable(attr) else attr
+
+    monkeypatch.setattr(Swarm, "add", lambda self, *a, **kw: Counting(real_add(self, *a, **kw)))
+    publish(tree, tmp_path)
+    group = [nodes(n, nodes=3) for n in (1, 2, 3)]
+    t0 = time.monotonic()
+    for node in group:
+        node.run()
+    for node in group:
+        node.wait()
+    seconds = time.monotonic() - t0
+    assert all(node.has_all() for node in group)
+    assert calls["read_piece"] > 0, calls              # pieces did come from peers
+    ticks = len(group) * (seconds / share_mod.TICK_S + 2)
+    assert calls["get_peer_info"] <= ticks + 2 * len(group), (calls, seconds)
+    assert calls["status with pieces"] <= len(group), calls   # once each, at attach
