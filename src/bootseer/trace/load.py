@@ -211,7 +211,7 @@ def _read_small(fd: int, size: int) -> tuple[list, int] | None:
 
 
 _WHY = {_MALFORMED: "not a trace event (a field missing or of the wrong type)",
-        _OUT_OF_RANGE: "a number that is NaN, infinite or out of range"}
+        _OUT_OF_RANGE: "a number that is not finite or out of range"}
 
 
 def load(path: str | Path) -> Trace:
