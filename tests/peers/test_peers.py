@@ -597,3 +597,23 @@ def test_a_transfer_asks_libtorrent_for_its_state_a_few_times_a_second(tree, nod
     ticks = len(group) * (seconds / share_mod.TICK_S + 2)
     assert calls["get_peer_info"] <= ticks + 2 * len(group), (calls, seconds)
     assert calls["status with pieces"] <= len(group), calls   # once each, at attach
+
+
+def test_two_transfers_of_one_set_in_one_process_both_finish(tree, nodes, tmp_path):
+    """Two transfers of the same set in one process share the torrent's event queue: an
+    origin fetch's 'done' taken by the other transfer must not leave this one waiting."""
+    publish(tree, tmp_path)
+    node = nodes(1)
+    plan = node.prefetcher.plan
+    transfers = [node.share.open_set(plan, node.reader, {}) for _ in range(2)]
+    stop = threading.Event()
+    left: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i, t=t: left.__setitem__(i, t.fetch(stop)))
+               for i, t in enumerate(transfers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    stop.set()
+    assert left == {0: [], 1: []}, {i: len(v) for i, v in left.items()}
+    assert node.has_all()

@@ -412,6 +412,9 @@ class SetTransfer:
             swarm.check_peers(peers)
             for p in list(self._unread):   # a read that failed: again
                 self._read(p)
+            # an origin fetch done whose event another transfer of the set took
+            for name in [n for n, f in inflight.items() if f.done()]:
+                self._from_origin(name, inflight.pop(name))
             # the origin: this node's segments, each chunk no peer has or is sending
             v, calling = self._view(peers, t_start, now)
             if v != view:
