@@ -617,3 +617,24 @@ def test_two_transfers_of_one_set_in_one_process_both_finish(tree, nodes, tmp_pa
     stop.set()
     assert left == {0: [], 1: []}, {i: len(v) for i, v in left.items()}
     assert node.has_all()
+
+
+def test_a_maker_gone_frees_the_others_long_before_wait_s(tree, nodes):
+    """The node that claimed to make the set's torrent died: its peer port refuses, so a
+    node waiting for the torrent goes to the origin within seconds, not after wait_s."""
+    import json
+    import socket
+    store, _, _, set_bytes = tree
+    node = nodes(1, wait_s=30.0)
+    transfer = node.share.open_set(node.prefetcher.plan, node.reader)
+    with socket.socket() as s:   # a port nobody listens on any more
+        s.bind(("127.0.0.9", 0))
+        dead = f"127.0.0.9:{s.getsockname()[1]}"
+    blob = json.dumps({"node": "gone", "addr": dead}).encode()
+    store.write(sha256_digest(blob), blob)
+    assert store.set_ref(transfer._maker_ref(), sha256_digest(blob), exclusive=True)
+    t0 = time.monotonic()
+    stats = node.run().wait()
+    assert time.monotonic() - t0 < 15
+    assert stats["peers_role"] == "origin"
+    assert node.has_all() and stats["origin_bytes"] >= set_bytes

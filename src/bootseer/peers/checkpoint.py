@@ -31,12 +31,12 @@ import json
 import logging
 import math
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
 
 from bootseer.errors import DigestMismatch, InvalidDigest
+from bootseer.peers import roster
 from bootseer.store.digest import parse, sha256_digest, verify
 from bootseer.store.fetch import Priority
 
@@ -46,7 +46,6 @@ ROSTER_SUFFIX = "-ckpt"   # its own swarm: never mixed with an image's or an env
 KIND = "bootseer.peers.ckpt-manifest"
 ORIGIN_BATCH = 8          # stripes the peers left over are fetched this many at a time
 SEED_HEADROOM_BYTES = 1 << 30   # the seed copy must fit with this much disk left over
-MAKER_CHECK_S = 2.0       # a node waiting for the manifest checks the maker is alive this often
 
 
 def manifest_key(sources, stripe_bytes: int) -> str:
@@ -228,36 +227,17 @@ class CheckpointPeers:
 
     def _await_manifest(self, stop: threading.Event):
         """The maker's manifest, once published; None after ``wait_s``, or sooner when the
-        maker is gone (its peer port refuses twice in a row: a node killed mid-fetch must
-        not hold the others' prefetch for minutes)."""
+        maker is gone (``roster.ClaimWatch``)."""
         deadline = time.monotonic() + self.share.wait_s
-        next_check, refusals = time.monotonic() + MAKER_CHECK_S, 0
+        maker = roster.ClaimWatch(self.store, self._maker_ref())
         while time.monotonic() < deadline and not stop.wait(0.1):
             digests = read_manifest(self.store, self.key, self.files)
             if digests is not None:
                 return digests
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + MAKER_CHECK_S
-                refusals = 0 if self._maker_alive() else refusals + 1
-                if refusals >= 2:
-                    log.warning("peers: the maker of checkpoint %s is gone: origin",
-                                self.key[:12])
-                    return None
+            if maker.gone():
+                log.warning("peers: the maker of checkpoint %s is gone: origin", self.key[:12])
+                return None
         return None
-
-    def _maker_alive(self) -> bool:
-        """Whether the maker's peer port answers (unknown counts as alive)."""
-        try:
-            digest = self.store.get_ref(self._maker_ref())
-            addr = json.loads(self.store.read(digest))["addr"] if digest else None
-            ip, _, port = addr.rpartition(":")
-        except Exception:  # noqa: BLE001 - an unreadable claim: wait for wait_s as before
-            return True
-        try:
-            with socket.create_connection((ip, int(port)), timeout=1.0):
-                return True
-        except OSError:
-            return False
 
     def _origin_rest(self, stripes: Stripes, left: list[list], stop: threading.Event) -> None:
         """What the peers did not bring: from the origin, verified, staged and seeded."""

@@ -60,3 +60,46 @@ def _read_announcement(store, name: str) -> str | None:
         log.info("peers: skipping announcement %s: %s", name, e)
         return None
     return _valid(entry.get("addr")) if isinstance(entry, dict) else None
+
+
+CLAIM_CHECK_S = 2.0   # a node waiting on another's claim checks the claimant this often
+
+
+def claimant_answers(store, ref: str, timeout: float = 1.0) -> bool:
+    """Whether the node whose announcement the claim ``ref`` points at still answers on its
+    peer port (a claim holds the claimant's announcement). Unknown (no claim, an
+    unreadable one) counts as answering: only a refused or timed-out call says it is
+    gone."""
+    import socket
+    try:
+        digest = store.get_ref(ref)
+        entry = json.loads(store.read(digest)) if digest else None
+        addr = _valid(entry.get("addr")) if isinstance(entry, dict) else None
+    except Exception:  # noqa: BLE001 - cannot tell: keep waiting, as before
+        return True
+    if addr is None:
+        return True
+    ip, _, port = addr.rpartition(":")
+    try:
+        with socket.create_connection((ip, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class ClaimWatch:
+    """While waiting for what a claimant publishes: ``gone()`` is true once its peer port
+    refused twice in a row, checked every ``CLAIM_CHECK_S`` (a node killed mid-fetch must
+    not hold the others for the whole wait)."""
+
+    def __init__(self, store, ref: str):
+        import time
+        self.store, self.ref, self._clock = store, ref, time.monotonic
+        self._next, self._refusals = self._clock() + CLAIM_CHECK_S, 0
+
+    def gone(self) -> bool:
+        if self._clock() < self._next:
+            return False
+        self._next = self._clock() + CLAIM_CHECK_S
+        self._refusals = 0 if claimant_answers(self.store, self.ref) else self._refusals + 1
+        return self._refusals >= 2

@@ -198,8 +198,11 @@ class SetTransfer:
         return f"peers/{self.share.job}/maker/{self.share.attempt}/{self.key}"
 
     def _torrent(self, wait_s: float):
+        """The set's published torrent; waiting for it up to ``wait_s`` (sooner None when
+        the node that claimed to make it is gone)."""
         store = self.share.store
         deadline = time.monotonic() + wait_s
+        maker = roster.ClaimWatch(store, self._maker_ref())
         while True:
             digest = store.get_ref(torrent_ref(self.key))
             if digest is not None:
@@ -207,6 +210,9 @@ class SetTransfer:
                 verify(digest, data, source=getattr(store, "url", ""))
                 return load_torrent(data, self.items)
             if time.monotonic() >= deadline or self._stop.wait(0.1):
+                return None
+            if maker.gone():
+                log.warning("peers: the maker of set %s is gone: origin", self.key[:12])
                 return None
 
     def fetch(self, stop: threading.Event | None = None) -> list[list]:
@@ -637,7 +643,9 @@ class SetTransfer:
         self._attach(load_torrent(data, self.items))
         digest = sha256_digest(data)
         store.write(digest, data)
-        store.set_ref(torrent_ref(self.key), digest, exclusive=True)   # made alike anywhere
+        # made alike anywhere, so a plain put (an exclusive claim on a registry waits a
+        # settle time, which every node waiting for the torrent would wait too)
+        store.set_ref(torrent_ref(self.key), digest)
         return True
 
 
