@@ -22,7 +22,8 @@ with peers (libtorrent among the job's nodes). Per set, N and mode: origin egres
 the storage host sent, from its interface counters, and as a multiple of the set), and time
 to ready (the slowest node's fetch from the start line, and as a multiple of N = 1 in the
 same mode), and the nodes' CPU seconds (per second of the round: near the machine's cores,
-the round was bound by the CPU, not the link). Needs root (network namespaces, tc).
+the round was bound by the CPU, not the link). Needs root (network namespaces, tc, a
+scratch tmpfs it mounts and removes).
 
     .venv/bin/python bench/scale/run.py [--nodes 1,2,4,8] [--mib 64] [--sets image,env,ckpt,ckpt-new]
 """
@@ -239,6 +240,7 @@ def run_round(storage, hosts, store_url, spec_path, scratch: Path, which: str, n
                 p.kill()
                 p.wait()
     stats = [json.loads(o.read_text()) for o in outs]
+    shutil.rmtree(work, ignore_errors=True)   # the round's caches: only one round on the tmpfs
     if any(st.get("complete") is False or st.get("failed") for st in stats):
         raise SystemExit(f"error: a node of round N={n} did not stage the whole checkpoint")
     for i, st in enumerate(stats):
@@ -281,6 +283,9 @@ def main() -> None:
                     help="size of each set (8 nodes' fetch, verification and libtorrent "
                          "share the machine's cores: keep it moderate)")
     ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--tmpfs-gib", type=int, default=6,
+                    help="size of the scratch tmpfs (the registry, nginx and one round's "
+                         "node caches; default 6)")
     ap.add_argument("--modes", default="origin,p2p", help="origin, p2p or both")
     ap.add_argument("--sets", default="image,env,ckpt,ckpt-new",
                     help="comma-separated: image, env, ckpt, ckpt-new")
@@ -304,7 +309,11 @@ def main() -> None:
     remove_leftovers(PREFIX)
     counts = [int(x) for x in args.nodes.split(",")]
     sets = args.sets.split(",")
+    # scratch on a tmpfs of its own: the root disk slows down after GB-scale write/delete
+    # cycles, and creating a file there costs a millisecond or more under load
     scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-", dir="/var/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.tmpfs_gib}g,mode=0700",
+                    f"{PREFIX}-scratch", str(scratch)], check=True)
     rows = []
     load_before = _uptime()
     print(f"load average before: {load_before}", flush=True)
@@ -350,6 +359,7 @@ def main() -> None:
                 web.stop()
                 reg.stop()
     finally:
+        subprocess.run(["umount", str(scratch)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
     load_after = _uptime()
     results = Path(__file__).resolve().parents[1] / "results" / "scale.json"
