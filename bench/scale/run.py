@@ -362,7 +362,8 @@ def main() -> None:
         subprocess.run(["umount", str(scratch)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
     load_after = _uptime()
-    results = Path(__file__).resolve().parents[1] / "results" / "scale.json"
+    name = "scale.json" if args.rate == "1gbit" else f"scale-{args.rate}.json"
+    results = Path(__file__).resolve().parents[1] / "results" / name
     results.write_text(json.dumps({"set_bytes": set_bytes, "rate": args.rate, "rows": rows,
                                    "load_before": load_before, "load_after": load_after},
                                   indent=1) + "\n")
