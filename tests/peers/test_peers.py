@@ -144,6 +144,16 @@ def write_seed_copy(where, items, data_of) -> None:
             put_member(files, tfile, m, data_of[m.digest])
 
 
+def run_all(group: list) -> list[dict]:
+    """Start every node of ``group`` at once; their prefetch figures, each node's cache
+    holding the whole set (verified)."""
+    for node in group:
+        node.run()
+    stats = [node.wait() for node in group]
+    assert all(node.has_all() for node in group)
+    return stats
+
+
 def test_torrent_is_the_same_on_every_node_and_checked(tmp_path):
     data_of, refs = {}, []
     for i, size in enumerate((40000, 200, 3000, 70000, 9000)):
@@ -180,10 +190,7 @@ def test_small_items_travel_packed(tree, nodes, tmp_path):
     ti = load_torrent(store.read(store.get_ref(f"peers/torrents/{key}")), set_items(refs))
     assert ti.num_pieces() < len(refs) / 10, (ti.num_pieces(), len(refs))
     sent0 = store.sent
-    for node in group:
-        node.run()
-    stats = [node.wait() for node in group]
-    assert all(node.has_all() for node in group)
+    stats = run_all(group)
     assert store.sent - sent0 < 1.6 * set_bytes, (store.sent - sent0, stats)
     assert all(s["peer_bytes"] > 0 for s in stats), stats
 
@@ -191,10 +198,7 @@ def test_small_items_travel_packed(tree, nodes, tmp_path):
 def test_hot_set_to_three_nodes_costs_the_origin_once(tree, nodes):
     _, _, _, set_bytes = tree
     group = [nodes(n, nodes=3) for n in (1, 2, 3)]
-    for node in group:
-        node.run()
-    stats = [node.wait() for node in group]
-    assert all(node.has_all() for node in group)
+    stats = run_all(group)
     origin = sum(s["origin_bytes"] for s in stats)
     assert origin < 1.5 * set_bytes, stats
     assert sum(s["peer_bytes"] for s in stats) >= set_bytes, stats
@@ -209,10 +213,7 @@ def test_published_torrent_every_node_joins_at_once(tree, nodes, tmp_path):
     publish(tree, tmp_path)
     group = [nodes(n, nodes=3) for n in (1, 2, 3)]
     sent0 = store.sent
-    for node in group:
-        node.run()
-    stats = [node.wait() for node in group]
-    assert all(node.has_all() for node in group)
+    stats = run_all(group)
     assert store.sent - sent0 < 1.6 * set_bytes, (store.sent - sent0, stats)
     assert [n.share.stats["role"] for n in group] == ["peer"] * 3
     # in parallel: at least two nodes fetched a part from the origin, everyone got peers' parts
@@ -311,10 +312,7 @@ def test_restarted_job_finds_the_torrent_but_no_seed_and_still_shares(tree, node
     earlier.wait()
     earlier.close()
     group = [nodes(n, job="restarted", nodes=2) for n in (2, 3)]
-    for node in group:
-        node.run()
-    stats = [node.wait() for node in group]
-    assert all(node.has_all() for node in group)
+    stats = run_all(group)
     assert sum(s["origin_bytes"] for s in stats) < 1.5 * set_bytes, stats
     # the torrent is known: nobody makes it, both join at once
     assert sorted(n.share.stats["role"] for n in group) == ["peer", "peer"]
@@ -355,10 +353,7 @@ def test_a_restart_of_the_same_job_has_its_own_maker(tree, nodes):
     first.wait()
     first.close()
     group = [nodes(n, job="same", attempt=1, stall_s=30.0, nodes=2) for n in (2, 3)]
-    for node in group:
-        node.run()
-    stats = [node.wait() for node in group]
-    assert all(node.has_all() for node in group)
+    stats = run_all(group)
     assert sum(s["origin_bytes"] for s in stats) < 1.5 * set_bytes, stats
     # attempt 0 published the torrent: attempt 1's nodes join at once, nobody makes it
     assert sorted(n.share.stats["role"] for n in group) == ["peer", "peer"]
