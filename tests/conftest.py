@@ -23,7 +23,7 @@ def _no_mount_left(tmp_path_factory):
     left is unmounted (deepest first) so neither the next test nor pytest's clean-up of old
     temporary directories meets it. Mounts made by wider-scoped fixtures exist before the
     test starts and are not counted."""
-    from bootseer.mount import points
+    from bootseer.node import mounts as points
     root = os.path.realpath(tmp_path_factory.getbasetemp())
 
     def under_root() -> set[str]:

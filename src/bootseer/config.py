@@ -142,7 +142,7 @@ class TraceConfig:
     """GPUs on this node (used for GPU-seconds lost)."""
 
     def __post_init__(self) -> None:
-        # a store URL location is checked by opening it (bootseer run, trace/remote.py)
+        # a store URL location is checked by opening it (bootseer run, report/remote.py)
         from bootseer.trace.record import id_problem
         # ids name trace files: no '/', '..'
         for name, value in (("job_id", self.job_id),   # {rank}-style node templates allowed

@@ -148,7 +148,7 @@ def test_load_report_is_a_traced_phase(need_fuse, nginx_factory, copies, tmp_pat
     """With a trace configured, a load through the mount ends in a ``ckpt.load`` phase
     carrying the report: first byte, throughput, fetched vs consumed, stalls, hedges."""
     from bootseer.ckpt.mount import mount_checkpoint
-    from bootseer.trace import load as trace_load
+    from bootseer.report import load as trace_load
     a, b = copies
     fast, slow = nginx_factory(a), nginx_factory(b, limit_rate=SLOW_RATE)
     for k, v in {"LOCATION": str(tmp_path / "trace"), "JOB_ID": "j", "ATTEMPT": "0",

@@ -20,7 +20,7 @@ from bootseer.deps import ensure as E, kernel_restore
 from bootseer.deps.mounted import mounted_info, sidecar, state_dir, unmount
 from bootseer.deps.resolve import DepsError
 from bootseer.deps.snapshot import rmtree
-from bootseer.mount import points
+from bootseer.node import mounts as points
 from tests.deps.test_deps import cfg, serve_index
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("need_root")]
@@ -307,7 +307,7 @@ def test_a_fetch_killed_halfway_leaves_no_mount_and_its_part_is_swept(published,
 
 def _killed_part_writer(dest: Path) -> None:
     """What a fetch of ``dest`` killed midway and never retried leaves: its part."""
-    code = ("import os, sys, time\nfrom bootseer.partfile import PartFile\n"
+    code = ("import os, sys, time\nfrom bootseer.node.partfile import PartFile\n"
             "part = PartFile(sys.argv[1])\nos.write(part.fd, b'x' * 65536)\n"
             "print('writing', flush=True)\ntime.sleep(600)\n")
     p = subprocess.Popen([PY, "-c", code, str(dest)], stdout=subprocess.PIPE, text=True)

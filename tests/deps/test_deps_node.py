@@ -275,7 +275,7 @@ def test_restore_steps_are_traced_phases(index, tmp_path, monkeypatch):
     rmtree(prefix)
     E.ensure(spec, prefix, python=PY, index_urls=urls, config=cfg(tmp_path, "n2"), key=built.key,
              copy=True)
-    from bootseer.trace import load as trace_load
+    from bootseer.report import load as trace_load
 
     def spans() -> dict:
         out: dict = {}
@@ -305,7 +305,7 @@ def test_a_server_this_process_started_is_seen_gone_once_it_exits():
     """``deps umount`` / a key change wait for the lazy mount's server to exit; when this
     process started it (ensure --mount in-process), the exited server is a zombie until
     reaped, which kill(pid, 0) reports alive: the wait ran into its 20 s timeout."""
-    from bootseer.proc import pid_alive
+    from bootseer.node.proc import pid_alive
     p = subprocess.Popen(["true"])
     deadline = time.time() + 10
     while not os.path.exists(f"/proc/{p.pid}/stat") or \

@@ -317,7 +317,7 @@ def test_image_mount_cli_records_traces_and_unmounts_on_sigterm(need_fuse, tmp_p
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     assert not os.path.ismount(mnt)
-    from bootseer.trace import load as trace_load
+    from bootseer.report import load as trace_load
     marks = [e for e in trace_load.load(tmp_path / "trace").events
              if e.get("phase") == "image.window"]
     assert marks and marks[0]["attrs"]["tree"] == tree and marks[0]["attrs"]["read_chunks"] >= 1

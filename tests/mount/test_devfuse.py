@@ -367,7 +367,7 @@ def rootless_view(backing: str) -> RootlessView:
 def test_a_root_that_never_answers_leaves_no_mount(need_fuse, tmp_path, backing):
     import functools
 
-    from bootseer.mount import points
+    from bootseer.node import mounts as points
     mp = tmp_path / "mnt"
     mp.mkdir()
     with pytest.raises(MountError, match="did not mount"):

@@ -75,8 +75,8 @@ def test_wheel_declares_what_runs(wheel):
         meta = z.read(meta_name).decode()
     assert "bootseer/py.typed" in names
     # the HTML report embeds its charting library and script from the package
-    assert {"bootseer/trace/vendor/uPlot.iife.min.js", "bootseer/trace/vendor/uPlot.LICENSE",
-            "bootseer/trace/export_html.js"} <= set(names)
+    assert {"bootseer/report/vendor/uPlot.iife.min.js", "bootseer/trace/vendor/uPlot.LICENSE",
+            "bootseer/report/export_html.js"} <= set(names)
     requires = [line.split(":", 1)[1].strip() for line in meta.splitlines()
                 if line.startswith("Requires-Dist:")]
     assert any(r.startswith("uv") for r in requires)

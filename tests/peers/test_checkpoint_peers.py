@@ -1,4 +1,4 @@
-"""Checkpoint files through the job's peers (bootseer.peers.checkpoint): real libtorrent
+"""Checkpoint files through the job's peers (bootseer.ckpt.peers): real libtorrent
 sessions on loopback (each node its own 127.0.0.x address, staging area and engine), the
 checkpoint on a real nginx, the store a local directory (manifests, torrents, roster).
 Every node goes through ``start_plan`` with its config, as the checkpoint mount does."""
@@ -17,7 +17,7 @@ from bootseer.ckpt.listing import RemoteDir
 from bootseer.ckpt.prefetch import start_plan
 from bootseer.ckpt.staging import node_staging_dir
 from bootseer.config import BootseerConfig
-from bootseer.peers import checkpoint as ckpt_peers
+from bootseer.ckpt import peers as ckpt_peers
 from bootseer.store import open_store
 from bootseer.store.digest import sha256_digest
 

@@ -92,7 +92,7 @@ def test_two_run_nodes_share_the_hot_set_with_peers_auto(need_fuse, tmp_path):
         (ctl / "stop").touch()
     done(a)
 
-    from bootseer.trace import load as trace_load
+    from bootseer.report import load as trace_load
     windows = {e["node"]: e["attrs"] for e in trace_load.load(trace).events
                if e.get("phase") == "image.window"}
     # the recording start published the torrent with the profile: both nodes join it

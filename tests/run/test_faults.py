@@ -89,7 +89,7 @@ def test_killed_node_is_named_by_the_report(tmp_path):
                                                capture_output=True, text=True).stdout.split()]
     slow.kill()                                   # killed during startup: never ready
     slow.wait()
-    deadline = time.time() + 15                   # its command dies with it (bootseer.proc)
+    deadline = time.time() + 15                   # its command dies with it (bootseer.node.proc)
     while any(os.path.exists(f"/proc/{c}") for c in children) and time.time() < deadline:
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{c}") for c in children)

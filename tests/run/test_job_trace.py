@@ -16,7 +16,8 @@ import pytest
 from bootseer.config import TraceConfig
 from bootseer.run import container as C
 from bootseer.run import tracing
-from bootseer.trace import analysis, load
+from bootseer.report import analysis
+from bootseer.report import load
 from tests.conftest import BUSYBOX, is_root, make_busybox_rootfs, need
 
 TRAIN = Path(__file__).parents[1] / "trace" / "torch_train.py"

@@ -223,7 +223,7 @@ def test_state_left_by_a_killed_node_run_is_swept_by_the_next(tmp_path):
 
 
 def _holder(path) -> int | None:
-    """The pid holding a flock (bootseer.alive marks) on ``path`` (from /proc/locks), if any."""
+    """The pid holding a flock (bootseer.node.alive marks) on ``path`` (from /proc/locks), if any."""
     ino = os.stat(path).st_ino
     for line in open("/proc/locks"):
         f = line.split()

@@ -1,5 +1,5 @@
 """Issue 18 item 1: a path the user names as output is written in place, never renamed over
-(bootseer/outputs.py): devices and FIFOs stay what they are, directories are refused."""
+(bootseer/node/outputs.py): devices and FIFOs stay what they are, directories are refused."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_run_summary_refuses_a_directory(tmp_path, capsys):
 
 
 def test_summary_is_written_in_place_to_a_device(tmp_path, need_root):
-    from bootseer import outputs
+    from bootseer.node import outputs
     null = tmp_path / "null"
     os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     outputs.write_text(null, "{}", "summary")

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from bootseer import alive, proc
-from bootseer.mount import points
+from bootseer.node import alive
+from bootseer.node import proc
+from bootseer.node import mounts as points
 from tests.image.test_image import oci_layout
 
 pytestmark = pytest.mark.timeout(300)
@@ -243,7 +244,7 @@ def test_a_child_started_from_a_short_lived_thread_lives_until_its_parent_dies()
     and dies with the process."""
     import threading
     script = ("import subprocess, threading, time\n"
-              "from bootseer import proc\n"
+              "from bootseer.node import proc\n"
               "box = []\n"
               "t = threading.Thread(target=lambda: box.append(proc.spawn(\n"
               "    subprocess.Popen, ['sleep', '60'], **proc.popen_kwargs())))\n"
@@ -270,7 +271,7 @@ def test_die_with_parent_when_the_parent_is_already_gone():
     """The race between fork and prctl: a child whose parent died first is signalled at
     once (getppid no longer names the spawner)."""
     r = subprocess.run([sys.executable, "-c",
-                        "import signal; from bootseer import proc\n"
+                        "import signal; from bootseer.node import proc\n"
                         "proc.die_with_parent(1, signal.SIGKILL)\n"
                         "print('still here')"], capture_output=True, text=True, timeout=30)
     assert r.returncode == -signal.SIGKILL and "still here" not in r.stdout
@@ -280,7 +281,7 @@ def test_die_with_parent_when_the_parent_is_already_gone():
 # -- the sweep itself: what it removes and what it never touches ------------------------------
 _HOLDER = """
 import sys, time, subprocess
-from bootseer import alive
+from bootseer.node import alive
 state = alive.StateDir("bsn-", sweep=False)
 for mp in sys.argv[1:]:
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", mp], check=True)
@@ -381,7 +382,7 @@ def test_a_state_dir_that_cannot_be_removed_now_is_left_to_the_next_sweep(monkey
 def test_spawn_works_in_a_forked_child():
     """A forked child has no spawner thread: spawn must make its own, not wait forever."""
     script = ("import os, subprocess, threading\n"
-              "from bootseer import proc\n"
+              "from bootseer.node import proc\n"
               "def from_thread(box):\n"
               "    box.append(proc.spawn(subprocess.Popen, ['true']).wait())\n"
               "box = []\n"
@@ -438,7 +439,7 @@ def test_the_sweep_kills_what_still_runs_on_a_dead_commands_directory(tmp_path):
     user = subprocess.Popen([*sleeper, f"--root={storage}/r"])
     bystander = subprocess.Popen([*sleeper, f"--root={other}/r"])
     holder = subprocess.Popen([sys.executable, "-c",
-                               "import sys, time; from bootseer import alive\n"
+                               "import sys, time; from bootseer.node import alive\n"
                                "s = alive.StateDir('bsn-', sweep=False)\n"
                                f"s.note_dir({str(storage)!r})\n"
                                "print(s.path, flush=True); time.sleep(60)"],

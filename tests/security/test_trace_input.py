@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.trace import load
+from bootseer.report import load
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -150,7 +150,7 @@ def test_events_with_bad_numbers_are_rejected_and_counted(tmp_path, bad):
 
 
 def test_cluster_reader_refuses_bad_numbers_and_non_regular_files(tmp_path):
-    from bootseer.trace import cluster
+    from bootseer.report import cluster
     good = {"kind": "attempt", "job": "j", "attempt": 0, "gpus": 8, "nodes": 1, "t": 0.0,
             "ready": 30.0, "train": 600.0, "phases": {}, "gating_node": "n0",
             "gating_phase": "image.pull"}

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.trace import analysis, auto, load
+from bootseer.trace import auto
+from bootseer.report import analysis
+from bootseer.report import load
 
 HERE = Path(__file__).parent
 

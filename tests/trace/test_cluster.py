@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from bootseer.trace import cluster, simulate
+from bootseer.report import cluster
+from bootseer.report import simulate
 
 BOOTSEER = [sys.executable, "-m", "bootseer"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bootseer.store import open_store
-from bootseer.trace import remote
+from bootseer.report import remote
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -46,7 +46,7 @@ def test_page_is_self_contained(report):
                          text)
     assert "'report-data'" in text and "uPlot" in text
     # the version the page names is the one vendored (its banner)
-    from bootseer.trace.export_html import UPLOT_VERSION, VENDOR
+    from bootseer.report.export_html import UPLOT_VERSION, VENDOR
     assert f"uPlot {UPLOT_VERSION}" in text
     assert f"(v{UPLOT_VERSION})" in (VENDOR / "uPlot.iife.min.js").read_text()
 

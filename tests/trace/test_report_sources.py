@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from bootseer.trace import analysis, load
+from bootseer.report import analysis
+from bootseer.report import load
 from tests.trace.report_traces import NodeTrace
 
 pytestmark = pytest.mark.timeout(120)

@@ -3,7 +3,8 @@ once whatever its size, and each node receives it from its peers at its NIC's ra
 
 import pytest
 
-from bootseer.trace import cluster, simulate
+from bootseer.report import cluster
+from bootseer.report import simulate
 
 LAZY = ("image", "deps", "ckpt", "overlap")
 

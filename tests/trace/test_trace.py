@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from bootseer.trace import analysis, load
+from bootseer.report import analysis
+from bootseer.report import load
 
 pytestmark = pytest.mark.timeout(120)
 

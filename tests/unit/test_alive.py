@@ -1,4 +1,4 @@
-"""Liveness marks (bootseer.alive): held while the holder lives, even when checked from the
+"""Liveness marks (bootseer.node.alive): held while the holder lives, even when checked from the
 holder's own process; a killed holder's mark reads as dead."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from bootseer import alive
+from bootseer.node import alive
 
 
 def test_held_by_this_process_and_checking_does_not_drop_it(tmp_path):
@@ -22,7 +22,7 @@ def test_held_by_this_process_and_checking_does_not_drop_it(tmp_path):
 
 def test_a_killed_holders_mark_is_dead(tmp_path):
     path = tmp_path / "mark"
-    p = subprocess.Popen([sys.executable, "-c", "import sys, time; from bootseer import alive; "
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time; from bootseer.node import alive; "
                           f"alive.Mark({str(path)!r}); print('held', flush=True); time.sleep(60)"],
                          stdout=subprocess.PIPE, text=True)
     try:
@@ -41,7 +41,7 @@ def test_a_holder_in_another_pid_namespace_is_seen(tmp_path, need_root):
     """/proc/locks lists only the locks of processes visible in the reader's PID namespace:
     a check made from a container (its own /proc) must still see a host holder alive."""
     m = alive.Mark.new_in(tmp_path / "marks")
-    code = ("import sys; from bootseer import alive; "
+    code = ("import sys; from bootseer.node import alive; "
             f"print(alive.held({str(m.path)!r}), len(open('/proc/locks').read().split()))")
     out = subprocess.run(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", code],
                          capture_output=True, text=True, check=True).stdout.split()

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from bootseer.partfile import PartFile, sweep_dead, write_atomic
+from bootseer.node.partfile import PartFile, sweep_dead, write_atomic
 
 
 def _dead_pid() -> int:

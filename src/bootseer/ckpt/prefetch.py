@@ -145,7 +145,7 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     spans = [Span(sources[r.path], r.start, r.end) for r in ranges if r.path in sources]
     peers = None
     if world is None and config is not None:
-        from bootseer.peers.checkpoint import fetch_checkpoint, wanted
+        from bootseer.ckpt.peers import fetch_checkpoint, wanted
         large = [s for s in sources.values() if s.size > SMALL_FILE_BYTES]
         if wanted(config, sum(s.size for s in large)):
             peers = functools.partial(fetch_checkpoint, config, engine, large)

@@ -7,7 +7,7 @@ Layout of a staging directory (one per node: ``<cache.dir>/../bootseer-ckpt-stag
       <name>             sparse file, the remote file's size; stripes written in place
       <name>.complete    every stripe is in <name> (written once, by whoever finishes)
       profiles-v1/       recorded access profiles (see ckpt/profile.py)
-      .engines/<pid>-*   each live engine's mark (bootseer.alive; mtime: since when)
+      .engines/<pid>-*   each live engine's mark (bootseer.node.alive; mtime: since when)
       .gc.lock           held shared while an engine takes up a file, exclusive by ``gc``
 
 ``<name>`` is derived from the remote file's identity (URL without credentials + size +
@@ -43,7 +43,7 @@ import time
 import weakref
 from pathlib import Path
 
-from bootseer import alive
+from bootseer.node import alive
 from bootseer.errors import CacheError
 
 
@@ -253,7 +253,7 @@ def _live_since(directory: Path) -> float | None:
     except FileNotFoundError:
         return None
     for e in entries:
-        if e.name.startswith("."):   # a mark being made (bootseer.alive: named once locked)
+        if e.name.startswith("."):   # a mark being made (bootseer.node.alive: named once locked)
             try:
                 if alive.held(e) is False and time.time() - e.stat().st_mtime > 60:
                     e.unlink(missing_ok=True)   # its maker died before naming it

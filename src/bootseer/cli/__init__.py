@@ -52,13 +52,13 @@ def print_json(document: dict) -> None:
 
 
 def write_output(path: str, text: str) -> None:
-    """A file the user named (written in place, bootseer/outputs.py); ``-`` is standard
+    """A file the user named (written in place, bootseer/node/outputs.py); ``-`` is standard
     output."""
     if path == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
         return
-    from bootseer import outputs
+    from bootseer.node import outputs
     outputs.write_text(path, text)
 
 

@@ -20,10 +20,10 @@ def register(sub) -> None:
 def _run(args) -> int:
     import json
     import sys
-    from bootseer import outputs
+    from bootseer.node import outputs
     from bootseer.cli import write_output
     from bootseer.errors import UsageError
-    from bootseer.trace import cluster
+    from bootseer.report import cluster
     files = [p for p in (args.json, args.html) if p]
     if files.count("-") > 1:
         raise UsageError("only one of --json, --html can be - (standard output)")

@@ -253,7 +253,7 @@ def _mount(args) -> int:
     import os
     import signal
     import time
-    from bootseer.alive import StateDir
+    from bootseer.node.alive import StateDir
     from bootseer.image.session import mount_image
     from bootseer.tree.session import TRIGGER
     config = _config(args.store)

@@ -63,7 +63,7 @@ def _from_store(url: str, job: str | None, into: str) -> str | None:
     import os
 
     from bootseer.store import open_store
-    from bootseer.trace import remote
+    from bootseer.report import remote
     tries = [(url, job)]
     parent, _, last = url.rstrip("/").rpartition("/")
     if job is None and last and not parent.endswith(":/"):
@@ -116,7 +116,8 @@ def _build(path: str, k: float, attempt: int | None, job: str | None = None):
     import tempfile
 
     from bootseer.errors import TraceError
-    from bootseer.trace import analysis, load
+    from bootseer.report import analysis
+    from bootseer.report import load
     if "://" in path:
         with tempfile.TemporaryDirectory(prefix="bootseer-trace-") as tmp:
             t = load.load(_from_store(path, job, tmp) or _copied(path, tmp))
@@ -138,10 +139,10 @@ def _build(path: str, k: float, attempt: int | None, job: str | None = None):
 def _run(args) -> int:
     import sys
 
-    from bootseer import outputs
+    from bootseer.node import outputs
     from bootseer.cli import write_output
     from bootseer.errors import UsageError
-    from bootseer.trace import render
+    from bootseer.report import render
     otlp_url = bool(args.otlp) and args.otlp.startswith(("http://", "https://"))
     files = [p for p in (args.json, args.chrome, args.html, args.prom,
                          None if otlp_url else args.otlp) if p]
@@ -170,13 +171,13 @@ def _run(args) -> int:
                                                report, base))
     job = str(t.events[0]["job"])
     if args.otlp:
-        from bootseer.trace import export_otlp
+        from bootseer.report import export_otlp
         body = export_otlp.to_json(job, views, sums)
         if otlp_url:
             export_otlp.post(args.otlp, body)
         else:
             write_output(args.otlp, body)
     if args.prom:
-        from bootseer.trace import export_prom
+        from bootseer.report import export_prom
         write_output(args.prom, export_prom.text(job, views, sums))
     return 0

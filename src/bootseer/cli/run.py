@@ -149,7 +149,7 @@ def summary_arg(path: str | None) -> str | None:
     """``--summary``: refused now if it can never be written (a directory...), and made
     absolute (the run may change directory before it writes it, in place)."""
     import os
-    from bootseer import outputs
+    from bootseer.node import outputs
     if path is None or path == "-":   # -: standard output, after the job's own output
         return path
     outputs.check(path, "summary")
@@ -199,7 +199,7 @@ def _run(args) -> int:
     if config.trace.location:
         config = _with_attempt(config, asked)
     import os
-    from bootseer.trace import remote
+    from bootseer.report import remote
     # a store URL: record to a local spool, uploaded while the job runs and at its end
     with remote.recording(config, os.environ.get("BOOTSEER_TRACE_START") or "run") as config:
         _export_trace_settings(config)

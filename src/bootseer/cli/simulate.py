@@ -25,7 +25,7 @@ def register(sub) -> None:
 
 def parse_techniques(text: str) -> tuple:
     from bootseer.errors import ConfigError
-    from bootseer.trace.simulate import TECHNIQUES
+    from bootseer.report.simulate import TECHNIQUES
     if text == "all":
         return TECHNIQUES
     if text in ("none", ""):
@@ -40,7 +40,7 @@ def parse_techniques(text: str) -> tuple:
 
 def _run(args) -> int:
     from bootseer.errors import ConfigError
-    from bootseer.trace.simulate import SimParams, simulate
+    from bootseer.report.simulate import SimParams, simulate
     if args.jobs < 1:
         raise ConfigError("--jobs", f"must be at least 1, got {args.jobs}")
     if args.ckpt_shared_by < 1:

@@ -159,12 +159,12 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
-    """The blob to ``-o FILE`` (written in place, see bootseer/outputs.py: only once it
+    """The blob to ``-o FILE`` (written in place, see bootseer/node/outputs.py: only once it
     verifies, spooled beside it until then; a FIFO or device is streamed to) or stdout."""
     import contextlib
     import hashlib
 
-    from bootseer import outputs
+    from bootseer.node import outputs
     from bootseer.errors import DigestMismatch
     from bootseer.store.digest import parse
     digest = parse(args.digest)

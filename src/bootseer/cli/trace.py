@@ -35,7 +35,7 @@ def _recording(args):
     import os
 
     from bootseer.config import BootseerConfig
-    from bootseer.trace import remote
+    from bootseer.report import remote
     if args.location:
         os.environ["BOOTSEER_TRACE_LOCATION"] = args.location
     config = BootseerConfig.from_env()

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootseer.proc import pid_alive
+from bootseer.node.proc import pid_alive
 from bootseer.run.container import unmount_under
 from bootseer.testing.netns import Host, Network, remove_leftovers as remove_leftover_netns
 

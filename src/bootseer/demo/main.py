@@ -220,7 +220,7 @@ def _interrupt(signum, frame):
 def _trace_events(trace_dir: Path) -> list[dict] | None:
     """The run's trace events (None: no trace), for where each start's hot set came from."""
     from bootseer.errors import BootseerError
-    from bootseer.trace import load as trace_load
+    from bootseer.report import load as trace_load
     try:
         return trace_load.load(trace_dir).events
     except (BootseerError, OSError):

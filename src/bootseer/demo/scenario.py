@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootseer import proc as procs
+from bootseer.node import proc as procs
 from bootseer.testing.netns import Host, kill_processes_in, processes_in
 
 NODE_ROOT = "/opt/bsdemo"  # same path on every node, private per node (bind in a mount ns)

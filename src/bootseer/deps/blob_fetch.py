@@ -8,7 +8,7 @@ chunk's bytes are held only until written and nothing is written twice: the blob
 node's copy of the environment, its chunks are not also put in the node cache.
 
 The blob is written to ``<blob>.part-<pid>-<tag>`` beside its final name, locked by its
-writer (``bootseer.partfile``), then renamed: a killed fetch leaves no blob that looks whole,
+writer (``bootseer.node.partfile``), then renamed: a killed fetch leaves no blob that looks whole,
 and the next fetch on the node removes every part a dead process left, whichever
 environment's blob it was.
 """
@@ -19,7 +19,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from bootseer import partfile
+from bootseer.node import partfile
 from bootseer.store.fetch import Priority
 from bootseer.tree.blob import BlobLayout, fill_blob
 

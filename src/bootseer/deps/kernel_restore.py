@@ -39,7 +39,7 @@ from bootseer.config import BootseerConfig
 from bootseer.deps import place, relocate
 from bootseer.deps.mounted import KERNEL_BACKEND, is_mount_point, sidecar, state_dir
 from bootseer.errors import BootseerError, StoreError
-from bootseer.mount import points
+from bootseer.node import mounts as points
 from bootseer.mount.erofs import kernel
 
 log = logging.getLogger(__name__)

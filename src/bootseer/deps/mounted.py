@@ -28,7 +28,7 @@ import time
 
 from bootseer.config import BootseerConfig
 from bootseer.deps.resolve import DepsError
-from bootseer.proc import pid_alive
+from bootseer.node.proc import pid_alive
 
 
 def sidecar(prefix: str) -> str:
@@ -76,7 +76,7 @@ def is_kernel(info: dict | None) -> bool:
 def kernel_mount_live(prefix: str, info: dict) -> bool:
     """Whether the kernel mount the sidecar ``info`` names is the one at ``prefix`` (the
     topmost mount there has the mount id recorded when it was made)."""
-    from bootseer.mount import points
+    from bootseer.node import mounts as points
     entry = points.find(prefix)
     return entry is not None and info.get("mount_id") is not None and \
         entry.mount_id == info["mount_id"]

@@ -4,7 +4,7 @@ bootseer did not make or what a running process uses.
 Everything is prepared in a temporary sibling of the prefix (same filesystem, so the final
 ``rename`` is atomic) and renamed into place whole; what was there is renamed away first,
 then removed. Each temporary sibling ``<prefix>.<kind>-<pid>-<tag>`` comes with a liveness
-mark ``<sibling>.alive`` (``bootseer.alive``) held for as long as its maker lives: the next
+mark ``<sibling>.alive`` (``bootseer.node.alive``) held for as long as its maker lives: the next
 command on the node removes a sibling only when its mark exists and nobody holds it, which
 proves the sibling is a dead bootseer process's leftover (a pid alone could be reused, and
 a name alone could be anyone's).
@@ -20,7 +20,7 @@ import re
 import secrets
 from pathlib import Path
 
-from bootseer.alive import Mark, held
+from bootseer.node.alive import Mark, held
 from bootseer.deps.resolve import DepsError
 
 KINDS = ("building", "restoring", "old", "scratch")

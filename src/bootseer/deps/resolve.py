@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bootseer import redact
 from bootseer.errors import BootseerError
-from bootseer.proc import preexec
+from bootseer.node.proc import preexec
 
 FORMAT = 1
 

@@ -22,8 +22,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from bootseer import alive, redact
-from bootseer import proc as procs
+from bootseer import redact
+from bootseer.node import alive
+from bootseer.node import proc as procs
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
 from bootseer.image.registry import (TRANSPORTS, RegistryOptions, pull_bytes, registry_host,

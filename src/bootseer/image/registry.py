@@ -162,7 +162,7 @@ def pull_bytes(transport: str, registry: RegistryOptions, source_args: list[str]
     when skopeo cannot say (the copy then reports what it failed on)."""
     import subprocess
 
-    from bootseer import proc as procs
+    from bootseer.node import proc as procs
     args = [a.replace("--src-", "--", 1) for a in source_args]   # inspect's spellings
 
     def raw(ref: str) -> dict | None:

@@ -20,9 +20,10 @@ import subprocess
 import time
 from typing import Callable
 
-from bootseer import alive, proc as procs
+from bootseer.node import alive
+from bootseer.node import proc as procs
 from bootseer.errors import BootseerError
-from bootseer.mount import points
+from bootseer.node import mounts as points
 from bootseer.mount.errno_map import to_errno
 from bootseer.mount.view import TreeView
 

@@ -17,7 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
-from bootseer import proc as procs
+from bootseer.node import proc as procs
 from bootseer.errors import BootseerError
 from bootseer.run.container import unmount_under
 

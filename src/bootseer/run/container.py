@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bootseer import proc as procs
+from bootseer.node import proc as procs
 from bootseer.errors import BootseerError
-from bootseer.mount.points import unmount_under  # noqa: F401 - used here and re-exported
+from bootseer.node.mounts import unmount_under  # noqa: F401 - used here and re-exported
 from bootseer.run import inroot
 from bootseer.run.devices import DevicePlan
 

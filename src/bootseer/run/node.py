@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootseer import alive
-from bootseer import proc as procs
+from bootseer.node import alive
+from bootseer.node import proc as procs
 from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
 from bootseer.run import baseline
@@ -128,7 +128,7 @@ STATE_PREFIX, ALIVE = "bsn-", alive.MARK
 
 def sweep_dead_states(tmp: str = alive.STATE_ROOT) -> list[str]:
     """Remove what commands that died without cleaning up (SIGKILL, OOM) left on the node:
-    their state directories, mounts and containers (bootseer.alive). Returns the
+    their state directories, mounts and containers (bootseer.node.alive). Returns the
     directories removed; a live command's are kept."""
     return alive.sweep_dead(tmp)
 
@@ -417,7 +417,7 @@ class NodeRun:
         if self.spec.summary == "-":
             print(json.dumps(data, indent=1), flush=True)
             return
-        from bootseer import outputs   # the user's path: written in place, never renamed over
+        from bootseer.node import outputs   # the user's path: written in place, never renamed over
         outputs.write_text(self.spec.summary, json.dumps(data, indent=1), "summary")
 
 

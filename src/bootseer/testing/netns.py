@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootseer.proc import pid_alive
+from bootseer.node.proc import pid_alive
 
 NETNS_DIR = Path("/run/netns")
 UNITS = {"k": 1e3, "m": 1e6, "g": 1e9}

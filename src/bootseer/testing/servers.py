@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootseer import proc as procs
+from bootseer.node import proc as procs
 
 
 class ServerError(RuntimeError):

@@ -26,7 +26,7 @@ from bootseer.errors import DigestMismatch
 from bootseer.mount.erofs.layout import BLOCK, blocks_for
 from bootseer.mount.erofs.writer import Inode
 from bootseer.mount.view import Attr
-from bootseer.partfile import PartFile
+from bootseer.node.partfile import PartFile
 from bootseer.tree import format as fmt
 
 BLOB_NAME = "blob"

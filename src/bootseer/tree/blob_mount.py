@@ -4,7 +4,7 @@ the data blob as its device.
 * The blob is complete on the node (``<cache>/erofs/trees/<layout key>.blob``, re-verified
   chunk by chunk before each mount): EROFS mounts it directly, no Python serves reads.
   Every chunk of a tree already in the node cache is first assembled into that file
-  (through a part its writer locks, :mod:`bootseer.partfile`: the part a killed assembly
+  (through a part its writer locks, :mod:`bootseer.node.partfile`: the part a killed assembly
   leaves is removed by the next mount on the node).
 * Otherwise a single-file FUSE server (the tree session: demand reads through the
   fetcher and node cache, verified, recorded, hot chunks prefetched) serves the blob,
@@ -33,7 +33,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from bootseer import alive, partfile
+from bootseer.node import alive
+from bootseer.node import partfile
 from bootseer.config import BootseerConfig
 from bootseer.errors import StoreError
 from bootseer.mount.erofs import kernel
@@ -75,7 +76,7 @@ class ErofsTreeHandle:
         self.mountpoint, self.server, self.backend = mountpoint, server, backend
         self._blob_hold = blob_hold   # the local blob's shared lock (see _make_room)
         # no server dies with us: a SIGKILLed owner's kernel mount is undone by the next
-        # command on the node (bootseer.alive)
+        # command on the node (bootseer.node.alive)
         self._note: alive.StateDir | None = alive.note_mount(mountpoint)
         self.proc = server.proc if server is not None else _NoServer(mountpoint)
         self._stop = threading.Event()

@@ -8,7 +8,7 @@ import functools
 import os
 import stat
 
-from bootseer import alive
+from bootseer.node import alive
 from bootseer.mount.view import Attr
 
 CAP_SYS_ADMIN = 21

@@ -10,8 +10,9 @@ import signal
 import threading
 from typing import Callable
 
-from bootseer import proc as procs
-from bootseer.mount import fuse, points
+from bootseer.node import proc as procs
+from bootseer.mount import fuse
+from bootseer.node import mounts as points
 from bootseer.mount.devfuse.server import Server
 from bootseer.mount.view import TreeView
 

@@ -8,8 +8,8 @@ import dataclasses
 import json
 import statistics
 
-from bootseer.trace import sources as src
-from bootseer.trace.analysis import AttemptView, Summary
+from bootseer.report import sources as src
+from bootseer.report.analysis import AttemptView, Summary
 
 
 def _f(v) -> str:
@@ -186,11 +186,11 @@ def to_json(summaries: list[Summary]) -> str:
 
 
 def chrome(views: list[AttemptView], summaries: list[Summary] | None = None) -> str:
-    from bootseer.trace import export_chrome
+    from bootseer.report import export_chrome
     return export_chrome.to_json(views, summaries)
 
 
 def to_html(views: list[AttemptView], summaries: list[Summary], title: str,
             report_text: str, baseline: list[Summary] | None = None) -> str:
-    from bootseer.trace import export_html
+    from bootseer.report import export_html
     return export_html.to_html(views, summaries, title, report_text, baseline)

@@ -21,7 +21,7 @@ recorded (``image.window``, ``ckpt.load``):
 - ``bootseer_node_prefetch_coverage``: share of the bytes read in the window prefetched;
 - ``bootseer_node_fetched_bytes{source=origin|peers,pipeline=image|deps|ckpt}``: bytes the
   node's image start, environment restore and checkpoint loads took from the origin and
-  from the job's peers (trace/sources.py; a source a pipeline did not trace has no sample).
+  from the job's peers (report/sources.py; a source a pipeline did not trace has no sample).
   Until issue 16 this metric was the image's alone, ``{source=store|peers}`` without
   ``pipeline``: ``source="store"`` is now ``source="origin",pipeline="image"``;
 - ``bootseer_node_stall_seconds{technique=image|ckpt}``: time reads waited on the network.
@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import math
 
-from bootseer.trace.analysis import AttemptView, Summary
-from bootseer.trace.simulate import BIN_NAMES, bin_of
+from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.simulate import BIN_NAMES, bin_of
 
 READY_BUCKETS_S = (5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootseer.trace.analysis import (COLLECTIVES, UNTRACED, AttemptView, NodeView,
+from bootseer.report.analysis import (COLLECTIVES, UNTRACED, AttemptView, NodeView,
                                       pipeline_of)
 
 EPS_S = 1e-3

@@ -20,9 +20,9 @@ import html
 import json
 from pathlib import Path
 
-from bootseer.trace import sources as src
-from bootseer.trace.analysis import AttemptView, Summary, pipeline_of
-from bootseer.trace.critical_path import NOT_STARTED
+from bootseer.report import sources as src
+from bootseer.report.analysis import AttemptView, Summary, pipeline_of
+from bootseer.report.critical_path import NOT_STARTED
 
 VENDOR = Path(__file__).with_name("vendor")
 UPLOT_VERSION = "1.6.32"   # vendor/README.md says how to update it
@@ -318,5 +318,5 @@ def _vendored(name: str) -> str:
     """A vendored file's text, to embed in a <script> or <style> element."""
     text = (VENDOR / name).read_text()
     if "</" in text:   # it would end the element early: an update of vendor/ to look at
-        raise ValueError(f"trace/vendor/{name} holds '</': it cannot be embedded as it is")
+        raise ValueError(f"report/vendor/{name} holds '</': it cannot be embedded as it is")
     return text

@@ -8,7 +8,7 @@ A part is removed only when nobody holds its lock and no process with the writer
 runs here: a live writer's part is never touched (the pid covers the instant between
 the part's creation and its lock). The kernel drops the lock when the writer dies; a
 probe of it sees writers in any PID namespace, and one from the writer's own process
-conflicts too (``flock`` locks belong to the open file; :mod:`bootseer.alive` probes its
+conflicts too (``flock`` locks belong to the open file; :mod:`bootseer.node.alive` probes its
 marks the same way).
 """
 

@@ -18,7 +18,7 @@ from a short-lived thread (a pipeline's worker) would be killed when that thread
 that lives as long as the process.
 
 Only the direct child is covered; a child that daemonizes its own children (podman's
-conmon) needs the next command's cleanup (``bootseer.alive`` state directories).
+conmon) needs the next command's cleanup (``bootseer.node.alive`` state directories).
 """
 
 from __future__ import annotations

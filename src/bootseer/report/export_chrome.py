@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from bootseer.trace.analysis import AttemptView, Summary
+from bootseer.report.analysis import AttemptView, Summary
 
 PID_STRIDE = 100_000   # pid = attempt * stride + node index + 1 (0 is each attempt's own)
 STALL_KEYS = ("stall_s",)

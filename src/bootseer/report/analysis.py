@@ -411,7 +411,7 @@ class Summary:
     path_shares: dict[str, float] = field(default_factory=dict)  # seconds per pipeline on it
     ranks: list[dict] = field(default_factory=list)            # the job's phases per rank
     figures: dict[str, dict] = field(default_factory=dict)     # technique figures (medians)
-    # bytes by source (trace/sources.py): job totals per pipeline, and per node
+    # bytes by source (report/sources.py): job totals per pipeline, and per node
     # {node: {pipeline: [origin, peers, role]}} for the nodes that traced any
     sources: dict[str, dict] = field(default_factory=dict)
     node_sources: dict[str, dict] = field(default_factory=dict)
@@ -439,8 +439,8 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
         vals = [n.phases[name] for n in view.nodes if name in n.phases]
         phases[name] = {"median": statistics.median(vals), "p90": pct(vals, 0.9),
                         "max": max(vals), "n": len(vals)}
-    from bootseer.trace import critical_path as cp
-    from bootseer.trace import sources
+    from bootseer.report import critical_path as cp
+    from bootseer.report import sources
     per_node = {n.node: src for n in view.nodes if (src := sources.node_sources(n))}
     done = [n for n in view.nodes if n.ready is not None]
     gating_node = gating_phase = gating_rank = None

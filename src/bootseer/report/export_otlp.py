@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 
 from bootseer.errors import TraceError
-from bootseer.trace.analysis import AttemptView, Summary
+from bootseer.report.analysis import AttemptView, Summary
 
 SCOPE = {"name": "bootseer.trace", "version": "1"}
 STATUS_ERROR = 2

@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bootseer.mount import points
+from bootseer.node import mounts as points
 
 log = logging.getLogger(__name__)
 
