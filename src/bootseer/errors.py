@@ -10,6 +10,7 @@
     │   ├── FetchError                      the source failed after retries/deadline
     │   ├── ReadOnlyStore                   write to a read-only backend (http)
     │   └── CacheError                      node cache unusable (budget, disk full)
+    ├── MountError(OSError)                 a tree or file cannot be served (mount(2), FUSE)
     └── TraceError                          a trace location cannot be read/written
 
 Leaves also inherit the builtins callers already catch (OSError, FileNotFoundError,
@@ -17,6 +18,8 @@ ValueError). Errors carry fields (digest, url, offset) and say what to check.
 """
 
 from __future__ import annotations
+
+from bootseer import redact   # errors are shown and logged: no URL credentials
 
 
 class BootseerError(Exception):
@@ -37,7 +40,6 @@ class ConfigError(BootseerError, ValueError):
 class StoreError(BootseerError, OSError):
     def __init__(self, message: str, *, digest: str | None = None, url: str | None = None,
                  offset: int | None = None):
-        from bootseer import redact   # errors are shown and logged: no URL credentials
         self.digest = digest
         self.url = redact.url(url) if url else url
         self.offset = offset
@@ -77,3 +79,7 @@ class CacheError(StoreError):
 
 class TraceError(BootseerError, OSError):
     pass
+
+
+class MountError(BootseerError, OSError):
+    """A tree or file cannot be served: mount(2), a FUSE server, the kernel's EROFS."""
