@@ -19,11 +19,12 @@ from __future__ import annotations
 import base64
 import http.client
 import os
+import re
 import threading
 import urllib.parse
 from typing import Mapping
 
-from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
+from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError, WrongRange
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 _SKIP_CHUNK = 1 << 20
@@ -257,8 +258,9 @@ def open_range(url: str, start: int, end: int | None, *, timeout: float = 30.0,
     """Send a range GET (following redirects; Authorization is dropped when a redirect
     leaves the host, as for registries that redirect to signed object-store URLs).
     Returns the response and how many body bytes must be skipped (non-zero when the server
-    ignored Range and answered 200 with the whole body). Error statuses are returned, not
-    raised, so callers can handle 401 first."""
+    ignored Range and answered 200 with the whole body: streamed past, never buffered).
+    Error statuses are returned, not raised, so callers can handle 401 first; a 206 for
+    another range than the one asked raises WrongRange."""
     hdrs = dict(headers or {})
     if start or end is not None:
         hdrs["Range"] = _range_header(start, end)
@@ -271,6 +273,13 @@ def open_range(url: str, start: int, end: int | None, *, timeout: float = 30.0,
                 hdrs.pop("Authorization", None)
             url = nxt
             continue
+        if r.status == 206:
+            try:
+                check_content_range(r.headers.get("content-range"), start, end, None,
+                                    safe_url(url))
+            except WrongRange:
+                r.close()
+                raise
         return r, (start if r.status == 200 else 0)
     raise FetchError(f"GET {safe_url(url)}: too many redirects", url=safe_url(url))
 
@@ -311,6 +320,31 @@ def read_body(r: Response, skip: int, start: int, end: int | None, *,
                                  + (f" of blob {digest}" if digest else ""),
                                  url=safe_url(r.url), digest=digest, offset=start)
         return data
+
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.I)
+
+
+def check_content_range(value: str | None, start: int, end: int | None, size: int | None,
+                        url: str) -> None:
+    """A ``206``'s ``Content-Range`` must name exactly ``[start, end)`` (and ``size`` as the
+    total when it is known; a range past the end of a blob of unknown size may be cut at
+    its end): anything else is another part of the file, or of another file, and its
+    body must never be taken for the bytes asked for."""
+    m = _CONTENT_RANGE.match(value or "")
+    ok = False
+    if m is not None:
+        first, last = int(m.group(1)), int(m.group(2))
+        total = None if m.group(3) == "*" else int(m.group(3))
+        to_end = total is not None and last == total - 1
+        ok = (first == start and last >= first and (size is None or total in (None, size))
+              and (to_end if end is None else
+                   last == end - 1 or (size is None and to_end and last < end - 1)))
+    if not ok:
+        asked = f"{start}-" + ("" if end is None else str(end - 1))
+        raise WrongRange(f"{url}: asked for bytes {asked}, the server answered 206 "
+                         f"with Content-Range {value!r}: its body is refused (a server or "
+                         "proxy answering another range)", url=url, offset=start)
 
 
 def _total_size(headers: dict) -> int | None:
