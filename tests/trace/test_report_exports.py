@@ -151,7 +151,7 @@ def _check_otlp_proto(req, body: dict) -> None:
                                  Status.STATUS_CODE_ERROR)
         assert {"bootseer.job", "bootseer.attempt"} <= {a.key for a in rs.resource.attributes}
     nodes = {a.value.string_value for rs in req.resource_spans for a in rs.resource.attributes
-             if a.key == "bootseer.node"}
+             if a.key == "host.name"}
     assert nodes == {"n0", "n1", "n2"}
     assert {s.name for _, s in spans} >= {"startup", "image.lazy", "ckpt.load"}
 
@@ -172,7 +172,8 @@ def _check_otlp(body: dict) -> None:
         if s.get("parentSpanId"):
             assert spans[s["parentSpanId"]][0]["traceId"] == s["traceId"]
     ranked = [a for a in resources if "bootseer.rank" in a]
-    assert {a["bootseer.node"] for a in ranked} == {"n0", "n1", "n2"}
+    assert {a["host.name"] for a in ranked} == {"n0", "n1", "n2"}
+    assert all(a["service.name"] == "bootseer" and "service.version" in a for a in resources)
     assert {a["bootseer.attempt"] for a in resources} == {"0", "1"}
     by_name = {}
     for s, attrs in spans.values():
