@@ -221,8 +221,16 @@ def test_prometheus_textfile(two_attempts, tmp_path):
                     ("bootseer_node_stall_seconds", "ckpt", None): 0.1}
     assert re.search(r'bootseer_startup_critical_path_seconds\{job_id="job",attempt="0",'
                      r'gpus_bin="10-100",pipeline="image"\} 5\.99', text)
-    assert re.search(r'bootseer_startup_technique\{job_id="job",attempt="1",gpus_bin="10-100",'
-                     r'technique="image",figure="coverage"\} 0\.97', text)
+    assert re.search(r'bootseer_startup_technique_ratio\{job_id="job",attempt="1",'
+                     r'gpus_bin="10-100",technique="image",figure="coverage"\} 0\.97', text)
+    # one unit per family: no family mixes a ratio with seconds or bytes
+    assert declared["bootseer_startup_phase_seconds"] == "summary"
+    quantiles = {x.labels["quantile"] for x in seen
+                 if x.name == "bootseer_startup_phase_seconds"}
+    assert quantiles == {"0.5", "0.9", "1"}
+    assert any(x.name == "bootseer_startup_phase_seconds_count" for x in seen)
+    assert not any("stat" in x.labels for x in seen)
+    assert "bootseer_startup_technique" not in declared
     assert 'bootseer_startup_restarts{job_id="job"} 1.0' in text
     # the dashboard in deploy/ asks only for metrics and labels the export has
     dash = json.loads((ROOT / "deploy" / "grafana" / "bootseer-startup.json").read_text())
