@@ -11,7 +11,10 @@ MiB/s, so this module stays on the standard library:
   range and the connection dropped rather than drained when the rest is large);
 * ``readinto`` a caller's preallocated buffer (:func:`get_range_into`);
 * errors: 404 -> BlobNotFound, 416 -> RangeError, 5xx / refused / reset / timeout ->
-  FetchError. Every error carries the URL without credentials or query string.
+  FetchError. Every error carries the URL without credentials or query string;
+* proxies as every HTTP client on the node takes them: ``HTTP_PROXY`` / ``HTTPS_PROXY``
+  (``user:password@`` becomes Proxy-Authorization; https through a CONNECT tunnel) and
+  ``NO_PROXY``; without ``NO_PROXY``, loopback is never proxied.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import base64
 import http.client
 import os
 import re
+import ipaddress
 import threading
 import urllib.parse
+import urllib.request
 from typing import Mapping
 
 from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError, WrongRange
@@ -56,7 +61,17 @@ class Pool:
                 return conn, True
         scheme, host, port = key
         cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        return cls(host, port, timeout=timeout), False
+        proxy = proxy_for(scheme, host)
+        if proxy is None:
+            return cls(host, port, timeout=timeout), False
+        auth = _proxy_auth(proxy)
+        if scheme == "https":   # a tunnel: TLS runs end to end, the proxy sees bytes only
+            conn = cls(proxy.hostname, proxy.port or 80, timeout=timeout)
+            conn.set_tunnel(host, port, headers=auth)
+        else:                   # absolute-form requests to the proxy
+            conn = http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout)
+            conn.bootseer_proxy_headers = auth   # type: ignore[attr-defined]
+        return conn, False
 
     def give(self, key: tuple[str, str, int], conn: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -95,6 +110,37 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def proxy_for(scheme: str, host: str) -> urllib.parse.SplitResult | None:
+    """The proxy a request to ``scheme://host`` goes through, from the environment
+    (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, any case), or None."""
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get(scheme)
+    if not url:
+        return None
+    if "no" in proxies:
+        if urllib.request.proxy_bypass_environment(host, proxies):
+            return None
+    elif _loopback(host):
+        return None
+    return urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+
+
+def _proxy_auth(proxy: urllib.parse.SplitResult) -> dict:
+    if proxy.username is None:
+        return {}
+    cred = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
+    return {"Proxy-Authorization": "Basic " + base64.b64encode(cred.encode()).decode()}
 
 
 def safe_url(url: str) -> str:
@@ -225,7 +271,12 @@ def send(method: str, url: str, *, headers: Mapping[str, str] | None = None, bod
         try:
             if hasattr(body, "seek") and reused:
                 body.seek(0)
-            conn.request(method, path, body=body, headers=hdrs)
+            via = getattr(conn, "bootseer_proxy_headers", None)
+            if via is not None:   # a plain-http proxy takes the whole URL as the target
+                target = urllib.parse.urlunsplit((key[0], f"{key[1]}:{key[2]}", "", "", ""))
+                conn.request(method, target + path, body=body, headers={**hdrs, **via})
+            else:
+                conn.request(method, path, body=body, headers=hdrs)
             resp = conn.getresponse()
         except (http.client.HTTPException, OSError) as e:
             conn.close()
