@@ -364,6 +364,7 @@ def main() -> None:
     load_after = _uptime()
     name = "scale.json" if args.rate == "1gbit" else f"scale-{args.rate}.json"
     results = Path(__file__).resolve().parents[1] / "results" / name
+    results.parent.mkdir(parents=True, exist_ok=True)   # ignored by git: a fresh clone has none
     results.write_text(json.dumps({"set_bytes": set_bytes, "rate": args.rate, "rows": rows,
                                    "load_before": load_before, "load_after": load_after},
                                   indent=1) + "\n")
