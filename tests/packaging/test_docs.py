@@ -22,12 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"),
                 *(REPO / "deploy").rglob("*.md")])
 
-FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 INLINE_CODE = re.compile(r"`+[^`\n]*`+")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
+REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.MULTILINE)
 MENTION = re.compile(r"(?<![\w./-])((?:docs|deploy)/[\w./-]*?\.md)\b")
-EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)     # http:, https:, mailto: ...
+EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)     # http:, https:, mailto: ...
 
 
 def prose(text: str) -> str:
@@ -48,7 +48,8 @@ def anchors(page: Path) -> set[str]:
     """Every anchor of a page's headings, duplicates numbered as GitHub numbers them."""
     seen: dict[str, int] = {}
     out = set()
-    for m in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", FENCE.sub("", page.read_text()), re.M):
+    text = FENCE.sub("", page.read_text())
+    for m in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", text, re.MULTILINE):
         base = slug(m.group(1))
         n = seen.get(base, 0)
         seen[base] = n + 1
