@@ -163,7 +163,7 @@ def test_lying_peer_is_banned_and_its_stripes_refetched(nodes, checkpoint):
 
 def ckpt_peers_shares() -> dict:
     from bootseer.peers import _shares
-    return {k: v for k, v in _shares.items() if k[0].endswith(ckpt_peers.ROSTER_SUFFIX)}
+    return {k: v for k, v in _shares.items() if k[0].endswith("-" + ckpt_peers.NAMESPACE)}
 
 
 def test_no_manifest_and_no_maker_in_time_is_an_origin_load(nodes, checkpoint, tmp_path):
