@@ -11,8 +11,8 @@ import pytest
 from bootseer.config import BootseerConfig
 from bootseer.deps import snapshot
 from bootseer.peers import _shares
-from bootseer.tree import peers as tree_peers
 from bootseer.store import open_store
+from bootseer.tree import peers as tree_peers
 
 pytestmark = pytest.mark.timeout(120)
 JOB = "job-env"

@@ -15,7 +15,14 @@ from bootseer.config import BootseerConfig, CacheConfig, FetchConfig, PeersConfi
 from bootseer.peers import share_for
 from bootseer.peers.share import PeerShare
 from bootseer.peers.swarm import Swarm
-from bootseer.peers.torrent import layout, load_torrent, make_torrent, put_member, set_key, torrent_name
+from bootseer.peers.torrent import (
+    layout,
+    load_torrent,
+    make_torrent,
+    put_member,
+    set_key,
+    torrent_name,
+)
 from bootseer.store import open_store
 from bootseer.store.cache import NodeCache
 from bootseer.store.digest import sha256_digest
@@ -268,6 +275,7 @@ def test_all_peers_firewalled_is_a_plain_origin_fetch(tree, nodes, tmp_path):
     """Every peer unreachable (the announced port refuses): the node fetches the whole set
     from the origin at once, no slower than without peers by more than 10 %."""
     import socket
+
     from bootseer.peers import roster
     store, _, _, set_bytes = tree
     publish(tree, tmp_path)

@@ -41,8 +41,9 @@ class PeerShare:
         self.announcement = roster.announce(store, group, node, swarm.addr)
         self.handles: list = []
         self.roster_reads = 0
-        self.stats: dict[str, Any] = {"role": None, "peer_chunks": 0, "peer_bytes": 0, "rejected": 0,
-                      "banned": [], "peers": 0, "seconds": 0.0}
+        self.stats: dict[str, Any] = {"role": None, "peer_chunks": 0, "peer_bytes": 0,
+                                      "rejected": 0, "banned": [], "peers": 0,
+                                      "seconds": 0.0}
         self._stop = threading.Event()
         self._roster_lock = threading.Lock()
         self.read_roster()

@@ -31,8 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootseer.peers import share_for, wanted
-from bootseer.peers.torrent import layout, make_torrent, put_member, set_key, torrent_name
-from bootseer.peers.transfer import torrent_ref
 from bootseer.store.cache import NodeCache
 from bootseer.store.digest import sha256_digest, verify
 from bootseer.store.fetch import Fetcher
@@ -83,6 +81,9 @@ def publish_torrent(store, refs: list[list], chunk_file: Callable[[list], str | 
     """Make the torrent of ``refs`` (tree chunk refs) and publish it; returns its digest.
     ``chunk_file(ref)`` names a file holding exactly the chunk's bytes, to link (None when
     there is none), else ``chunk_bytes(ref)`` gives them."""
+    # libtorrent only where a torrent is made: a node without it restores and publishes
+    from bootseer.peers.torrent import layout, make_torrent, put_member, set_key, torrent_name
+    from bootseer.peers.transfer import torrent_ref
     items = set_items(refs)
     key = set_key(items)
     if store.get_ref(torrent_ref(key)) is not None:
