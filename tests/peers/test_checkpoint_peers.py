@@ -209,7 +209,7 @@ def test_peers_off_or_one_node_leave_the_plan_alone(nodes, checkpoint):
     assert node.run().wait() == {}                      # auto, one node: no peers at all
     assert node.engine.statistics().peers_role is None
     stop = threading.Event()
-    assert ckpt_peers.fetch_checkpoint(node.config, node.engine, [], stop) is None
+    assert ckpt_peers.fetch_checkpoint(node.config, node.engine, [], None, stop) is None
 
 
 def test_two_checkpoint_mounts_share_through_peers(need_fuse, nodes, checkpoint, tmp_path):

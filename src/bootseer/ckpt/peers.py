@@ -163,8 +163,9 @@ def _manifest(files: list, digests: list[list[str]]) -> bytes:
 class CheckpointPeers:
     """One checkpoint load's files through the job's peers on this node."""
 
-    def __init__(self, config, engine, sources, share, store):
+    def __init__(self, config, engine, sources, share, store, stage):
         self.config, self.engine, self.share, self.store = config, engine, share, store
+        self.stage = stage   # the maker's fetch of whole files from the origin
         self.files = [engine.file(s) for s in sorted(sources, key=lambda s: s.key)]
         self.key = manifest_key([f.source for f in self.files], engine.config.stripe_bytes)
         self.figures = {"peers_role": None, "peer_bytes": 0, "origin_bytes": 0,
@@ -262,13 +263,10 @@ class CheckpointPeers:
         """The maker: every file from the origin through the engine, each stripe hashed,
         the torrent made and seeded, the manifest published (last: its presence says the
         torrent is there to join)."""
-        # ckpt.prefetch starts this adapter (its plan's large files): imported here, a
-        # circle until the plan's start moves above both
-        from bootseer.ckpt.prefetch import Prefetch, Span
         self.figures["peers_role"] = "maker"
         t0 = time.monotonic()
         before = self.engine.fetcher.counters()["bytes"]
-        pre = Prefetch(self.engine, [Span(f.source, 0, f.size) for f in self.files])
+        pre = self.stage([f.source for f in self.files])
         while not pre.join(0.2):
             if stop.is_set():
                 pre.stop()
@@ -306,10 +304,12 @@ def _extent(f, idx: int) -> tuple[int, int]:
     return start, end - start
 
 
-def fetch_checkpoint(config, engine, sources, stop: threading.Event | None = None
+def fetch_checkpoint(config, engine, sources, stage, stop: threading.Event | None = None
                      ) -> dict | None:
     """Stage the checkpoint files ``sources`` through the job's peers (see the module
-    doc); returns the figures for the load report (``peers_role``, ``peer_bytes``,
+    doc); ``stage(sources)`` starts the engine's fetch of whole files from the origin (a
+    ``ckpt.prefetch.Prefetch``: ``join``, ``stop``), which the maker of a manifest needs
+    (passed in: the plan's prefetch is what starts this). Returns the figures for the load report (``peers_role``, ``peer_bytes``,
     ``origin_bytes``, ``peers_seen``, ``peers_banned``, ``peers_seconds``), or None when
     peers do not apply (then nothing was fetched). Never raises: peers only cost time."""
     sources = list(sources)
@@ -331,7 +331,7 @@ def fetch_checkpoint(config, engine, sources, stop: threading.Event | None = Non
                         "%s (%d bytes free): checkpoint from the origin", total,
                         share.work_dir, free)
             return None
-        return CheckpointPeers(config, engine, sources, share, store).run(
+        return CheckpointPeers(config, engine, sources, share, store, stage).run(
             stop or threading.Event())
     except Exception as e:  # noqa: BLE001 - the engine's plan prefetch brings the rest
         log.warning("peers: checkpoint through peers failed (%s): origin for the rest", e)
