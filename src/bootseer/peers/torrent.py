@@ -2,12 +2,12 @@
 
 The set is a list of items (``source.SetItem``: digest, size) in its canonical order, each
 digest once (the set's adapter orders them: pack order for a tree's chunks, file and stripe
-order for a checkpoint's stripes). Each file of the torrent holds items as the node cache holds
-them (uncompressed: an item's sha256 is its digest, so a chunk from a peer is checked with
-one hash):
+order for a checkpoint's stripes). Each file of the torrent holds items as their digests
+name them (an item's sha256 is its digest, so an item from a peer is checked with one
+hash):
 
-* a large item (``SMALL_ITEM`` or more) is a file of its own, holding exactly the chunk's
-  bytes: a node seeds its cache's entry as it is (hard-linked into the seed copy);
+* a large item (``SMALL_ITEM`` or more) is a file of its own, holding exactly the item's
+  bytes: a node seeds a local file of it as it is (hard-linked into the seed copy);
 * small items (an environment's modules) travel packed: each run of them in set order is
   concatenated into a bundle file of at most ``BUNDLE_BYTES``, one piece. BitTorrent v2
   aligns every file to a piece, so unpacked each 3 KiB module was a piece of its own, with
