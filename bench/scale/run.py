@@ -58,7 +58,7 @@ def build(store_url: str, mib: int, out: str) -> None:
     """Runs on the storage host: both sets, published with their torrents."""
     from bootseer.config import BootseerConfig
     from bootseer.deps import snapshot
-    from bootseer.peers.publish import publish_for_profile
+    from bootseer.tree.peers import publish_for_profile
     from bootseer.store import open_store
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.build import TreeBuilder, add_directory

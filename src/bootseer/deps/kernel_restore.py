@@ -253,7 +253,7 @@ def _local_blob(config: BootseerConfig, store, reader, layout, key: str, fetcher
             Path(blob).unlink(missing_ok=True)
     if not os.path.exists(blob):
         with tracing.phase("deps.fetch") as span:
-            from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
+            from bootseer.tree.peers import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
             total = sum(ref[4] for ref in layout.refs)   # the data, not the padding
             span.set(**fetch_blob(reader, layout, blob,

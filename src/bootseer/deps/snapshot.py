@@ -85,7 +85,7 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
             reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
             total = sum(c[4] for c in reader.all_chunks())
-            from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
+            from bootseer.tree.peers import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
             n = extract(reader, tmp.path, readonly=True, timing=timing,
                         progress=(lambda b: progress(b, total)) if progress else None)
@@ -135,7 +135,7 @@ def publish(store, prefix: str, key: str, portable_key: str | None = None, *,
         if pins_key is not None:
             store.set_ref(pins_ref(pins_key), d)
         if config is not None:
-            from bootseer.peers.publish import publish_for_tree_dir
+            from bootseer.tree.peers import publish_for_tree_dir
             publish_for_tree_dir(config, store, tree, root)
         return tree
 
