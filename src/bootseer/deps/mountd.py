@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from bootseer.deps.mounted import sidecar
+from bootseer.deps.prefix import sidecar
 
 log = logging.getLogger("bootseer.deps.mountd")
 

@@ -213,7 +213,7 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
         time.sleep(0.02)
     state = alive.note_mount(mountpoint)
     set_read_ahead(mountpoint, read_ahead_kb)
-    return MountHandle(mountpoint, serving, proc=proc, note=state, term=term)
+    return MountHandle(mountpoint, serving, proc=proc, state=state, term=term)
 
 
 def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,

@@ -39,7 +39,7 @@ class _NoServer:
 
 
 class MountHandle:
-    """``proc``: the mount's server process (None: the kernel serves it alone); ``note``:
+    """``proc``: the mount's server process (None: the kernel serves it alone); ``state``:
     the state directory that has the next command undo the mount if this process dies with
     it (``bootseer.node.alive``); ``below``: the mount this one reads from (an EROFS blob's
     FUSE server), unmounted after it; ``hold``: a descriptor closed once unmounted (the
@@ -47,12 +47,12 @@ class MountHandle:
     rather than when its connection ends (libfuse)."""
 
     def __init__(self, mountpoint: str, serving: Serving, *, proc=None,
-                 note: alive.StateDir | None = None, below: MountHandle | None = None,
+                 state: alive.StateDir | None = None, below: MountHandle | None = None,
                  hold: int | None = None, term: bool = False):
         self.mountpoint, self.serving = mountpoint, serving
         self._server = proc
         self.proc = proc or (below.proc if below is not None else _NoServer(mountpoint))
-        self.note, self.below, self._hold, self._term = note, below, hold, term
+        self.state, self.below, self._hold, self._term = state, below, hold, term
         self.stopped = threading.Event()   # set at unmount: helpers of the mount end
 
     @property
@@ -89,9 +89,9 @@ class MountHandle:
         if self._hold is not None:
             os.close(self._hold)
             self._hold = None
-        if self.note is not None:
-            self.note.close()
-            self.note = None
+        if self.state is not None:
+            self.state.close()
+            self.state = None
 
     def __enter__(self):
         return self

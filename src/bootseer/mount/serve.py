@@ -128,7 +128,7 @@ def _serve_erofs(config: BootseerConfig, tree: ErofsTree, mountpoint: str,
         # no server dies with us: a SIGKILLed owner's kernel mount is undone by the next
         # command on the node (noted at once)
         handle = MountHandle(mountpoint, Serving.EROFS_LOCAL,
-                             note=alive.note_mount(mountpoint), hold=held)
+                             state=alive.note_mount(mountpoint), hold=held)
         tree.on_local(state)
         log.info("%s: EROFS on the local blob at %s", tree.name[:19], mountpoint)
         return handle
@@ -155,6 +155,6 @@ def _serve_erofs(config: BootseerConfig, tree: ErofsTree, mountpoint: str,
         server.unmount()
         raise
     handle = MountHandle(mountpoint, Serving.EROFS_FUSE_BLOB,
-                         note=alive.note_mount(mountpoint), below=server)
+                         state=alive.note_mount(mountpoint), below=server)
     tree.on_fuse_blob(handle, state)
     return handle
