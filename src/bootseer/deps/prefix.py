@@ -81,7 +81,7 @@ def sidecar_info(prefix: str) -> dict | None:
 
 def is_kernel(info: dict | None) -> bool:
     """Whether the sidecar names a kernel mount (a restore: EROFS, no server)."""
-    return bool(info) and info.get("backend") == KERNEL_BACKEND
+    return info is not None and info.get("backend") == KERNEL_BACKEND
 
 
 def kernel_mount_live(prefix: str, info: dict) -> bool:

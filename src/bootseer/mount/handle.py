@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+from typing import Any
 
 from bootseer.mount.choose import Serving
 from bootseer.node import alive, mounts
@@ -51,7 +52,7 @@ class MountHandle:
                  hold: int | None = None, term: bool = False):
         self.mountpoint, self.serving = mountpoint, serving
         self._server = proc
-        self.proc = proc or (below.proc if below is not None else _NoServer(mountpoint))
+        self.proc: Any = proc or (below.proc if below is not None else _NoServer(mountpoint))
         self.state, self.below, self._hold, self._term = state, below, hold, term
         self.stopped = threading.Event()   # set at unmount: helpers of the mount end
 

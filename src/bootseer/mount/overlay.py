@@ -22,4 +22,4 @@ def mount_overlay(target: str, lower: str, upper: str, work: str, *,
         mounts.mount(name, target, "overlay", mounts.MS_NOSUID | mounts.MS_NODEV, opts)
     except MountError as e:
         raise OverlayError(f"cannot mount the overlay at {target}: "
-                           f"{os.strerror(e.errno)}") from None
+                           f"{os.strerror(e.errno or 0)}") from None

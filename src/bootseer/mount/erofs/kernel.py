@@ -39,7 +39,7 @@ def mount(image: str, mountpoint: str, blob: str, extra: str = "") -> None:
                      mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV, opts)
     except MountError as e:
         raise ErofsMountError(f"cannot mount EROFS image {image} at {mountpoint}: "
-                              f"{os.strerror(e.errno)} (see dmesg)") from None
+                              f"{os.strerror(e.errno or 0)} (see dmesg)") from None
 
 
 _bdi_lock = threading.Lock()
