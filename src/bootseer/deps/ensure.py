@@ -29,19 +29,27 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
-from bootseer import redact, trace as tracing
+from bootseer import redact
+from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
 from bootseer.deps import compat, place, relocate
 from bootseer.deps.build import build
 from bootseer.deps.gc import record_use
 from bootseer.deps.lease import LEASE_TTL_S, Lease
 from bootseer.deps.mounts import mount_env
-from bootseer.deps.prefix import (Sibling, form, read_marker, sweep_leftovers,
-                                  sweep_stale_sidecar)
+from bootseer.deps.prefix import Sibling, form, read_marker, sweep_leftovers, sweep_stale_sidecar
 from bootseer.deps.resolve import DepsError, Resolved, python_of, resolve_key
 from bootseer.deps.restore import mount_cached, restore
-from bootseer.deps.snapshot import (check_driver, env_ref, load_manifest, pins_ref,
-                                    portable_ref, publish, publish_manifest, write_marker)
+from bootseer.deps.snapshot import (
+    check_driver,
+    env_ref,
+    load_manifest,
+    pins_ref,
+    portable_ref,
+    publish,
+    publish_manifest,
+    write_marker,
+)
 from bootseer.errors import ReadOnlyStore, StoreError
 from bootseer.store import open_store
 

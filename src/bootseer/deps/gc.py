@@ -24,8 +24,7 @@ from pathlib import Path
 from bootseer.config import BootseerConfig
 from bootseer.deps.blobs import blob_bytes, cached_blob, drop_blob
 from bootseer.deps.mounts import unmount
-from bootseer.deps.prefix import (Sibling, empty_or_absent, is_kernel, marker_of,
-                                  mounted_info, users)
+from bootseer.deps.prefix import Sibling, empty_or_absent, is_kernel, marker_of, mounted_info, users
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,19 @@ from pathlib import Path
 from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
 from bootseer.deps import relocate
-from bootseer.deps.prefix import (KERNEL_BACKEND, is_kernel, mounted_info, rmtree, sidecar,
-                                  sidecar_info, state_dir, write_json)
+from bootseer.deps.prefix import (
+    KERNEL_BACKEND,
+    is_kernel,
+    mounted_info,
+    rmtree,
+    sidecar,
+    sidecar_info,
+    state_dir,
+    write_json,
+)
 from bootseer.deps.resolve import DepsError
 from bootseer.errors import MountError
-from bootseer.mount.erofs import kernel
-from bootseer.mount.overlay import mount_overlay
+from bootseer.mount.serve import serve_image
 from bootseer.node import mounts
 from bootseer.node.proc import pid_alive
 
@@ -62,14 +69,7 @@ def mount_kernel(prefix: str, key: str, tree: str, meta: str, blob: str, *, writ
     write_json(Path(sidecar(prefix)), info)
     try:
         with tracing.phase("deps.mount", writable=writable):
-            if writable:
-                lower, upper, work = (os.path.join(state, d) for d in ("lower", "upper", "work"))
-                for d in (lower, upper, work):
-                    os.makedirs(d, exist_ok=True)
-                kernel.mount_with_read_ahead(meta, lower, blob)
-                mount_overlay(prefix, lower, upper, work)
-            else:
-                kernel.mount_with_read_ahead(meta, prefix, blob)
+            serve_image(meta, blob, prefix, overlay_in=state if writable else None)
         if relocated:
             with tracing.phase("deps.relocate") as span:
                 span.set(paths=relocate.rewrite(prefix, relocated, relocated["from"], prefix))

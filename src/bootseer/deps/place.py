@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 
 from bootseer.deps.mounts import unmount
-from bootseer.deps.prefix import (MARKER, Sibling, marker_of, occupant, rmtree, sidecar,
-                                  users_here)
+from bootseer.deps.prefix import MARKER, Sibling, marker_of, occupant, rmtree, sidecar, users_here
 from bootseer.deps.resolve import DepsError
 from bootseer.node.libc import renameat2
 

@@ -33,7 +33,8 @@ from bootseer.store.cache import NodeCache
 from bootseer.store.fetch import Fetcher
 from bootseer.tree.blob import BlobLayout, unsupported
 from bootseer.tree.blob_mount import image_of
-from bootseer.tree.extract import SETID, extract as extract_tree
+from bootseer.tree.extract import SETID
+from bootseer.tree.extract import extract as extract_tree
 from bootseer.tree.reader import TreeReader
 
 log = logging.getLogger(__name__)

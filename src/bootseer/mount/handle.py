@@ -14,6 +14,7 @@ import signal
 import threading
 from typing import Any
 
+from bootseer.errors import MountError
 from bootseer.mount.choose import Serving
 from bootseer.node import alive, mounts
 
@@ -71,11 +72,17 @@ class MountHandle:
         the page cache fail with EIO from then on). A server that hangs is killed."""
         self.stopped.set()
         immediate = True
+        server = self._server
         if mounts.is_mount_point(self.mountpoint):
-            immediate = mounts.unmount(self.mountpoint)
+            try:
+                immediate = mounts.unmount(self.mountpoint)
+            except MountError as e:
+                if server is None:
+                    raise
+                log.warning("%s: stopping its server", e)   # which ends the connection
+                immediate = False
             if not immediate:
                 log.info("%s is busy: detached lazily", self.mountpoint)
-        server = self._server
         if server is not None:
             if self._term and server.is_alive():
                 os.kill(server.pid, signal.SIGTERM)

@@ -1,6 +1,7 @@
 """Serving what a technique describes, as :mod:`bootseer.mount.choose` says: a tree
-(EROFS on a local blob, EROFS on a FUSE-served blob, or the FUSE tree view) or a file set
-(devfuse with passthrough, or mfusepy). Techniques hand over a description; this module
+(EROFS on a local blob, EROFS on a FUSE-served blob, or the FUSE tree view), a file set
+(devfuse with passthrough, or mfusepy), or a restored environment's image on its local
+blob (EROFS, under a writable overlay or alone). Techniques hand over a description; this module
 makes the mounts and returns the one :class:`~bootseer.mount.handle.MountHandle`.
 
 On the kernel path, a tree's blob is either complete on the node (the blob LRU,
@@ -26,13 +27,13 @@ from bootseer.errors import MountError
 from bootseer.mount import fuse
 from bootseer.mount.choose import Serving, What, choose
 from bootseer.mount.devfuse import process as devfuse
-from bootseer.mount.erofs import kernel
+from bootseer.mount.erofs import BLOB_NAME, kernel
 from bootseer.mount.erofs.blobs import BlobSource, local_blob
 from bootseer.mount.erofs.images import metadata_image
-from bootseer.mount.erofs import BLOB_NAME
 from bootseer.mount.handle import MountHandle
+from bootseer.mount.overlay import mount_overlay
 from bootseer.mount.view import TreeView
-from bootseer.node import alive
+from bootseer.node import alive, mounts
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,26 @@ def serve_tree(config: BootseerConfig, tree: Tree, mountpoint: str,
                 why = str(e)
         log.warning("tree %s is served by the FUSE tree view: %s", tree.label, why)
     return fuse.mount(tree.view, mountpoint, name=tree.name, serving=Serving.FUSE_VIEW)
+
+
+def serve_image(image: str, blob: str, target: str, *, overlay_in: str | None = None) -> None:
+    """EROFS of the metadata ``image`` on the local ``blob`` at ``target``, made to outlive
+    this process (a restored environment: its owner records it and undoes it with
+    :func:`bootseer.node.mounts.unmount`). ``overlay_in``: a directory for a writable
+    overlay: EROFS at ``<dir>/lower``, the overlay's ``upper`` and ``work`` beside it, the
+    overlay at ``target``. A failure leaves nothing mounted."""
+    if overlay_in is None:
+        kernel.mount_with_read_ahead(image, target, blob)
+        return
+    lower, upper, work = (os.path.join(overlay_in, d) for d in ("lower", "upper", "work"))
+    for d in (lower, upper, work):
+        os.makedirs(d, exist_ok=True)
+    kernel.mount_with_read_ahead(image, lower, blob)
+    try:
+        mount_overlay(target, lower, upper, work)
+    except BaseException:
+        mounts.unmount(lower)
+        raise
 
 
 def serve_files(config: BootseerConfig, view_factory: Callable[[], TreeView],
