@@ -11,7 +11,7 @@
 A node that has the key's blob mounts it without asking the store. An extracting restore
 or a build happens in a temp dir next to PREFIX, renamed into place with the
 completion marker written last: a killed restore or build leaves nothing half-visible, and
-the next ensure removes what it left (``prefix``, ``place``). A PREFIX that exists without a bootseer
+the next ensure removes what it left (``prefix``). A PREFIX that exists without a bootseer
 marker is someone else's, and one that a running process uses is busy: refused, never
 overwritten. A read-only store restores; on a miss the node installs without publishing.
 """
