@@ -16,7 +16,7 @@ from bootseer.deps import compat, ensure as E, relocate
 from bootseer.deps.mounts import unmount
 from bootseer.deps.prefix import mounted_info, rmtree, sidecar
 from bootseer.deps.resolve import DepsError
-from bootseer.deps.snapshot import env_ref, load_manifest, portable_ref, publish_manifest
+from bootseer.deps.snapshot import env_ref, load_manifest, publish_manifest
 from tests.deps.test_deps import cfg, serve_index, wipe
 
 pytestmark = pytest.mark.timeout(240)
