@@ -37,7 +37,14 @@ from bootseer.deps.build import build
 from bootseer.deps.gc import record_use
 from bootseer.deps.lease import LEASE_TTL_S, Lease
 from bootseer.deps.mounts import mount_env
-from bootseer.deps.prefix import Sibling, form, read_marker, sweep_leftovers, sweep_stale_sidecar
+from bootseer.deps.prefix import (
+    Sibling,
+    form,
+    overlay_damage,
+    read_marker,
+    sweep_leftovers,
+    sweep_stale_sidecar,
+)
 from bootseer.deps.resolve import DepsError, Resolved, python_of, resolve_key
 from bootseer.deps.restore import mount_cached, restore
 from bootseer.deps.snapshot import (
@@ -130,14 +137,14 @@ def ensure(spec: str, prefix: str, *, python: str | None = None, index_urls=None
     prefix = job.prefix
     if key is None:
         key = job.resolved().key
-    if _warm(read_marker(prefix), key, copy):
+    if _warm(prefix, key, copy):
         return job.done("warm", key)
     sweep_stale_sidecar(prefix)
     place.check_replaceable(prefix, key)     # before any work: foreign, or in use
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     store = open_store(job.config.store.url, job.config)
     with _prefix_locked(prefix):
-        if _warm(read_marker(prefix), key, copy):
+        if _warm(prefix, key, copy, say=True):
             return job.done("warm", key)
         sweep_leftovers(prefix)
         # this node has the key's blob: mounted without the store
@@ -158,12 +165,24 @@ def _prefix_locked(prefix: str):
         yield
 
 
-def _warm(marker: dict | None, key: str, copy: bool) -> bool:
-    """PREFIX already holds ``key``'s environment (with ``copy``: as a plain directory,
-    not a mount)."""
+def _warm(prefix: str, key: str, copy: bool, *, say: bool = False) -> bool:
+    """PREFIX already holds ``key``'s environment, usable (with ``copy``: as a plain
+    directory, not a mount). A kernel mount whose overlay hides files of the published
+    environment (deleted through it: a job's ``rm -rf``) is not warm: it is mounted again
+    as published, its overlay's changes dropped, and that is said."""
+    marker = read_marker(prefix)
     if not marker or marker.get("key") != key:
         return False
-    return not copy or ("backend" not in marker and "pid" not in marker)
+    if copy and ("backend" in marker or "pid" in marker):
+        return False
+    damage = overlay_damage(prefix) if form(prefix) == "mount" else []
+    if damage and say:   # said under the prefix's lock, by the ensure that mounts it again
+        log.warning("%s: files of environment %s were deleted through its overlay (%s%s): "
+                    "mounting it again as published, the overlay's changes dropped", prefix,
+                    key[:19], ", ".join(damage[:3]), ", ..." if len(damage) > 3 else "")
+    if damage:
+        return False
+    return True
 
 
 def _from_store(job: _Job, store, key: str, wait_s: float, lease_ttl_s: float) -> Result | str:
@@ -202,7 +221,7 @@ def _from_store(job: _Job, store, key: str, wait_s: float, lease_ttl_s: float) -
 def _restore_published(job: _Job, store, published: str, key: str) -> Result:
     """The snapshot published under ``key``: lazily mounted (``mount``, when it was made
     at this prefix) or restored."""
-    manifest = load_manifest(store, published)
+    manifest = load_manifest(store, published, key)
     check_driver(manifest)
     if job.mount and manifest["prefix"] == job.prefix:
         place.clear(job.prefix)

@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import re
+import stat
 import secrets
 import shutil
 from pathlib import Path
@@ -103,6 +104,41 @@ def mounted_info(prefix: str) -> dict | None:
     if mounts.is_mount_point(prefix) and pid_alive(int(info.get("pid", 0))):
         return info
     return None
+
+
+def overlay_damage(prefix: str) -> list[str]:
+    """Paths of the published environment that were deleted or hidden through the
+    writable overlay of a kernel mount at ``prefix`` (whiteouts and opaque directories in
+    its upper directory), first few only; empty when there is none or no overlay. New
+    files (a job's ``__pycache__``) are no damage: they hide nothing published."""
+    upper = os.path.join(state_dir(prefix), "upper")
+    found: list[str] = []
+    for root, dirs, files in os.walk(upper):
+        rel = os.path.relpath(root, upper)
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            shown = os.path.normpath(os.path.join("/", rel, name))
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:     # a whiteout
+                found.append(shown)
+            elif stat.S_ISDIR(st.st_mode) and _opaque(path):     # hides what was below
+                found.append(shown + "/")
+            if len(found) >= 5:
+                return found
+    return found
+
+
+def _opaque(path: str) -> bool:
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def form(prefix: str) -> str:

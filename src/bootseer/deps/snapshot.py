@@ -12,7 +12,7 @@ from pathlib import Path
 from bootseer import trace as tracing
 from bootseer.deps import compat, relocate
 from bootseer.deps.prefix import MARKER
-from bootseer.deps.resolve import FORMAT
+from bootseer.deps.resolve import FORMAT, DepsError
 from bootseer.store.digest import sha256_digest
 
 
@@ -38,8 +38,18 @@ def write_marker(prefix: str, key: str, tree: str | None, **extra) -> None:
     tmp.rename(Path(prefix) / MARKER)
 
 
-def load_manifest(store, digest: str) -> dict:
-    return json.loads(store.read(digest))
+def load_manifest(store, digest: str, key: str | None = None) -> dict:
+    """The manifest ``digest`` (the store verified its bytes). With ``key`` (read through
+    that key's ref), its own key must be ``key``: a ref set to another environment's
+    manifest, by mistake or by a hostile writer, is refused, never restored as this one."""
+    manifest = json.loads(store.read(digest))
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("tree"), str):
+        raise DepsError(f"{digest} is not an environment manifest")
+    if key is not None and manifest.get("key") != key:
+        raise DepsError(f"the store's ref {env_ref(key)} names the manifest of environment "
+                        f"{str(manifest.get('key'))[:19]}, not {key[:19]}: refusing it (was the "
+                        f"ref edited?)")
+    return manifest
 
 
 def check_driver(manifest: dict) -> None:
