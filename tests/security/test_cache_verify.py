@@ -42,7 +42,7 @@ def fill(store, digest, tmp_path) -> list:
     """Read the whole file once (every chunk cached); return its chunk refs."""
     r = reader(store, digest, tmp_path)
     assert r.read("/lib/data.bin", len(DATA), 0) == DATA
-    return r.entries["/lib/data.bin"]["chunks"]
+    return r.entries["/lib/data.bin"].chunks
 
 
 def damage(path, how: str) -> None:
@@ -95,7 +95,7 @@ def test_through_a_real_mount(need_fuse, tmp_path, tree, how, capfd):
     store, digest = tree
     refs = fill(store, digest, tmp_path)
     for ref in refs[:2]:
-        damage(cache_of(tmp_path).path(ref[0]), how)
+        damage(cache_of(tmp_path).path(ref.digest), how)
     damage(cache_of(tmp_path).path(digest), how)   # and the TOC
     mp = tmp_path / "mnt"
     mp.mkdir()
@@ -103,7 +103,7 @@ def test_through_a_real_mount(need_fuse, tmp_path, tree, how, capfd):
         assert os.path.getsize(mp / "lib/data.bin") == len(DATA)
         assert (mp / "lib/data.bin").read_bytes() == DATA
     cache = cache_of(tmp_path)
-    assert [cache.path(r[0]).read_bytes() for r in refs[:2]] == [DATA[:CHUNK],
+    assert [cache.path(r.digest).read_bytes() for r in refs[:2]] == [DATA[:CHUNK],
                                                                   DATA[CHUNK:2 * CHUNK]]
     err = capfd.readouterr().err   # the server's log lines (its stderr is ours)
     assert err.count("corrupt on disk") == 3, err

@@ -57,7 +57,7 @@ def fetch_blob(reader, layout: BlobLayout, dest: str,
             while nxt < len(missing) and len(decoded) < DECODE_AHEAD:
                 (i, ref), fut = missing[nxt], futures[nxt]
                 decoded.append((i, pool.submit(lambda r=ref, f=fut: (
-                    len(f.result()), reader._decompress(f.result(), r)))))
+                    len(f.result()), reader.decode(f.result(), r)))))
                 nxt += 1
             i, fut = decoded.pop(0)
             raw_len, data = fut.result()

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -41,6 +42,7 @@ from bootseer.deps.mounted import KERNEL_BACKEND, is_mount_point, sidecar, state
 from bootseer.errors import BootseerError, StoreError
 from bootseer.node import mounts as points
 from bootseer.mount.erofs import kernel
+from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
 _fallback_said = False
@@ -163,15 +165,15 @@ def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, ke
         raise
 
 
-def without_privileges(toc: dict) -> dict:
+def without_privileges(toc: Toc) -> Toc:
     """The TOC as an environment is restored: no set-id bits, only ``user.*`` xattrs, no
     device nodes or fifos (as an extraction writes it; the mounts are nosuid, nodev)."""
     from bootseer.tree.extract import SETID
-    entries = [{**e, "mode": e["mode"] & ~SETID,
-                "xattrs": {k: v for k, v in (e.get("xattrs") or {}).items()
-                           if k.startswith("user.")}}
-               for e in toc["entries"] if e["type"] not in ("c", "b", "p")]
-    return {**toc, "entries": entries}
+    entries = tuple(replace(e, mode=e.mode & ~SETID,
+                            xattrs={k: v for k, v in (e.xattrs or {}).items()
+                                    if k.startswith("user.")})
+                    for e in toc.entries if e.type not in ("c", "b", "p"))
+    return replace(toc, entries=entries)
 
 
 def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str, key: str,
@@ -255,7 +257,7 @@ def _local_blob(config: BootseerConfig, store, reader, layout, key: str, fetcher
         with tracing.phase("deps.fetch") as span:
             from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
-            total = sum(ref[4] for ref in layout.refs)   # the data, not the padding
+            total = sum(ref.size for ref in layout.refs)   # the data, not the padding
             span.set(**fetch_blob(reader, layout, blob,
                                   (lambda n: progress(n, total)) if progress else None),
                      requests=fetcher.counters()["requests"], blob_bytes=layout.size)

@@ -84,7 +84,7 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         timing: dict = {}
         with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
             reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
-            total = sum(c[4] for c in reader.all_chunks())
+            total = sum(c.size for c in reader.all_chunks())
             from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
             n = extract(reader, tmp.path, readonly=True, timing=timing,

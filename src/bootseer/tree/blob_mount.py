@@ -43,6 +43,7 @@ from bootseer.store.cache import NodeCache
 from bootseer.tree.blob import (BLOB_NAME, BlobLayout, BlobView, all_local, assemble,
                                 erofs_root, verify_blob)
 from bootseer.tree.preread import hot_ranges, preread
+from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
 PREREAD = "preread"           # created in the state dir once the hot head was pre-read
@@ -205,7 +206,7 @@ def _make_room(directory: Path, allowed: int) -> None:
 META_FORMAT = b"bootseer.erofs-meta.v1"
 
 
-def metadata_image(config: BootseerConfig, tree: str, toc: dict, layout: BlobLayout,
+def metadata_image(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
                    state: Path) -> Path:
     """The tree's metadata image for this blob layout, kept in ``<cache dir>/erofs`` with
     its sha256 beside it (writing one costs some tens of microseconds per file; a node
@@ -265,7 +266,7 @@ def _unmount_once_started(starting: Future) -> None:
     server.unmount()
 
 
-def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict | None,
+def mount_tree_erofs(config: BootseerConfig, tree: str, toc: Toc, profile: dict | None,
                      mountpoint: str, state_dir: str, *, record: bool = True,
                      window_timeout_s: float = 600.0,
                      name: str = "bootseer-tree") -> ErofsTreeHandle:

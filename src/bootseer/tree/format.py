@@ -1,4 +1,4 @@
-"""The TOC: a zstd-compressed JSON document whose digest is the tree's digest.
+"""The stored form of a TOC: zstd-compressed JSON whose digest is the tree's digest.
 
     {"v": 1, "kind": "bootseer.tree", "chunk_size": 1048576,
      "packs": ["sha256:...", ...],
@@ -9,40 +9,63 @@
                   "xattrs": {"user.x": "<base64>"},
                   "chunks": [["sha256:<uncompressed>", pack_index, offset, clen, ulen], ...]}],
      "meta": {...}}
+
+Keys are sorted and separators compact, so a TOC decoded and encoded again is the same
+bytes (the same tree digest). The records it decodes to are ``bootseer.tree.toc``'s; this
+module is the only one that sees the JSON.
 """
 
 from __future__ import annotations
 
 import json
 
-from bootseer.errors import BootseerError
+from bootseer.tree import validate
+from bootseer.tree.toc import KIND, VERSION, ChunkRef, Entry, Toc, TreeFormatError
 
-VERSION = 1
-KIND = "bootseer.tree"
-
-
-class TreeFormatError(BootseerError, ValueError):
-    pass
+_OPTIONAL = ("target", "rdev", "xattrs")
 
 
-def encode(toc: dict) -> bytes:
+def encode(toc: Toc) -> bytes:
     import zstandard
+    doc = {"v": VERSION, "kind": KIND, "chunk_size": toc.chunk_size, "packs": list(toc.packs),
+           "meta": toc.meta, "entries": [_entry_doc(e) for e in toc.entries]}
     return zstandard.ZstdCompressor(level=9).compress(
-        json.dumps(toc, separators=(",", ":"), sort_keys=True).encode())
+        json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
 
 
-def decode(blob: bytes, digest: str = "") -> dict:
+def decode(blob: bytes, digest: str = "") -> Toc:
+    """The TOC in ``blob``, checked (``validate``: the store is untrusted) before any
+    record is made of it."""
     import zstandard
     try:
-        toc = json.loads(zstandard.ZstdDecompressor().decompress(blob, max_output_size=1 << 31))
+        doc = json.loads(zstandard.ZstdDecompressor().decompress(blob, max_output_size=1 << 31))
     except (zstandard.ZstdError, ValueError, UnicodeDecodeError) as e:
         raise TreeFormatError(f"{digest or 'blob'} is not a bootseer tree TOC: {e}") from e
-    if not isinstance(toc, dict) or toc.get("kind") != KIND:
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise TreeFormatError(f"{digest or 'blob'} is not a bootseer tree TOC (kind "
-                              f"{toc.get('kind') if isinstance(toc, dict) else type(toc).__name__!r})")
-    if toc.get("v") != VERSION:
-        raise TreeFormatError(f"tree {digest} has format version {toc.get('v')}, this bootseer "
+                              f"{doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r})")
+    if doc.get("v") != VERSION:
+        raise TreeFormatError(f"tree {digest} has format version {doc.get('v')}, this bootseer "
                               f"reads version {VERSION}")
-    from bootseer.tree import validate   # the store is untrusted: check before any use
-    validate.check(toc, digest)
-    return toc
+    validate.check(doc, digest)
+    return Toc(doc["chunk_size"], tuple(doc["packs"]),
+               tuple(_entry(e) for e in doc["entries"]), doc.get("meta") or {})
+
+
+def _entry(e: dict) -> Entry:
+    chunks = e.get("chunks")
+    return Entry(e["path"], e["type"], e["mode"], e["uid"], e["gid"], e["mtime"], e["size"],
+                 e.get("target"), e.get("rdev"), e.get("xattrs"),
+                 None if chunks is None else tuple(ChunkRef(*c) for c in chunks))
+
+
+def _entry_doc(e: Entry) -> dict:
+    doc = {"path": e.path, "type": e.type, "mode": e.mode, "uid": e.uid, "gid": e.gid,
+           "mtime": e.mtime, "size": e.size}
+    for key in _OPTIONAL:
+        value = getattr(e, key)
+        if value is not None:
+            doc[key] = value
+    if e.chunks is not None:
+        doc["chunks"] = [[c.digest, c.pack, c.offset, c.stored, c.size] for c in e.chunks]
+    return doc

@@ -32,8 +32,8 @@ def hot_ranges(layout: BlobLayout) -> list[tuple[str, str, int, int]]:
     of the tree holds it."""
     out = []
     for ref in layout.refs[:layout.hot_count]:
-        path, i = layout.where[ref[0]]
-        out.append((ref[0], path, i * layout.chunk_size, ref[4]))
+        path, i = layout.where[ref.digest]
+        out.append((ref.digest, path, i * layout.chunk_size, ref.size))
     return out
 
 

@@ -74,7 +74,7 @@ class TreeSession:
         # a copy: the prefetch may still be adding (set() copies a set without running
         # Python code, so under the GIL; iterating the live set raised RuntimeError)
         prefetched = set(pre.prefetched) if pre else set()
-        sizes = {c[0]: c[4] for c in self.reader.all_chunks()}
+        sizes = {c.digest: c.size for c in self.reader.all_chunks()}
         pre_bytes = sum(sizes.get(d, 0) for d in prefetched)
         used = sum(sizes.get(d, 0) for d in prefetched & read)
         fc = self.fetcher.counters()
@@ -144,7 +144,7 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
             try:
                 return (mount_tree_erofs(config, tree, toc, profile, mountpoint, state_dir,
                                          record=record, window_timeout_s=window_timeout_s,
-                                         name=name), profile, toc.get("meta") or {})
+                                         name=name), profile, toc.meta)
             except ErofsMountError as e:   # nothing of it is left mounted
                 if config.mount.backend == "erofs":
                     raise
@@ -152,5 +152,4 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
         log.warning("tree %s is served by the FUSE tree view: %s", tree[:19], why)
     factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
                                 window_timeout_s)
-    return (mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile,
-            toc.get("meta") or {})
+    return (mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile, toc.meta)
