@@ -18,6 +18,7 @@ module is the only one that sees the JSON.
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from bootseer.tree import validate
 from bootseer.tree.toc import KIND, VERSION, ChunkRef, Entry, Toc, TreeFormatError
@@ -52,11 +53,28 @@ def decode(blob: bytes, digest: str = "") -> Toc:
                tuple(_entry(e) for e in doc["entries"]), doc.get("meta") or {})
 
 
+def _maker(cls: type) -> Callable:
+    """A constructor of the frozen record ``cls`` taking every field positionally, that
+    sets the slots directly: a dataclass's frozen ``__init__`` sets each field through
+    ``object.__setattr__``, which costs about as much again as parsing the JSON did, and
+    a TOC holds one Entry per path and one ChunkRef per chunk."""
+    names = cls.__slots__
+    scope = {"new": object.__new__, "cls": cls}
+    scope.update({f"set_{n}": getattr(cls, n).__set__ for n in names})
+    args = ", ".join(names)
+    body = "".join(f"    set_{n}(o, {n})\n" for n in names)
+    exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", scope)
+    return scope["make"]
+
+
+_new_entry, _new_ref = _maker(Entry), _maker(ChunkRef)
+
+
 def _entry(e: dict) -> Entry:
-    chunks = e.get("chunks")
-    return Entry(e["path"], e["type"], e["mode"], e["uid"], e["gid"], e["mtime"], e["size"],
-                 e.get("target"), e.get("rdev"), e.get("xattrs"),
-                 None if chunks is None else tuple(ChunkRef(*c) for c in chunks))
+    chunks, get = e.get("chunks"), e.get
+    return _new_entry(e["path"], e["type"], e["mode"], e["uid"], e["gid"], e["mtime"], e["size"],
+                      get("target"), get("rdev"), get("xattrs"),
+                      None if chunks is None else tuple([_new_ref(*c) for c in chunks]))
 
 
 def _entry_doc(e: Entry) -> dict:
