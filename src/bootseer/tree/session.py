@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
@@ -24,6 +25,31 @@ from bootseer.tree.view import TreeMountView
 log = logging.getLogger(__name__)
 TRIGGER = "close-window"
 PREFETCHED = "prefetched"   # created in state_dir when the hot blocks are local
+
+
+@dataclass(frozen=True, slots=True)
+class StartFigures:
+    """A start's figures, written as ``figures.json`` when its window closes: the read
+    chunks and bytes, the share local at first read (``coverage``), the share of the
+    prefetched bytes that were read (``precision``), the time reads waited for the store
+    and how many chunks they waited for, the store's bytes and requests, and the
+    prefetch's counts (``Prefetcher.stats``)."""
+    tree: str
+    window_s: float
+    closed_by: str | None
+    read_chunks: int
+    read_bytes: int
+    coverage: float | None
+    precision: float | None
+    stall_s: float
+    demand_chunks: int
+    store_bytes: int
+    store_requests: int
+    prefetch: dict | None
+
+    def doc(self) -> dict:
+        """The JSON document (keys in field order)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class TreeSession:
@@ -67,7 +93,7 @@ class TreeSession:
                 return
             self._done.wait(0.05)
 
-    def figures(self) -> dict:
+    def figures(self) -> StartFigures:
         rec = self.recorder
         read = set(rec.chunks)
         pre = self.prefetcher
@@ -78,15 +104,14 @@ class TreeSession:
         pre_bytes = sum(sizes.get(d, 0) for d in prefetched)
         used = sum(sizes.get(d, 0) for d in prefetched & read)
         fc = self.fetcher.counters()
-        return {"tree": self.reader.digest, "window_s": round(getattr(rec, "window_s", 0.0), 3),
-                "closed_by": rec.closed_by, "read_chunks": len(read),
-                "read_bytes": rec.first_bytes, "coverage": rec.coverage,
-                "precision": (used / pre_bytes) if pre_bytes else None,
-                "stall_s": round(self.reader.counters["stall_s"], 3),
-                # chunks a read had to wait for from the store (the stalls' count)
-                "demand_chunks": self.reader.counters["chunks_fetched"],
-                "store_bytes": fc["bytes"], "store_requests": fc["requests"],
-                "prefetch": pre.stats if pre else None}
+        return StartFigures(
+            tree=self.reader.digest, window_s=round(getattr(rec, "window_s", 0.0), 3),
+            closed_by=rec.closed_by, read_chunks=len(read), read_bytes=rec.first_bytes,
+            coverage=rec.coverage, precision=(used / pre_bytes) if pre_bytes else None,
+            stall_s=round(self.reader.counters["stall_s"], 3),
+            demand_chunks=self.reader.counters["chunks_fetched"],
+            store_bytes=fc["bytes"], store_requests=fc["requests"],
+            prefetch=dict(pre.stats) if pre else None)   # a copy: the prefetch may go on
 
     def finish(self) -> None:
         """Close the window once: write profile.json and figures.json (atomically)."""
@@ -98,7 +123,7 @@ class TreeSession:
             if self.record:
                 self.recorder.save(str(self.state / "profile.json"))
             tmp = self.state / "figures.json.tmp"
-            tmp.write_text(json.dumps(self.figures(), default=str))
+            tmp.write_text(json.dumps(self.figures().doc(), default=str))
             tmp.rename(self.state / "figures.json")
         except OSError as e:
             log.warning("cannot write the recording: %s", e)
