@@ -59,7 +59,7 @@ def damage(path, how: str) -> None:
 def test_damaged_cached_chunk_is_refetched_not_served(tmp_path, tree, how, caplog):
     store, digest = tree
     refs = fill(store, digest, tmp_path)
-    entry = cache_of(tmp_path).path(refs[1][0])
+    entry = cache_of(tmp_path).path(refs[1].digest)
     damage(entry, how)
     caplog.set_level(logging.WARNING, logger="bootseer.store.cache")
     r = reader(store, digest, tmp_path)
@@ -68,7 +68,7 @@ def test_damaged_cached_chunk_is_refetched_not_served(tmp_path, tree, how, caplo
     assert r.read("/lib/data.bin", len(DATA), 0) == DATA
     assert entry.read_bytes() == DATA[CHUNK:2 * CHUNK]          # refetched and cached again
     assert r.counters["chunks_fetched"] == 1
-    assert any("corrupt on disk" in m and refs[1][0] in m for m in caplog.messages)
+    assert any("corrupt on disk" in m and refs[1].digest in m for m in caplog.messages)
 
 
 def test_damaged_cached_toc_is_refetched(tmp_path, tree, caplog):
@@ -113,8 +113,8 @@ def test_through_an_environment_restore(tmp_path, tree, caplog):
     from tests.security.test_hostile_tree import restore
     store, digest = tree
     refs = fill(store, digest, tmp_path)
-    damage(cache_of(tmp_path).path(refs[0][0]), "flip")
-    damage(cache_of(tmp_path).path(refs[2][0]), "truncate")
+    damage(cache_of(tmp_path).path(refs[0].digest), "flip")
+    damage(cache_of(tmp_path).path(refs[2].digest), "truncate")
     caplog.set_level(logging.WARNING, logger="bootseer.store.cache")
     restore(tmp_path, store, digest, tmp_path / "env")
     assert (tmp_path / "env/lib/data.bin").read_bytes() == DATA

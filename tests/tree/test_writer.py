@@ -67,7 +67,7 @@ def test_each_chunk_is_fetched_once_and_local_ones_come_from_the_cache(tmp_path,
 
 
 def test_a_blob_from_the_node_cache_alone(tmp_path, tree):
-    store, digest, files = tree
+    store, digest, _ = tree
     cache = _cache(tmp_path)
     with Fetcher() as f:
         r = TreeReader(store, digest, f, cache)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.toc import ChunkRef, Entry

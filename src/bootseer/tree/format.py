@@ -18,7 +18,8 @@ module is the only one that sees the JSON.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from bootseer.tree import validate
 from bootseer.tree.toc import KIND, VERSION, ChunkRef, Entry, Toc, TreeFormatError
@@ -53,17 +54,18 @@ def decode(blob: bytes, digest: str = "") -> Toc:
                tuple(_entry(e) for e in doc["entries"]), doc.get("meta") or {})
 
 
-def _maker(cls: type) -> Callable:
+def _maker(cls: type) -> Callable[..., Any]:
     """A constructor of the frozen record ``cls`` taking every field positionally, that
     sets the slots directly: a dataclass's frozen ``__init__`` sets each field through
     ``object.__setattr__``, which costs about as much again as parsing the JSON did, and
     a TOC holds one Entry per path and one ChunkRef per chunk."""
-    names = cls.__slots__
-    scope = {"new": object.__new__, "cls": cls}
+    names: tuple[str, ...] = getattr(cls, "__slots__")
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
     scope.update({f"set_{n}": getattr(cls, n).__set__ for n in names})
     args = ", ".join(names)
     body = "".join(f"    set_{n}(o, {n})\n" for n in names)
-    exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", scope)
+    # the source names only the record's own slots (as dataclasses' generated methods do)
+    exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", scope)  # noqa: S102
     return scope["make"]
 
 

@@ -109,7 +109,7 @@ class TreeSession:
             closed_by=rec.closed_by, read_chunks=len(read), read_bytes=rec.first_bytes,
             coverage=rec.coverage, precision=(used / pre_bytes) if pre_bytes else None,
             stall_s=round(self.reader.counters["stall_s"], 3),
-            demand_chunks=self.reader.counters["chunks_fetched"],
+            demand_chunks=int(self.reader.counters["chunks_fetched"]),
             store_bytes=fc["bytes"], store_requests=fc["requests"],
             prefetch=dict(pre.stats) if pre else None)   # a copy: the prefetch may go on
 

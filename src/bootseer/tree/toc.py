@@ -5,8 +5,8 @@ into the stored bytes and back; ``bootseer.tree.validate`` checks a stored TOC f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from bootseer.errors import BootseerError
 

@@ -20,7 +20,7 @@ class TreeMountView:
         e = self.reader.entry(path)
         raw = self.reader.entries[path]   # a link's count is its file's, by either name
         nlink = 2 if e.type == "d" else self._nlink.get(
-            raw.target if raw.type == "h" else path, 1)
+            raw.target if raw.type == "h" and raw.target else path, 1)
         return Attr(mode=self.reader.mode(e), size=e.size, uid=e.uid, gid=e.gid,
                     mtime=e.mtime, nlink=nlink, rdev=e.rdev or 0)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Self
 
 from bootseer.store.fetch import Priority
 from bootseer.tree.reader import TreeReader
@@ -54,7 +55,6 @@ class ChunkWriter:
         self._kept: dict[str, bytes] = {}
         self._decoded: dict[str, Future] = {}
         self._pending: dict[str, Future] = {}   # fetches not yet handed to a decoder
-        self._fetches: list[Future] = []
         self._fetch_order: list[ChunkRef] = []
         self._next = 0
         self._stored_bytes = 0
@@ -71,9 +71,9 @@ class ChunkWriter:
         self._fetch_order = list(missing.values())
         if not self._fetch_order:
             return
-        self._fetches = reader.submit_chunks(self._fetch_order, Priority.DEMAND)
-        self._pending = dict(zip(missing, self._fetches))
-        for fut in self._fetches:
+        futures = reader.submit_chunks(self._fetch_order, Priority.DEMAND)
+        self._pending = dict(zip(missing, futures))
+        for fut in futures:
             fut.add_done_callback(self._arrived)
         self._pool = ThreadPoolExecutor(max_workers=DECODE_THREADS,
                                         thread_name_prefix="bootseer-decode")
@@ -84,12 +84,15 @@ class ChunkWriter:
     def _refill(self) -> None:
         assert self._reader is not None and self._pool is not None
         decode = self._reader.decode
+
+        def decoded(ref: ChunkRef, fetch: Future) -> tuple[int, bytes]:
+            raw = fetch.result()
+            return len(raw), decode(raw, ref)
         while self._next < len(self._fetch_order) and len(self._decoded) < DECODE_AHEAD:
             ref = self._fetch_order[self._next]
             self._next += 1
-            fut = self._pending.pop(ref.digest)
-            self._decoded[ref.digest] = self._pool.submit(
-                lambda r=ref, f=fut: (len(f.result()), decode(f.result(), r)))
+            self._decoded[ref.digest] = self._pool.submit(decoded, ref,
+                                                          self._pending.pop(ref.digest))
 
     def _bytes(self, ref: ChunkRef, path: str) -> bytes:
         digest = ref.digest
@@ -125,13 +128,13 @@ class ChunkWriter:
         return Fetched(len(self._fetch_order), self._stored_bytes, self._last_at)
 
     def close(self) -> None:
-        """Stop decoding and drop what was queued and not yet written."""
+        """Stop decoding what was not yet written. Fetches already queued run to their
+        end: the fetcher completes every request it was given (a future cancelled under
+        it would fail its worker)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        for fut in self._fetches:
-            fut.cancel()
 
-    def __enter__(self) -> "ChunkWriter":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
