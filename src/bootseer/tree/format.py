@@ -56,9 +56,9 @@ def decode(blob: bytes, digest: str = "") -> Toc:
 
 def _maker(cls: type) -> Callable[..., Any]:
     """A constructor of the frozen record ``cls`` taking every field positionally, that
-    sets the slots directly: a dataclass's frozen ``__init__`` sets each field through
-    ``object.__setattr__``, which costs about as much again as parsing the JSON did, and
-    a TOC holds one Entry per path and one ChunkRef per chunk."""
+    sets the slots directly: a frozen dataclass's ``__init__`` makes one
+    ``object.__setattr__`` call per field, a TOC holds one Entry per path and one ChunkRef
+    per chunk, and loading it is on the path of every start."""
     names: tuple[str, ...] = getattr(cls, "__slots__")
     scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
     scope.update({f"set_{n}": getattr(cls, n).__set__ for n in names})
