@@ -17,6 +17,7 @@ module is the only one that sees the JSON.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,19 @@ def encode(toc: Toc) -> bytes:
 def decode(blob: bytes, digest: str = "") -> Toc:
     """The TOC in ``blob``, checked (``validate``: the store is untrusted) before any
     record is made of it."""
+    # A TOC is one dict and one record per path and per chunk, none of them part of a
+    # reference cycle: the cyclic collector, which would otherwise run again and again
+    # over the growing heap while they are made, waits until the TOC is whole.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _decode(blob, digest)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _decode(blob: bytes, digest: str) -> Toc:
     import zstandard
     try:
         doc = json.loads(zstandard.ZstdDecompressor().decompress(blob, max_output_size=1 << 31))
