@@ -145,3 +145,18 @@ def test_a_stored_toc_document_keeps_its_json(tmp_path):
     again = zstandard.ZstdDecompressor().decompress(fmt.encode(fmt.decode(blob)),
                                                     max_output_size=1 << 20)
     assert again == raw and json.loads(raw)["entries"][0]["mtime"] == 1700000000.0
+
+
+def test_the_rules_know_the_records_not_the_codec():
+    """``validate`` checks what ``format`` parsed: it imports the records' module, never
+    the codec (which imports it), so the two form no circle."""
+    import ast
+
+    from bootseer.tree import validate
+    tree = ast.parse(Path(validate.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "bootseer.tree.toc" in imported
+    assert not {m for m in imported if m and m.startswith("bootseer.tree.format")}
+    assert not any(isinstance(n, ast.ImportFrom) and n.module == "bootseer.tree"
+                   and any(a.name == "format" for a in n.names) for n in ast.walk(tree))

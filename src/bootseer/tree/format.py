@@ -73,7 +73,7 @@ def _maker(cls: type) -> Callable[..., Any]:
     sets the slots directly: a frozen dataclass's ``__init__`` makes one
     ``object.__setattr__`` call per field, a TOC holds one Entry per path and one ChunkRef
     per chunk, and loading it is on the path of every start."""
-    names: tuple[str, ...] = getattr(cls, "__slots__")
+    names: tuple[str, ...] = cls.__dict__["__slots__"]
     scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
     scope.update({f"set_{n}": getattr(cls, n).__set__ for n in names})
     args = ", ".join(names)
