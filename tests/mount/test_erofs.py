@@ -144,12 +144,12 @@ def test_erofs_on_fuse_blob_serves_the_tree_and_records_chunks(tmp_path, src, tr
     assert not os.path.ismount(mp) and not handle.proc.is_alive()
     profile = json.loads((state / "profile.json").read_text())
     toc = fmt.decode(store.read(digest))
-    chunks = {c[0] for e in toc["entries"] for c in e.get("chunks", ())}
+    chunks = {c.digest for e in toc.entries for c in e.chunks or ()}
     recorded = {row[0] for row in profile["chunks"]}
     assert recorded and recorded <= chunks   # profiles stay per chunk digest
     # a hot-first blob from that profile: the hot chunks lead, the image still matches
     lay = BlobLayout(toc, [row[0] for row in profile["chunks"]])
-    assert [c[0] for c in lay.refs[:len(recorded)]] == [row[0] for row in profile["chunks"]]
+    assert [c.digest for c in lay.refs[:len(recorded)]] == [row[0] for row in profile["chunks"]]
     from bootseer.tree import profile as prof
     from bootseer.tree.blob_mount import PREREAD
     prof.push(store, profile)
@@ -384,12 +384,12 @@ def test_a_killed_blob_builds_temporaries_go_at_the_next_mount_a_live_ones_stay(
 def test_corrupt_chunk_in_the_store_is_eio_for_its_range_only(tmp_path, src, tree):
     store, digest, b = tree
     toc = fmt.decode(store.read(digest))
-    big = next(e for e in toc["entries"] if e["path"].startswith("/pkg/big") and e.get("chunks"))
-    ref = big["chunks"][1]
-    pack = store.path(b.packs[ref[1]])
+    big = next(e for e in toc.entries if e.path.startswith("/pkg/big") and e.chunks)
+    ref = big.chunks[1]
+    pack = store.path(b.packs[ref.pack])
     os.chmod(pack, 0o644)
     data = bytearray(pack.read_bytes())
-    data[ref[2] + ref[3] // 2] ^= 0xFF
+    data[ref.offset + ref.stored // 2] ^= 0xFF
     pack.write_bytes(bytes(data))
     handle, mp, _ = _mount(_config(tmp_path), digest, tmp_path)
     want = (src / "pkg/big.bin").read_bytes()

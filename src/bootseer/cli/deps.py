@@ -185,24 +185,22 @@ def _verify(args) -> int:
             print(f"{kind} {path}")
     with Fetcher() as f:
         reader = TreeReader(store, m["tree"], f)
-        cs = reader.toc["chunk_size"]
-        for e in reader.toc["entries"]:
-            if e["type"] != "f":
-                continue
+        cs = reader.toc.chunk_size
+        for e in reader.toc.files():
             files += 1
-            path = os.path.join(args.prefix, e["path"].lstrip("/"))
+            path = os.path.join(args.prefix, e.path.lstrip("/"))
             want = None
-            if e["path"] in rewritten:   # relocated: the snapshot's bytes, rewritten
-                want = rewrite_bytes(reader.read(e["path"], e["size"], 0), moved["from"],
+            if e.path in rewritten:   # relocated: the snapshot's bytes, rewritten
+                want = rewrite_bytes(reader.read(e.path, e.size, 0), moved["from"],
                                      os.path.abspath(args.prefix))
             try:   # read in blocks: a 2 GB library never sits in memory whole
                 ok = (bytes_match(path, want) if want is not None
-                      else file_matches(path, e["chunks"], cs, e["size"]))
+                      else file_matches(path, e.chunks or (), cs, e.size))
             except OSError:
-                problem("missing", e["path"])
+                problem("missing", e.path)
                 continue
             if not ok:
-                problem("modified", e["path"])
+                problem("modified", e.path)
     if args.json:
         print_json({"prefix": args.prefix, "key": m.get("key"), "tree": m["tree"],
                     "ok": not problems,

@@ -14,8 +14,8 @@ and metadata image serve a key, so a node with them mounts without asking the st
 
 A fetch queues every chunk not in the node cache at once (the fetcher coalesces
 neighbours in a pack into few large requests); chunks are decompressed and verified on a
-few threads in blob order and written at their slots as they arrive
-(``tree.blob.fill_blob``), so a chunk's bytes are held only until written and nothing is
+few threads in blob order and written at their slots as they arrive (the tree's one
+chunk writer, ``tree.writer.ChunkWriter``), so a chunk's bytes are held only until written and nothing is
 written twice: the blob is the node's copy of the environment, its chunks are not also put
 in the node cache. It is written to a part beside its final name, locked by its writer
 (``bootseer.node.partfile``), then renamed: a killed fetch leaves no blob that looks
@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -37,12 +36,10 @@ from bootseer.deps.prefix import write_json
 from bootseer.errors import StoreError
 from bootseer.mount.erofs.images import images_dir
 from bootseer.node import partfile
-from bootseer.store.fetch import Priority
-from bootseer.tree.blob import BlobLayout, fill_blob, verify_blob
+from bootseer.tree.blob import BlobLayout, verify_blob, write_blob
+from bootseer.tree.writer import ChunkWriter
 
 log = logging.getLogger(__name__)
-DECODE_THREADS = 3
-DECODE_AHEAD = 64
 
 
 def blob_path(config: BootseerConfig, layout: BlobLayout) -> Path:
@@ -135,7 +132,7 @@ def local_blob(config: BootseerConfig, store, reader, layout: BlobLayout, key: s
         with tracing.phase("deps.fetch") as span:
             from bootseer.tree.peers import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
-            total = sum(ref[4] for ref in layout.refs)   # the data, not the padding
+            total = sum(ref.size for ref in layout.refs)   # the data, not the padding
             span.set(**fetch(reader, layout, blob,
                              (lambda n: progress(n, total)) if progress else None),
                      requests=fetcher.counters()["requests"], blob_bytes=layout.size)
@@ -152,45 +149,11 @@ def fetch(reader, layout: BlobLayout, dest: str,
     the node cache). A chunk that fails verification raises (DigestMismatch) and leaves
     nothing at ``dest``."""
     partfile.sweep_dead(os.path.dirname(dest))
-    part = partfile.PartFile(dest)
-    local, missing = [], []
-    for i, ref in enumerate(layout.refs):
-        (local if reader.has_chunk(ref) else missing).append((i, ref))
-    futures = reader.submit_chunks([ref for _, ref in missing], Priority.DEMAND)
-    fetched = 0
-    pool = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="bootseer-blob")
-
-    def pieces():
-        nonlocal fetched
-        for i, ref in local:
-            data = reader.chunk(ref)   # the node cache's copy, re-verified; else fetched
-            if progress:
-                progress(len(data))
-            yield i, data
-        # decoding runs at most DECODE_AHEAD chunks ahead of the writer
-        decoded: list[tuple[int, Future]] = []
-        nxt = 0
-        while nxt < len(missing) or decoded:
-            while nxt < len(missing) and len(decoded) < DECODE_AHEAD:
-                (i, ref), fut = missing[nxt], futures[nxt]
-                decoded.append((i, pool.submit(lambda r=ref, f=fut: (
-                    len(f.result()), reader._decompress(f.result(), r)))))
-                nxt += 1
-            i, fut = decoded.pop(0)
-            raw_len, data = fut.result()
-            fetched += raw_len
-            if progress:
-                progress(len(data))
-            yield i, data
-
-    try:
+    with partfile.PartFile(dest) as part, \
+            ChunkWriter(layout.refs, reader=reader, progress=progress) as writer:
         # no fsync: a crash reboots the node, and a blob from an earlier boot is
         # re-verified before it is mounted
-        fill_blob(layout, part.fd, pieces())
+        write_blob(layout, part.fd, writer)
         part.commit(mode=0o444)
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for fut in futures:
-            fut.cancel()
-        part.close()
-    return {"chunks": len(missing), "bytes": fetched}
+    got = writer.fetched()
+    return {"chunks": got.chunks, "bytes": got.bytes}

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +32,7 @@ from bootseer.mount.choose import What, choose
 from bootseer.mount.erofs import images, kernel
 from bootseer.store.cache import NodeCache
 from bootseer.store.fetch import Fetcher
+from bootseer.tree.toc import Toc
 from bootseer.tree.blob import BlobLayout, unsupported
 from bootseer.tree.blob_mount import image_of
 from bootseer.tree.extract import SETID
@@ -77,7 +79,7 @@ def extract(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         timing: dict = {}
         with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
             reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
-            total = sum(c[4] for c in reader.all_chunks())
+            total = sum(c.size for c in reader.all_chunks())
             from bootseer.tree.peers import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
             n = extract_tree(reader, tmp.path, readonly=True, timing=timing,
@@ -137,14 +139,14 @@ def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, ke
         raise
 
 
-def without_privileges(toc: dict) -> dict:
+def without_privileges(toc: Toc) -> Toc:
     """The TOC as an environment is restored: no set-id bits, only ``user.*`` xattrs, no
     device nodes or fifos (as an extraction writes it; the mounts are nosuid, nodev)."""
-    entries = [{**e, "mode": e["mode"] & ~SETID,
-                "xattrs": {k: v for k, v in (e.get("xattrs") or {}).items()
-                           if k.startswith("user.")}}
-               for e in toc["entries"] if e["type"] not in ("c", "b", "p")]
-    return {**toc, "entries": entries}
+    entries = tuple(replace(e, mode=e.mode & ~SETID,
+                            xattrs={k: v for k, v in (e.xattrs or {}).items()
+                                    if k.startswith("user.")})
+                    for e in toc.entries if e.type not in ("c", "b", "p"))
+    return replace(toc, entries=entries)
 
 
 def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str, key: str,

@@ -31,6 +31,7 @@ from bootseer.node import partfile
 from bootseer.store.cache import NodeCache
 from bootseer.tree.blob import BlobLayout, all_local, assemble, erofs_root, verify_blob
 from bootseer.tree.preread import PREFETCHED, hot_ranges, preread
+from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
 PREREAD = "preread"           # created in the state dir once the hot head was pre-read
@@ -61,7 +62,7 @@ class LocalBlob:
         assemble(self.layout, self.cache, dest)
 
 
-def image_of(tree: str, toc: dict, layout: BlobLayout) -> bytes:
+def image_of(tree: str, toc: Toc, layout: BlobLayout) -> bytes:
     """The EROFS metadata image of ``toc`` with its data in ``layout``'s blob."""
     root, skipped = erofs_root(toc, layout)
     image, stats = write_image(root, chunk_size=layout.chunk_size, blob_blocks=layout.blocks,
@@ -73,7 +74,7 @@ def image_of(tree: str, toc: dict, layout: BlobLayout) -> bytes:
     return image
 
 
-def erofs_tree(config: BootseerConfig, tree: str, toc: dict, layout: BlobLayout,
+def erofs_tree(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
                blob_view: Callable[[], TreeView], blob_server: str) -> ErofsTree:
     """The kernel path's description of ``tree`` (``blob_view``: the blob server's view
     factory, ``blob_server`` its mount's name)."""

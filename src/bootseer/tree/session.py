@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
@@ -28,6 +29,31 @@ from bootseer.tree.view import TreeMountView
 
 log = logging.getLogger(__name__)
 TRIGGER = "close-window"
+
+
+@dataclass(frozen=True, slots=True)
+class StartFigures:
+    """A start's figures, written as ``figures.json`` when its window closes: the read
+    chunks and bytes, the share local at first read (``coverage``), the share of the
+    prefetched bytes that were read (``precision``), the time reads waited for the store
+    and how many chunks they waited for, the store's bytes and requests, and the
+    prefetch's counts (``Prefetcher.stats``)."""
+    tree: str
+    window_s: float
+    closed_by: str | None
+    read_chunks: int
+    read_bytes: int
+    coverage: float | None
+    precision: float | None
+    stall_s: float
+    demand_chunks: int
+    store_bytes: int
+    store_requests: int
+    prefetch: dict | None
+
+    def doc(self) -> dict:
+        """The JSON document (keys in field order)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class TreeSession:
@@ -71,26 +97,25 @@ class TreeSession:
                 return
             self._done.wait(0.05)
 
-    def figures(self) -> dict:
+    def figures(self) -> StartFigures:
         rec = self.recorder
         read = set(rec.chunks)
         pre = self.prefetcher
         # a copy: the prefetch may still be adding (set() copies a set without running
         # Python code, so under the GIL; iterating the live set raised RuntimeError)
         prefetched = set(pre.prefetched) if pre else set()
-        sizes = {c[0]: c[4] for c in self.reader.all_chunks()}
+        sizes = {c.digest: c.size for c in self.reader.all_chunks()}
         pre_bytes = sum(sizes.get(d, 0) for d in prefetched)
         used = sum(sizes.get(d, 0) for d in prefetched & read)
         fc = self.fetcher.counters()
-        return {"tree": self.reader.digest, "window_s": round(getattr(rec, "window_s", 0.0), 3),
-                "closed_by": rec.closed_by, "read_chunks": len(read),
-                "read_bytes": rec.first_bytes, "coverage": rec.coverage,
-                "precision": (used / pre_bytes) if pre_bytes else None,
-                "stall_s": round(self.reader.counters["stall_s"], 3),
-                # chunks a read had to wait for from the store (the stalls' count)
-                "demand_chunks": self.reader.counters["chunks_fetched"],
-                "store_bytes": fc["bytes"], "store_requests": fc["requests"],
-                "prefetch": pre.stats if pre else None}
+        return StartFigures(
+            tree=self.reader.digest, window_s=round(getattr(rec, "window_s", 0.0), 3),
+            closed_by=rec.closed_by, read_chunks=len(read), read_bytes=rec.first_bytes,
+            coverage=rec.coverage, precision=(used / pre_bytes) if pre_bytes else None,
+            stall_s=round(self.reader.counters["stall_s"], 3),
+            demand_chunks=int(self.reader.counters["chunks_fetched"]),
+            store_bytes=fc["bytes"], store_requests=fc["requests"],
+            prefetch=dict(pre.stats) if pre else None)   # a copy: the prefetch may go on
 
     def finish(self) -> None:
         """Close the window once: write profile.json and figures.json (atomically)."""
@@ -102,7 +127,7 @@ class TreeSession:
             if self.record:
                 self.recorder.save(str(self.state / "profile.json"))
             tmp = self.state / "figures.json.tmp"
-            tmp.write_text(json.dumps(self.figures(), default=str))
+            tmp.write_text(json.dumps(self.figures().doc(), default=str))
             tmp.rename(self.state / "figures.json")
         except OSError as e:
             log.warning("cannot write the recording: %s", e)
@@ -173,4 +198,4 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
                                window_timeout_s),
         erofs=functools.partial(_kernel_path, config, tree, toc, profile, state_dir, record,
                                 window_timeout_s, name))
-    return serve_tree(config, served, mountpoint, state_dir), profile, toc.get("meta") or {}
+    return serve_tree(config, served, mountpoint, state_dir), profile, toc.meta
