@@ -2,6 +2,10 @@
 
 When ``BOOTSEER_TEST_REQUIRE_ALL=1`` (set by .ci/run, which runs as root with FUSE), a
 test that would skip for a missing capability fails instead.
+
+Tiers: every test is marked from the fixtures it uses (``FIXTURE_MARKS``) and from the
+marks its module or function carries; a test with none of the capability marks and not
+``slow`` is ``unit`` (``make check``'s fast tier), every other one ``integration``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,30 @@ def _no_mount_left(tmp_path_factory):
     for mp in sorted(left, key=len, reverse=True):
         points.lazy_unmount(mp)
     assert not left, f"the test left mounts behind: {sorted(left)}"
+
+
+# What a fixture needs of the machine, by name; a test inherits the marks of every fixture
+# it uses, directly or through other fixtures.
+FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
+    "need_root": ("root",),
+    "need_fuse": ("fuse", "root"),
+    "nginx_factory": ("servers",),
+    "registry_factory": ("servers",),
+    "busybox_rootfs": ("root",),
+}
+CAPABILITIES = ("servers", "fuse", "netns", "root", "torch")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixture, marks in FIXTURE_MARKS.items():
+            if fixture in names:
+                for m in marks:
+                    item.add_marker(m)
+        own = {m.name for m in item.iter_markers()}
+        needs = own & {*CAPABILITIES, "slow"}
+        item.add_marker("integration" if needs else "unit")
 
 
 def need(condition: bool, why: str) -> None:

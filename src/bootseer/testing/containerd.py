@@ -36,7 +36,7 @@ class Snapshotter:
         self.args, self.env, self.netns = list(args), env, netns
         self.proc = None
 
-    def start(self) -> "Snapshotter":
+    def start(self) -> Snapshotter:
         self.proc = subprocess.Popen(
             [*_ns(self.netns), sys.executable, "-m", "bootseer", "-v", "snapshotter", "serve",
              "--address", self.sock, "--root", str(self.root), *self.args],
@@ -101,7 +101,8 @@ state = "{base}/state"
                                      stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         wait_socket(self.sock, self.proc, self.log)
 
-    def ctr(self, *args, check=True, timeout=120, namespace="default") -> subprocess.CompletedProcess:
+    def ctr(self, *args, check=True, timeout=120,
+            namespace="default") -> subprocess.CompletedProcess:
         r = subprocess.run(["ctr", "--address", self.sock, "-n", namespace, *args],
                            capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:

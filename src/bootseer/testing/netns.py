@@ -111,7 +111,7 @@ class Network:
             subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
         self._made.clear()
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self
 
     def __exit__(self, *exc) -> None:
