@@ -1,4 +1,6 @@
-"""Shared fixtures: real servers on loopback, started per test (or module) and stopped by PID.
+"""Shared fixtures: real servers on loopback, stopped by PID. One nginx and one registry
+serve the whole session (each test its own directory or repository under them); a test
+that needs its own (a rate limit, TLS, auth, a server it kills) starts one.
 
 When ``BOOTSEER_TEST_REQUIRE_ALL=1`` (set by .ci/run, which runs as root with FUSE), a
 test that would skip for a missing capability fails instead.
@@ -52,6 +54,8 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
     "need_fuse": ("fuse", "root"),
     "nginx_factory": ("servers",),
     "registry_factory": ("servers",),
+    "shared_nginx": ("servers",),
+    "shared_registry": ("servers",),
     "busybox_rootfs": ("root",),          # a container's root: only a container runs it
     "dcp_dir": ("torch",),                # tests/ckpt: checkpoints saved by torch.distributed
     "dcp_checkpoint": ("torch",),
@@ -214,6 +218,17 @@ def registry_factory(tmp_path_factory):
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_registry(tmp_path_factory) -> Iterator[servers.Server]:
+    """One docker-registry for the session; a test using it takes a repository (a store
+    prefix) no other test uses."""
+    need(servers.registry_available(), "docker-registry is not installed")
+    s = servers.start_registry(tmp_path_factory.mktemp("shared-regdata"),
+                               tmp_path_factory.mktemp("shared-regwork"))
+    yield s
+    s.stop()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ nginx, docker-registry) or at the fsspec boundary (memory://, a fake hdfs://).""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,10 @@ def store(request, tmp_path):
         server = request.getfixturevalue("nginx_factory")(tmp_path / "store")
         yield Store(kind, w, open_store(server.url), server)
     elif kind == "oci":
-        server = request.getfixturevalue("registry_factory")()
-        b = open_store(f"oci://127.0.0.1:{server.port}/bootseer/conformance")
+        # the session's registry, a repository of this test's own
+        server = request.getfixturevalue("shared_registry")
+        repo = re.sub(r"[^a-z0-9]+", "-", tmp_path.name.lower()).strip("-")
+        b = open_store(f"oci://{server.host}:{server.port}/conformance/{repo}")
         yield Store(kind, b, b, server)
     elif kind == "memory":
         b = open_store(f"memory://conf-{tmp_path.name}")

@@ -114,7 +114,7 @@ class Network:
     def __enter__(self) -> Network:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
