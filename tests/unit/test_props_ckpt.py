@@ -77,7 +77,7 @@ def test_demand_parts_have_a_floor_and_a_count(stripe):
         assert part * (DEMAND_PARTS - 1) < stripe            # and not fewer than needed
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(size=st.integers(0, 5000), stripe=st.integers(1, 700), data=st.data())
 def test_stripes_tile_the_file_and_has_range_means_every_stripe_staged(size, stripe, data):
     with tempfile.TemporaryDirectory() as d:

@@ -33,7 +33,7 @@ class GatedBackend(MemoryBackend):
         return super().read(digest, start, end)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(ranges=st.lists(st.tuples(st.integers(0, SIZE - 1), st.integers(1, 300)),
                        min_size=1, max_size=25),
        gap=st.integers(0, 200), limit=st.integers(64, 2048))

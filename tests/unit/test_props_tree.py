@@ -33,7 +33,7 @@ def build(tree: dict[str, bytes], chunk_size: int, pack_size: int):
     return store, fmt.decode(store.read(digest), digest)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(files, st.sampled_from([64, 256, 1024]), st.integers(1, 4000))
 def test_packs_hold_each_chunk_once_back_to_back(tree, chunk_size, pack_size):
     store, toc = build(tree, chunk_size, pack_size)
@@ -59,7 +59,7 @@ def test_packs_hold_each_chunk_once_back_to_back(tree, chunk_size, pack_size):
         assert raw == data
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(files, st.sampled_from([BLOCK, 2 * BLOCK]), st.data())
 def test_blob_layout_slots_are_aligned_disjoint_and_located(tree, chunk_size, data):
     _, toc = build(tree, chunk_size, 1 << 20)
