@@ -78,6 +78,10 @@ PATH_MARKS: dict[str, tuple[tuple[str, ...], str]] = {
     "tests/security/test_trace_input.py": (("slow",), "bootseer report in a subprocess"),
     "tests/security/test_sigkill.py": (("slow",), "processes killed mid-write"),
     "tests/packaging/test_wheel.py": (("slow",), "builds the wheel and a venv"),
+    "tests/security/test_hostile_interleavings.py": (("slow",), "hundreds of faulty reads"),
+    "tests/security/test_hostile_server.py": (("slow",), "an HTTP server per test"),
+    "tests/trace/test_otlp_transport.py": (("slow",), "OTLP receivers per test"),
+    "tests/store/test_http_proxy.py": (("slow",), "a proxy and a server per test"),
 }
 CAPABILITIES = ("servers", "fuse", "netns", "root", "torch")
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.deps import ensure as E, kernel_restore
-from bootseer.deps.mounted import mounted_info, sidecar, state_dir, unmount
+from bootseer.deps import ensure as E
+from bootseer.deps.mounts import unmount
+from bootseer.deps.prefix import mounted_info, sidecar, state_dir
 from bootseer.deps.resolve import DepsError
-from bootseer.deps.snapshot import rmtree
+from bootseer.deps.prefix import rmtree
 from bootseer.node import mounts as points
 from tests.deps.test_deps import cfg, serve_index
 
@@ -193,9 +194,10 @@ def test_umount_while_a_process_holds_a_file_open_is_lazy_and_leaves_nothing(pub
 def test_a_kernel_without_file_backed_erofs_extracts_and_says_so_once(published, tmp_path,
                                                                       monkeypatch, caplog):
     urls, spec, prefix, key = published
+    from bootseer.mount import choose
     from bootseer.mount.erofs import kernel
     monkeypatch.setattr(kernel, "availability", lambda: "the kernel has no EROFS (test)")
-    monkeypatch.setattr(kernel_restore, "_fallback_said", False)
+    monkeypatch.setattr(choose, "_said", set())
     with caplog.at_level(logging.WARNING):
         r1 = restore(published, tmp_path, "n1")
         rmtree(prefix)
@@ -251,7 +253,7 @@ def test_copy_and_read_only(published, tmp_path):
 
 
 def test_gc_unmounts_an_unused_mounted_environment_and_drops_its_blob(published, tmp_path):
-    from bootseer.deps.node import environments, gc
+    from bootseer.deps.gc import environments, gc
     urls, spec, prefix, key = published
     restore(published, tmp_path, "n1")
     config = cfg(tmp_path, "n1")

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from bootseer.config import BootseerConfig, CacheConfig, MountConfig, StoreConfig
-from bootseer.mount.fuse import MountHandle
+from bootseer.mount.handle import MountHandle
 from bootseer.store import open_store
 from bootseer.tree import format as fmt
 from bootseer.tree.blob import BlobLayout
@@ -430,7 +430,7 @@ def test_unmount_while_a_file_is_open_detaches_lazily(tmp_path, src, tree, local
 
 def test_backend_fuse_or_no_kernel_support_uses_the_fuse_tree_view(tmp_path, src, tree,
                                                                     monkeypatch, caplog):
-    import bootseer.mount as m
+    from bootseer.mount import choose as m
     from bootseer.mount.erofs import kernel
     from bootseer.mount.erofs.kernel import ErofsMountError
     store, digest, _ = tree
@@ -441,14 +441,17 @@ def test_backend_fuse_or_no_kernel_support_uses_the_fuse_tree_view(tmp_path, src
     finally:
         handle.unmount()
     monkeypatch.setattr(kernel, "availability", lambda: "the kernel has no EROFS (test)")
-    monkeypatch.setattr(m, "_fallback_said", False)
+    monkeypatch.setattr(m, "_said", set())
+
+    def tree_backend(config) -> str:
+        return m.choose(config, m.What.TREE).value
     with caplog.at_level(logging.INFO, logger="bootseer.mount"):
-        assert m.tree_backend(_config(tmp_path, backend="auto")) == "fuse"
-        assert m.tree_backend(_config(tmp_path, backend="auto")) == "fuse"
+        assert tree_backend(_config(tmp_path, backend="auto")) == "fuse"
+        assert tree_backend(_config(tmp_path, backend="auto")) == "fuse"
     said = [r for r in caplog.records if "EROFS path unavailable" in r.getMessage()]
     assert len(said) == 1 and "test" in said[0].getMessage()
     with pytest.raises(ErofsMountError, match="BOOTSEER_MOUNT_BACKEND=erofs"):
-        m.tree_backend(_config(tmp_path, backend="erofs"))
+        tree_backend(_config(tmp_path, backend="erofs"))
 
 
 def test_store_killed_while_the_blob_server_answers_is_eio_not_a_hang(need_fuse, nginx_factory,

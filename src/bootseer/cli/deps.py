@@ -119,7 +119,7 @@ def _ensure(args) -> int:
 
 def _umount(args) -> int:
     import os
-    from bootseer.deps.mounted import unmount
+    from bootseer.deps.mounts import unmount
     if not unmount(os.path.abspath(args.prefix)):
         print(f"no environment is mounted at {args.prefix}", file=sys.stderr)
         return 1
@@ -128,7 +128,7 @@ def _umount(args) -> int:
 
 def _gc(args) -> int:
     from bootseer.config import parse_size
-    from bootseer.deps.node import gc
+    from bootseer.deps.gc import gc
     report = gc(_config(None), parse_size(args.max_size, "--max-size"), dry_run=args.dry_run)
     for env, action in report:
         print(f"{action}\t{env.bytes / 2**20:.0f} MiB\t{env.prefix}\t{env.key[:19]}")
@@ -164,7 +164,7 @@ def _ls(args) -> int:
 def _verify(args) -> int:
     import os
     from bootseer.deps.relocate import rewrite_bytes
-    from bootseer.deps.snapshot import read_marker
+    from bootseer.deps.prefix import read_marker
     from bootseer.deps.verify import bytes_match, file_matches
     from bootseer.errors import BootseerError
     from bootseer.store import open_store

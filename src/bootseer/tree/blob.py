@@ -23,13 +23,13 @@ import os
 import stat
 
 from bootseer.errors import DigestMismatch
+from bootseer.mount.erofs import BLOB_NAME
 from bootseer.mount.erofs.layout import BLOCK, blocks_for
 from bootseer.mount.erofs.writer import Inode
 from bootseer.mount.view import Attr
 from bootseer.node.partfile import PartFile
 from bootseer.tree import format as fmt
 
-BLOB_NAME = "blob"
 LAYOUT_VERSION = b"bootseer.blob.v1"
 _FMT = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_IFCHR,
         "b": stat.S_IFBLK, "p": stat.S_IFIFO}

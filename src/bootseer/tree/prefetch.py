@@ -11,6 +11,7 @@ import time
 from collections import deque
 
 from bootseer.store.fetch import Priority
+from bootseer.tree.peer_source import TreeChunks
 from bootseer.tree.reader import TreeReader
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ class Prefetcher:
     def __init__(self, reader: TreeReader, profile: dict | None, *, window: int = 512,
                  batch: int = 256, done_file: str | None = None, peers=None):
         self.reader, self.window, self.batch = reader, window, batch
-        self.peers = peers   # a bootseer.peers.PeerShare: the job's nodes as a source
+        self.peers = peers   # a bootseer.peers.share.PeerShare: the job's nodes as a source
         self.done_file = done_file
         by_digest = {c[0]: c for c in reader.all_chunks()}
         hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", []) if row[0] in by_digest]
@@ -48,11 +49,12 @@ class Prefetcher:
         pending: deque = deque()
         plan = self.plan
         try:
-            if self.peers is not None and self.stats["planned_bytes"] >= self.peers.min_set_bytes:
+            if self.peers is not None and self.peers.wants(self.stats["planned_bytes"]):
                 # Peers first (each chunk verified as from the store); the origin gets what
                 # they did not deliver. Demand reads go to the store meanwhile.
-                self._transfer = self.peers.open_set(self.plan, self.reader, self.stats)
-                left = {r[0] for r in self._transfer.fetch(self._stop)}
+                chunks = TreeChunks(self.reader, self.plan)
+                self._transfer = self.peers.open_set(chunks.items, chunks, self.stats)
+                left = {i.digest for i in self._transfer.fetch(self._stop)}
                 self.stats.update(self._transfer.summary())
                 self.prefetched |= self._transfer.prefetched
                 plan = [r for r in self.plan if r[0] in left]
@@ -95,7 +97,7 @@ class Prefetcher:
             self.stats["fetched_bytes"] += ref[4]
             self.stats["origin_bytes"] += len(raw)
             if self._transfer is not None:
-                self._transfer.offer(ref, data)
+                self._transfer.offer(ref[0], data)
         except Exception as e:  # noqa: BLE001
             self.stats["errors"] += 1
             log.info("prefetch of chunk %s failed: %s", ref[0][:19], e)

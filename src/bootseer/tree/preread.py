@@ -25,6 +25,7 @@ from bootseer.tree.blob import BlobLayout
 log = logging.getLogger(__name__)
 PIECE = 1 << 20
 POLL_S = 0.01
+PREFETCHED = "prefetched"   # created in a mount's state dir when the hot blocks are local
 
 
 def hot_ranges(layout: BlobLayout) -> list[tuple[str, str, int, int]]:

@@ -14,16 +14,20 @@ import time
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
+from bootseer.mount.handle import MountHandle
+from bootseer.mount.serve import ErofsTree, Tree, serve_tree
 from bootseer.store import open_store
 from bootseer.store.cache import NodeCache
 from bootseer.store.fetch import Fetcher
+from bootseer.tree import blob_mount
+from bootseer.tree.blob import BlobLayout, BlobView, unsupported
+from bootseer.tree.preread import PREFETCHED
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.record import AccessRecorder
 from bootseer.tree.view import TreeMountView
 
 log = logging.getLogger(__name__)
 TRIGGER = "close-window"
-PREFETCHED = "prefetched"   # created in state_dir when the hot blocks are local
 
 
 class TreeSession:
@@ -116,14 +120,43 @@ def _session_view(config, tree, state_dir, record, profile, window_timeout_s) ->
                         window_timeout_s=window_timeout_s).view()
 
 
+def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: bool,
+                     profile: dict | None, window_timeout_s: float, hot: list[str],
+                     key: str) -> BlobView:
+    """Runs in the blob's FUSE server process: the tree session behind a one-file view."""
+    s = TreeSession(config, tree, state_dir, record=record, profile=profile,
+                    window_timeout_s=window_timeout_s)
+    layout = BlobLayout(s.reader.toc, hot)
+    if layout.key != key:
+        raise ValueError(f"blob layout {layout.key[:12]} differs from the image's {key[:12]}")
+    # the pre-read follows the prefetch closely: hot chunks wait for it in memory
+    s.reader.keep_fresh(hot, blob_mount.FRESH_BYTES)
+    return BlobView(s.reader, layout, on_close=s.finish)
+
+
+def _kernel_path(config: BootseerConfig, tree: str, toc: dict, profile: dict | None,
+                 state_dir: str, record: bool, window_timeout_s: float,
+                 name: str) -> ErofsTree | str:
+    """The tree on the kernel path (or why it cannot be an EROFS image)."""
+    why = unsupported(toc)
+    if why is not None:
+        return why
+    hot = [row[0] for row in profile["chunks"]] if profile else []
+    layout = BlobLayout(toc, hot)
+    view = functools.partial(blob_server_view, config, tree, state_dir, record, profile,
+                             window_timeout_s, hot, layout.key)
+    return blob_mount.erofs_tree(config, tree, toc, layout, view,
+                                 blob_server=f"{name}-blob-{tree[7:19]}")
+
+
 def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: str, *,
                record: bool = True, prefetch: bool = True, profile_digest: str | None = None,
-               window_timeout_s: float = 600.0, name: str = "bootseer-tree"):
+               window_timeout_s: float = 600.0,
+               name: str = "bootseer-tree") -> tuple[MountHandle, dict | None, dict]:
     """Check ``tree`` and load its profile (errors surface here, before mounting), then
-    serve it at ``mountpoint``: the kernel's EROFS where ``bootseer.mount.tree_backend``
-    says so, else the FUSE tree view. Returns (a mount handle, profile or None, the
-    tree's meta)."""
-    from bootseer.mount.fuse import mount
+    serve it at ``mountpoint`` as :mod:`bootseer.mount.choose` says: the kernel's EROFS,
+    else the FUSE tree view. Returns (the mount handle, profile or None, the tree's
+    meta)."""
     from bootseer.tree import profile as prof
     from bootseer.tree.reader import load_toc
     store = open_store(config.store.url, config)
@@ -134,23 +167,10 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
         if profile is not None:
             prof.check(profile, tree)
-    from bootseer.mount import tree_backend
-    if tree_backend(config) == "erofs":   # the kernel path (bootseer.tree.blob_mount)
-        from bootseer.tree.blob import unsupported
-        why = unsupported(toc)
-        if why is None:
-            from bootseer.mount.erofs.kernel import ErofsMountError
-            from bootseer.tree.blob_mount import mount_tree_erofs
-            try:
-                return (mount_tree_erofs(config, tree, toc, profile, mountpoint, state_dir,
-                                         record=record, window_timeout_s=window_timeout_s,
-                                         name=name), profile, toc.get("meta") or {})
-            except ErofsMountError as e:   # nothing of it is left mounted
-                if config.mount.backend == "erofs":
-                    raise
-                why = str(e)
-        log.warning("tree %s is served by the FUSE tree view: %s", tree[:19], why)
-    factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
-                                window_timeout_s)
-    return (mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile,
-            toc.get("meta") or {})
+    served = Tree(
+        label=tree[:19], name=f"{name}-{tree[7:19]}",
+        view=functools.partial(_session_view, config, tree, state_dir, record, profile,
+                               window_timeout_s),
+        erofs=functools.partial(_kernel_path, config, tree, toc, profile, state_dir, record,
+                                window_timeout_s, name))
+    return serve_tree(config, served, mountpoint, state_dir), profile, toc.get("meta") or {}
