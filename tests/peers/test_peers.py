@@ -426,13 +426,13 @@ def test_no_peer_reachable_is_a_pure_origin_fetch(tree, nodes):
     first = nodes(1).run()
     first.wait()
     first.close()                                  # announced, published, now unreachable
-    t0 = time.monotonic()
-    alone = nodes(2, stall_s=1.0).run()
+    # wait_s beyond the test's timeout: a node that waited for it fails, however loaded
+    # the machine is
+    alone = nodes(2, stall_s=1.0, wait_s=600.0).run()
     stats = alone.wait()
     assert alone.has_all()
     assert stats["peer_bytes"] == 0
     assert stats["origin_bytes"] >= set_bytes
-    assert time.monotonic() - t0 < 15
 
 
 def test_share_for_follows_the_settings(tmp_path):
@@ -630,7 +630,7 @@ def test_a_maker_gone_frees_the_others_long_before_wait_s(tree, nodes):
     import json
     import socket
     store, _, _, set_bytes = tree
-    node = nodes(1, wait_s=30.0)
+    node = nodes(1, wait_s=600.0)   # beyond the test's timeout: waiting for it fails
     chunks = TreeChunks(node.reader, node.prefetcher.plan)
     transfer = node.share.open_set(chunks.items, chunks)
     with socket.socket() as s:   # a port nobody listens on any more
@@ -639,8 +639,6 @@ def test_a_maker_gone_frees_the_others_long_before_wait_s(tree, nodes):
     blob = json.dumps({"node": "gone", "addr": dead}).encode()
     store.write(sha256_digest(blob), blob)
     assert store.set_ref(transfer._maker_ref(), sha256_digest(blob), exclusive=True)
-    t0 = time.monotonic()
     stats = node.run().wait()
-    assert time.monotonic() - t0 < 15
     assert stats["peers_role"] == "origin"
     assert node.has_all() and stats["origin_bytes"] >= set_bytes

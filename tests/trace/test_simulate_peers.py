@@ -35,6 +35,7 @@ def test_the_set_fetch_model():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_simulated_cluster_with_peers_starts_large_jobs_faster(tmp_path):
     runs = {}
     for name, tech in (("lazy", ("image",)), ("peers", ("image", "peers"))):

@@ -256,6 +256,7 @@ def _event_line(node: str, phase: str, at: float, kind: str = "span") -> str:
                        "end": 1000.0 + at + (kind == "span")})
 
 
+@pytest.mark.slow
 def test_a_line_is_one_event_torn_and_blank_lines_cost_nothing_else(tmp_path):
     """A line holding two JSON objects is a bad line, not two events (in a small file read
     at once and in a large one read line by line); a torn last line (a node killed

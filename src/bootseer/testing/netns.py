@@ -111,10 +111,10 @@ class Network:
             subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
         self._made.clear()
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
