@@ -176,8 +176,7 @@ def without_privileges(toc: dict) -> dict:
 
 def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str, key: str,
                      *, writable: bool, progress) -> None:
-    from bootseer.store.cache import NodeCache
-    from bootseer.store.fetch import Fetcher
+    from bootseer.store.client import StoreClient
     from bootseer.tree.blob import BlobLayout, unsupported
     from bootseer.tree.blob_mount import metadata_image
     from bootseer.tree.reader import TreeReader
@@ -197,8 +196,9 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
         # where metadata_image would write it: checked before fetching anything
         raise KernelMountError(f"no place for the metadata image: "
                                f"{kernel.image_fs_problem(str(state))}")
-    with Fetcher(config.fetch) as f:
-        reader = TreeReader(store, tree, f, NodeCache(config.cache))
+    client = StoreClient.of(config)
+    with client.lane() as f:
+        reader = TreeReader(store, tree, f, client.cache)
         why = unsupported(reader.toc)
         if why is not None:
             raise KernelMountError(f"the snapshot's tree cannot be an EROFS image: {why}")

@@ -70,8 +70,7 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
     """Fetch and extract the snapshot into a temporary sibling, relocate it if it was
     made at another prefix, then rename it into place. ``progress(bytes, total)`` is
     called as chunks arrive."""
-    from bootseer.store.cache import NodeCache
-    from bootseer.store.fetch import Fetcher
+    from bootseer.store.client import StoreClient
     from bootseer.tree.extract import extract
     from bootseer.tree.reader import TreeReader
     made_at = manifest["prefix"]
@@ -82,8 +81,9 @@ def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         # phases, deps.fetch up to the last chunk's arrival, deps.extract until written.
         t0 = time.time()
         timing: dict = {}
-        with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
-            reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
+        client = StoreClient.of(config)
+        with tracing.phase("deps.extract") as span, client.lane() as f:
+            reader = TreeReader(store, manifest["tree"], f, client.cache)
             total = sum(c[4] for c in reader.all_chunks())
             from bootseer.peers.whole_tree import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))

@@ -75,12 +75,12 @@ def publish_for_profile(config, store, profile: dict) -> str | None:
     or the whole tree when they are most of it), from this node's cache where it holds
     them, else read (and verified) through the tree reader."""
     try:
-        from bootseer.store.cache import NodeCache
-        from bootseer.store.fetch import Fetcher
+        from bootseer.store.client import StoreClient
         from bootseer.tree.prefetch import Prefetcher
         from bootseer.tree.reader import TreeReader
-        cache = NodeCache(config.cache)
-        with Fetcher(config.fetch) as fetcher:
+        client = StoreClient.of(config)
+        cache = client.cache
+        with client.lane() as fetcher:
             reader = TreeReader(store, profile["tree"], fetcher, cache)
             plan = Prefetcher(reader, profile).plan
             if not plan or not worth_it(config, sum(r[3] for r in plan)):
@@ -97,9 +97,9 @@ def publish_for_tree_dir(config, store, tree: str, root: str) -> str | None:
     each chunk is a slice of a file there, checked against its digest."""
     try:
         from bootseer.store.digest import verify
-        from bootseer.store.fetch import Fetcher
+        from bootseer.store.client import StoreClient
         from bootseer.tree.reader import TreeReader
-        with Fetcher(config.fetch) as fetcher:
+        with StoreClient.of(config).lane() as fetcher:
             reader = TreeReader(store, tree, fetcher)
             refs = reader.all_chunks()
             if not refs or not worth_it(config, sum(r[3] for r in refs)):

@@ -39,7 +39,7 @@ from bootseer.config import BootseerConfig
 from bootseer.errors import StoreError
 from bootseer.mount.erofs import kernel
 from bootseer.mount.erofs.writer import write_image
-from bootseer.store.cache import NodeCache
+from bootseer.store.client import StoreClient
 from bootseer.tree.blob import (BLOB_NAME, BlobLayout, BlobView, all_local, assemble,
                                 erofs_root, verify_blob)
 from bootseer.tree.preread import hot_ranges, preread
@@ -151,7 +151,7 @@ def _local_blob(config: BootseerConfig, layout: BlobLayout) -> tuple[str, int] |
             log.error("local blob %s fails verification, removed: %s", path, e)
             path.unlink(missing_ok=True)
             os.close(held)
-    cache = NodeCache(config.cache)
+    cache = StoreClient.of(config).cache
     # a blob doubles the bytes of its chunks on disk: only where half the budget allows
     share = config.cache.budget_bytes // 2
     if layout.size > share or not all_local(layout, cache):
@@ -329,7 +329,7 @@ def mount_tree_erofs(config: BootseerConfig, tree: str, toc: dict, profile: dict
         raise
     handle = ErofsTreeHandle(mountpoint, server, backend="erofs-fuse-blob")
     # the hot chunks into the page cache, each as soon as the prefetch made it local
-    is_local = NodeCache(config.cache).contains
+    is_local = StoreClient.of(config).cache.contains
     threading.Thread(target=preread, daemon=True, name="bootseer-preread",
                      args=(os.path.abspath(mountpoint), hot_ranges(layout), is_local,
                            state / PREFETCHED, state / PREREAD, handle._stop)).start()
