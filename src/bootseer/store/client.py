@@ -22,7 +22,7 @@ from bootseer.store.cache import NodeCache
 from bootseer.store.fetch import Fetcher, Lane, Policy
 from bootseer.store.urls import open_backend
 
-_lock = threading.Lock()
+_lock = threading.RLock()   # a client is made under it, and takes the fetcher under it
 _pid = os.getpid()
 _fetchers: dict[FetchConfig, Fetcher] = {}
 _clients: dict[BootseerConfig, StoreClient] = {}
