@@ -61,9 +61,15 @@ class RegistryAuth:
         for attempt in range(SENDS):
             r = send(self.headers())
             status, headers = answer(r)
-            if status == 401 and attempt < SENDS - 1 and self.challenge(headers):
-                drop(r)
-                continue
+            if status == 401 and attempt < SENDS - 1:
+                try:
+                    answered = self.challenge(headers)
+                except BaseException:
+                    drop(r)
+                    raise
+                if answered:
+                    drop(r)
+                    continue
             return r
         raise AssertionError("unreachable: the last send is returned")
 
