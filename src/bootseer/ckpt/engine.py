@@ -86,8 +86,8 @@ def lane_policy(config: CkptConfig) -> Policy:
 
 
 class Engine:
-    """The fetcher's lane, the memory budget, the staging area, and one StripedFile per remote
-    file version (all cursors of all opens of that file share it)."""
+    """The fetcher's lane, the memory budget, the staging area, and one StripedFile per
+    remote file version (all cursors of all opens of that file share it)."""
 
     def __init__(self, config: CkptConfig | None = None, fetch: FetchConfig | None = None, *,
                  staging: str | None = None, store_url: str | None = None):
