@@ -7,6 +7,7 @@
     │   ├── DigestMismatch                  bytes do not hash to their digest
     │   ├── InvalidDigest(ValueError)       not "sha256:<64 hex>"
     │   ├── RangeError                      range outside the blob (HTTP 416)
+    │   ├── WrongRange                      a 206 for another range than the one asked
     │   ├── FetchError                      the source failed after retries/deadline
     │   ├── ReadOnlyStore                   write to a read-only backend (http)
     │   └── CacheError                      node cache unusable (budget, disk full)
@@ -63,6 +64,11 @@ class InvalidDigest(StoreError, ValueError):
 
 class RangeError(StoreError):
     pass
+
+
+class WrongRange(StoreError):
+    """A server answered a range request with another range: its body is refused (not
+    retried: the same server or proxy would answer the same)."""
 
 
 class FetchError(StoreError):

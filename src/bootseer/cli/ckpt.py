@@ -50,7 +50,7 @@ def register(sub) -> None:
 
 def _mount(args) -> int:
     from bootseer.ckpt.listing import RemoteDir
-    from bootseer.ckpt.mount import build_view, mount_backend
+    from bootseer.ckpt.mount import build_view
     from bootseer.config import BootseerConfig
     from bootseer.cli._errors import reaching
     config = BootseerConfig.from_env(overrides={"store": {"url": args.store}})
@@ -58,7 +58,10 @@ def _mount(args) -> int:
         RemoteDir(args.url, mirrors=args.mirror).check_root()
     factory = functools.partial(build_view, args.url, config, mode=args.mode,
                                 prefetch=not args.no_prefetch, mirrors=tuple(args.mirror))
-    return mount_backend(config).run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
+    from bootseer.mount.fuse import run_foreground
+    from bootseer.mount.serve import serve_files
+    return run_foreground(factory, args.mountpoint, name="bootseer-ckpt",
+                          mount_with=functools.partial(serve_files, config))
 
 
 def _prefetch(args) -> int:

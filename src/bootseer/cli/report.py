@@ -22,8 +22,12 @@ def register(sub) -> None:
                    "output; the text report then goes to standard error, as for the others)")
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (a track "
                    "per pipeline per node, absolute times)")
-    p.add_argument("--otlp", metavar="FILE|URL", help="OpenTelemetry spans: write OTLP/JSON to "
-                   "FILE, or send to an OTLP/HTTP receiver (http://collector:4318)")
+    p.add_argument("--otlp", metavar="FILE|URL", nargs="?", const="",
+                   help="OpenTelemetry spans: write OTLP/JSON to FILE, or send to a receiver "
+                   "(http://collector:4318, grpc://collector:4317); alone: to "
+                   "OTEL_EXPORTER_OTLP_ENDPOINT, with OTEL_EXPORTER_OTLP_HEADERS/_PROTOCOL")
+    p.add_argument("--traceparent", metavar="TP", help="join the job's own trace: a W3C "
+                   "traceparent (default: $TRACEPARENT)")
     p.add_argument("--prom", metavar="FILE", help="write Prometheus metrics (text format, for "
                    "node_exporter's textfile collector: name it *.prom)")
     p.set_defaults(func=_run)
@@ -143,9 +147,10 @@ def _run(args) -> int:
     from bootseer.cli import write_output
     from bootseer.errors import UsageError
     from bootseer.report import render
-    otlp_url = bool(args.otlp) and args.otlp.startswith(("http://", "https://"))
+    from bootseer.report import export_otlp
+    otlp_send = args.otlp is not None and (not args.otlp or export_otlp.is_url(args.otlp))
     files = [p for p in (args.json, args.chrome, args.html, args.prom,
-                         None if otlp_url else args.otlp) if p]
+                         None if otlp_send else args.otlp) if p]
     if files.count("-") > 1:
         raise UsageError("only one of --json, --chrome, --html, --otlp, --prom can be - "
                          "(standard output)")
@@ -170,11 +175,14 @@ def _run(args) -> int:
         write_output(args.html, render.to_html(views, sums, f"bootseer report: {args.trace}",
                                                report, base))
     job = str(t.events[0]["job"])
-    if args.otlp:
-        from bootseer.report import export_otlp
-        body = export_otlp.to_json(job, views, sums)
-        if otlp_url:
-            export_otlp.post(args.otlp, body)
+    if args.otlp is not None:
+        import os
+        tp = args.traceparent or os.environ.get("TRACEPARENT")
+        body = export_otlp.to_json(job, views, sums,
+                                   parent=export_otlp.parse_traceparent(tp) if tp else None,
+                                   resource=export_otlp.resource_attributes(os.environ))
+        if otlp_send:
+            export_otlp.send(export_otlp.target(args.otlp, os.environ), body)
         else:
             write_output(args.otlp, body)
     if args.prom:

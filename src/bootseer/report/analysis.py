@@ -438,7 +438,7 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     for name in names:
         vals = [n.phases[name] for n in view.nodes if name in n.phases]
         phases[name] = {"median": statistics.median(vals), "p90": pct(vals, 0.9),
-                        "max": max(vals), "n": len(vals)}
+                        "max": max(vals), "n": len(vals), "sum": sum(vals)}
     from bootseer.report import critical_path as cp
     from bootseer.report import sources
     per_node = {n.node: src for n in view.nodes if (src := sources.node_sources(n))}

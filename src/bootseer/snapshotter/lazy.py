@@ -127,7 +127,7 @@ class LazyImages:
             client = StoreClient.of(self.config)
             with client.lane() as f:
                 toc = load_toc(client.store(), tree, f, client.cache)
-            self._chains[tree] = list((toc.get("meta") or {}).get("chain_ids") or [])
+            self._chains[tree] = list(toc.meta.get("chain_ids") or [])
         return self._chains[tree]
 
     # -- the top layer's mount ----------------------------------------------------------

@@ -459,7 +459,8 @@ class Fetcher:
                         self._lock.notify_all()
 
 
-def fetch_blob(fetcher: Fetcher, backend, digest: str, *, priority: Priority = Priority.DEMAND,
+def fetch_blob(fetcher: Fetcher | Lane, backend, digest: str, *,
+               priority: Priority = Priority.DEMAND,
                size: int | None = None, verify: bool = True) -> bytes:
     """A whole blob through the fetcher (parallel parts), verified against its digest."""
     from bootseer.store.digest import verify as check
