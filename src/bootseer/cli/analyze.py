@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bootseer.cli._flags import add_json_file_arg
+
 
 def register(sub) -> None:
     p = sub.add_parser("analyze", help="share of GPU time lost to startup, startup by job "
@@ -13,7 +15,7 @@ def register(sub) -> None:
     p.add_argument("--baseline", metavar="DIR", help="compare with this cluster")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (- : "
                                                   "standard output)")
-    p.add_argument("--json", metavar="FILE", help="write a JSON summary (- : standard output)")
+    add_json_file_arg(p)
     p.set_defaults(func=_run)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from bootseer.cli import INDEX_URL_HELP, STORE_HELP, add_gc_verb, add_json_arg, print_json
+from bootseer.cli import print_json
+from bootseer.cli._flags import INDEX_URL_HELP, add_gc_verb, add_json_arg, add_store_arg
 
 
 def register(sub) -> None:
@@ -19,7 +20,7 @@ def register(sub) -> None:
     v.add_argument("--index-url", action="append", default=[], metavar="URL",
                    help=INDEX_URL_HELP)
     v.add_argument("--key", help="key from 'bootseer deps key' (skips resolving on a warm node)")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     v.add_argument("--wait", type=float, default=600.0, help="seconds to wait for another builder")
     v.add_argument("--mount", action="store_true",
                    help="mount the snapshot lazily at PREFIX instead of restoring it (a FUSE "
@@ -50,13 +51,13 @@ def register(sub) -> None:
                    help=INDEX_URL_HELP)
     v.set_defaults(func=_key)
     v = verbs.add_parser("ls", help="environments published in the store")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     add_json_arg(v, "the environments (key, prefix, tree)")
     v.set_defaults(func=_ls)
     add_gc_verb(verbs, "environments", _gc)
     v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
     v.add_argument("prefix", help="a restored environment")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     add_json_arg(v, "the result (ok, the files checked, each problem: missing or modified "
                     "and its path)")
     v.set_defaults(func=_verify)

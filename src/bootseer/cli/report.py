@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bootseer.cli._flags import add_json_file_arg
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="explain a job's startup: time to ready, gating node "
@@ -18,8 +20,7 @@ def register(sub) -> None:
     p.add_argument("--attempt", type=int, help="only this attempt")
     p.add_argument("-k", type=float, default=3.0, help="straggler rule: median + k*MAD (3)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
-    p.add_argument("--json", metavar="FILE", help="write a JSON summary (- : standard "
-                   "output; the text report then goes to standard error, as for the others)")
+    add_json_file_arg(p, "; the text report then goes to standard error, as for the others")
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (a track "
                    "per pipeline per node, absolute times)")
     p.add_argument("--otlp", metavar="FILE|URL", help="OpenTelemetry spans: write OTLP/JSON to "

@@ -16,7 +16,8 @@ import argparse
 import functools
 import sys
 
-from bootseer.cli import STORE_HELP, add_json_arg, print_json
+from bootseer.cli import print_json
+from bootseer.cli._flags import add_json_arg, add_store_arg
 
 DIGEST_HELP = "blob digest, sha256:<64 hex>"
 REF_HELP = "ref name: parts of [A-Za-z0-9._-] joined by '/', e.g. team/train/v3"
@@ -29,7 +30,7 @@ def register(sub) -> None:
     p = sub.add_parser("store", help="put/get/stat/ls/cat blobs and refs of a store",
                        description="Inspect or edit a bootseer store. The store is --store URL, "
                                    "else BOOTSEER_STORE_URL, else the embedded default directory.")
-    p.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(p)
     verbs = _StoreVerbs(p.add_subparsers(dest="verb", metavar="VERB", required=True))
     v = verbs.add_parser("put", help="store a file as a blob; print its digest")
     v.add_argument("file", help="path, or - for standard input")
@@ -91,7 +92,7 @@ class _StoreVerbs:
 
     def add_parser(self, name, **kw):
         v = self.actions.add_parser(name, **kw)
-        v.add_argument("--store", metavar="URL", default=argparse.SUPPRESS, help=STORE_HELP)
+        add_store_arg(v, default=argparse.SUPPRESS)
         v.set_defaults = functools.partial(_set_guarded_defaults, v)
         return v
 

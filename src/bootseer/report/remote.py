@@ -22,7 +22,9 @@ import tempfile
 import threading
 from pathlib import Path
 
+from bootseer.config import BootseerConfig, section_env, start_env, trace_start
 from bootseer.errors import TraceError
+from bootseer.trace.record import new_start_id
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,26 @@ def recording(config, start_id: str):
         if flush():
             shutil.rmtree(spool, ignore_errors=True)
         store.close()
+
+
+@contextlib.contextmanager
+def command_recording(location: str | None):
+    """Where a command (``bootseer trace``) records: True when somewhere. A store URL
+    becomes a spool directory (exported, so the command's own traced processes record
+    there too) that is uploaded when the block ends, as under ``bootseer run --trace URL``."""
+    if location:
+        os.environ.update(section_env("trace", location=location))
+    config = BootseerConfig.from_env()
+    if not is_url(config.trace.location):
+        yield bool(config.trace.location)
+        return
+    # a start id in the file names: two commands of a node never upload to one ref, even
+    # when their pids are the same (each in its own container)
+    start = trace_start() or new_start_id()
+    with recording(config, start) as spooled:
+        os.environ.update({**section_env("trace", location=spooled.trace.location),
+                           **start_env(start)})
+        yield True
 
 
 # -- reading ----------------------------------------------------------------------------------

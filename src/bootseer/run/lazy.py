@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bootseer.config import BootseerConfig
 from bootseer.errors import StoreError
-from bootseer.run import tracing
+from bootseer import trace
 from bootseer.run.pipelines import PREPARED, FallbackPossible, Pipeline, Prepared, PullImage
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class LazyImage(Pipeline):
         if figures.exists():
             data = json.loads(figures.read_text())
             from bootseer.tree.session import window_attrs
-            tracing.mark("image.window", **window_attrs(data))
+            trace.mark("image.window", **window_attrs(data))
             (self.state.parent / "image-figures.json").write_text(json.dumps(data))
         self._publish()
 
@@ -136,7 +136,7 @@ class StripedCheckpoint(Pipeline):
             return prepared
         if self.mirror is None:
             return prepared
-        tracing.mark("ckpt.staged", path=str(self.mirror))
+        trace.mark("ckpt.staged", path=str(self.mirror))
         return Prepared(path=str(self.mirror), target=self.target, env_var="BOOTSEER_CKPT_DIR",
                         attrs=prepared.attrs)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from bootseer.node import alive
 from bootseer.node import proc as procs
 from bootseer.config import BootseerConfig
+from bootseer import trace
 from bootseer.errors import BootseerError
 from bootseer.run import baseline
 from bootseer.run import container as C
@@ -99,13 +100,13 @@ class Timeline:
         class _Span:
             def __enter__(self_inner):
                 self_inner.start = time.time()
-                self_inner.cm = tracing.phase(name, **attrs)
+                self_inner.cm = trace.phase(name, **attrs)
                 self_inner.span = self_inner.cm.__enter__()
                 return self_inner
 
             def set(self_inner, **more):
                 attrs.update(more)
-                tracing.set_attrs(self_inner.span, **more)
+                self_inner.span.set(**more)
 
             def __exit__(self_inner, et, ev, tb):
                 end = time.time()
@@ -265,7 +266,7 @@ class NodeRun:
             done = stop.is_set()
             if ready_host_path.exists():
                 self.ready_at = time.time()
-                tracing.mark("ready")
+                trace.mark("ready")
                 with self.timeline.lock:
                     self.timeline.phases["ready"] = {"start": self.ready_at - self.timeline.t0,
                                                      "end": self.ready_at - self.timeline.t0,
