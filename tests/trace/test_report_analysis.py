@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from bootseer.report import analysis
+from bootseer.report.summary import summarize
+from bootseer.report.views import attempts
 from bootseer.report import load
 from tests.trace.report_traces import NodeTrace, demo_node
 
@@ -16,9 +17,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _summary(root, attempt=0):
-    views = analysis.attempts(load.load(root / "job").events)
+    views = attempts(load.load(root / "job").events)
     view = next(v for v in views if v.attempt == attempt)
-    return view, analysis.summarize(view)
+    return view, summarize(view)
 
 
 def test_wall_clock_step_during_a_phase_keeps_the_monotonic_durations(tmp_path):

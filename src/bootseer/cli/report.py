@@ -117,7 +117,8 @@ def _build(path: str, k: float, attempt: int | None, job: str | None = None):
     import tempfile
 
     from bootseer.errors import TraceError
-    from bootseer.report import analysis
+    from bootseer.report.summary import summarize
+    from bootseer.report.views import attempts
     from bootseer.report import load
     if "://" in path:
         with tempfile.TemporaryDirectory(prefix="bootseer-trace-") as tmp:
@@ -128,13 +129,13 @@ def _build(path: str, k: float, attempt: int | None, job: str | None = None):
     if len(jobs) > 1:
         raise TraceError(f"{path} mixes {len(jobs)} jobs ({', '.join(jobs[:5])}): report one "
                          f"job's directory (e.g. {path}/{jobs[0]}) or use 'bootseer analyze'")
-    views = analysis.attempts(t.events)
+    views = attempts(t.events)
     if attempt is not None:
         views = [v for v in views if v.attempt == attempt]
     if not views:
         raise TraceError(f"{path}: no events"
                          + (f" for attempt {attempt}" if attempt is not None else ""))
-    return t, views, [analysis.summarize(v, k) for v in views]
+    return t, views, [summarize(v, k) for v in views]
 
 
 def _run(args) -> int:

@@ -75,7 +75,8 @@ def _from_store(url: str, notes: list[str]) -> list[dict]:
 
 
 def _from_traces(p: Path, notes: list[str]) -> list[dict]:
-    from bootseer.report import analysis
+    from bootseer.report.summary import summarize
+    from bootseer.report.views import attempts
     from bootseer.report import load
     t = load.load(p)
     if t.skipped_lines:
@@ -86,8 +87,8 @@ def _from_traces(p: Path, notes: list[str]) -> list[dict]:
         by_job.setdefault(str(e["job"]), []).append(e)
     recs = []
     for job, evs in sorted(by_job.items()):
-        for v in analysis.attempts(evs):
-            s = analysis.summarize(v)
+        for v in attempts(evs):
+            s = summarize(v)
             if s.time_to_ready is None:
                 notes.append(f"{job} attempt {v.attempt}: nodes never ready "
                              f"({', '.join(s.not_ready[:3])}); counted until their last event")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 PID_STRIDE = 100_000   # pid = attempt * stride + node index + 1 (0 is each attempt's own)
 STALL_KEYS = ("stall_s",)

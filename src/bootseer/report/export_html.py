@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 
 from bootseer.report import sources as src
-from bootseer.report.analysis import AttemptView, Summary, pipeline_of
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView, pipeline_of
 from bootseer.report.critical_path import NOT_STARTED
 
 VENDOR = Path(__file__).with_name("vendor")

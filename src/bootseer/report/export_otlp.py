@@ -18,7 +18,8 @@ import urllib.parse
 import urllib.request
 
 from bootseer.errors import TraceError
-from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 SCOPE = {"name": "bootseer.trace", "version": "1"}
 STATUS_ERROR = 2

@@ -9,7 +9,8 @@ import json
 import statistics
 
 from bootseer.report import sources as src
-from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 
 def _f(v) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 from bootseer.config import BootseerConfig
 from bootseer.errors import StoreError
 from bootseer import trace
-from bootseer.run.pipelines import PREPARED, FallbackPossible, Pipeline, Prepared, PullImage
+from bootseer.run.conventional import PipInstall, PullImage
+from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,6 @@ class SnapshotDeps(Pipeline):
                         attrs={"how": result.how, "key": result.key[:19]})
 
     def fallback(self) -> Pipeline:
-        from bootseer.run.pipelines import PipInstall
         return PipInstall(self.spec, self.prefix, self.python, self.index_urls)
 
 

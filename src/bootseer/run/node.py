@@ -33,6 +33,7 @@ from bootseer.run import baseline
 from bootseer.run import container as C
 from bootseer.run import inroot
 from bootseer.run import pipelines as P
+from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
 from bootseer.run import tracing
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class NodeRun:
         else:
             self.state = Path(spec.state_dir)
         self.state.mkdir(parents=True, exist_ok=True)
-        self.pipelines: list[P.Pipeline] = []
+        self.pipelines: list[Pipeline] = []
         self.ready_at: float | None = None
         self._running: C.Running | None = None
         self._proc = None
@@ -157,7 +158,7 @@ class NodeRun:
         status line)."""
 
     # -- pipelines ---------------------------------------------------------------------------
-    def _make_pipelines(self) -> dict[str, P.Pipeline]:
+    def _make_pipelines(self) -> dict[str, Pipeline]:
         s, made = self.spec, {}
         if s.image:
             made["image"] = P.image_pipeline(s, self.config, self.state / "image")
@@ -169,24 +170,24 @@ class NodeRun:
             self._note_outside(pipeline)
         return made
 
-    def _note_outside(self, pipeline: P.Pipeline) -> None:
+    def _note_outside(self, pipeline: Pipeline) -> None:
         """A pulled image's podman storage lies outside the run's state (podman refuses a
         long path): if this run dies, the next command unmounts and removes it."""
         image = getattr(pipeline, "image", None)
         if isinstance(image, baseline.PulledImage):
             self._note_dir(image.state_dir, image.unmount_all_command())
 
-    def _prepare(self) -> dict[str, P.Prepared]:
+    def _prepare(self) -> dict[str, Prepared]:
         """Run the pipelines at once, each in a daemon thread: on SIGTERM the main thread
         stops waiting, cancels them and cleans up without joining a stuck download."""
         pipelines = self._make_pipelines()
         self.pipelines = list(pipelines.values())
         P.preload_modules()
-        results: dict[str, P.Prepared] = {}
+        results: dict[str, Prepared] = {}
         errors: list[tuple[str, BaseException]] = []
-        self._final: dict[str, P.Pipeline] = {}   # per name, after any fallback
+        self._final: dict[str, Pipeline] = {}   # per name, after any fallback
 
-        def work(name: str, pipeline: P.Pipeline) -> None:
+        def work(name: str, pipeline: Pipeline) -> None:
             try:
                 results[name] = self._prepare_one(name, pipeline)
             except BaseException as e:  # noqa: BLE001 - reported by the main thread
@@ -225,17 +226,17 @@ class NodeRun:
                 break
             time.sleep(0.05)
         try:
-            (self.state / P.PREPARED).touch()
+            (self.state / PREPARED).touch()
         except OSError:  # the node is shutting down
             pass
 
-    def _prepare_one(self, name: str, pipeline: P.Pipeline) -> P.Prepared:
+    def _prepare_one(self, name: str, pipeline: Pipeline) -> Prepared:
         self._final[name] = pipeline
         started = time.monotonic()
         with self.timeline.phase(f"{name}.{pipeline.kind}", mode=pipeline.mode) as span:
             try:
                 prepared = pipeline.prepare(self.timeline)
-            except P.FallbackPossible as e:
+            except FallbackPossible as e:
                 if self.spec.fallback == "never":
                     raise RunError(f"{e}; not falling back (--fallback never)") from e
                 log.warning("%s: %s; falling back to the conventional path", name, e)
@@ -252,7 +253,7 @@ class NodeRun:
             return prepared
 
     # -- the command -------------------------------------------------------------------------
-    def _command_env(self, prepared: dict[str, P.Prepared], ready_file: str,
+    def _command_env(self, prepared: dict[str, Prepared], ready_file: str,
                      in_container: bool) -> dict[str, str]:
         env = {"BOOTSEER_READY_FILE": ready_file}
         for p in prepared.values():
@@ -314,7 +315,7 @@ class NodeRun:
             t.start()
         return threads
 
-    def _launch(self, prepared: dict[str, P.Prepared]) -> int:
+    def _launch(self, prepared: dict[str, Prepared]) -> int:
         s = self.spec
         signal_dir = self.state / "signal"
         signal_dir.mkdir(exist_ok=True)
