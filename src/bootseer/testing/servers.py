@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootseer.errors import BootseerError
 from bootseer.node import proc as procs
 
 
-class ServerError(RuntimeError):
+class ServerError(BootseerError, RuntimeError):
     pass
 
 
