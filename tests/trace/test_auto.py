@@ -41,7 +41,7 @@ def test_torchrun_four_ranks_report_names_phases_and_gating_node(tmp_path):
     assert [n.node for n in v.nodes] == ["n0", "n1", "n2", "n3"]
     for name in ("python.start", "import.torch", "dist.init", "dist.first_collective",
                  "ckpt.load", "train.first_step"):
-        assert s.phases[name]["n"] == 4, name
+        assert s.phases[name].n == 4, name
     firsts = [e for e in t.events if e["phase"] == "dist.first_collective"]
     assert {e["attrs"]["op"] for e in firsts} == {"gather_object"}   # dcp.save gathers plans
     assert len([e for e in t.events if e["phase"] == "rendezvous"]) == 4

@@ -98,7 +98,7 @@ def _from_traces(p: Path, notes: list[str]) -> list[dict]:
             recs.append({"job": job, "attempt": v.attempt, "gpus": sum(n.gpus for n in v.nodes),
                          "nodes": s.nodes, "t": v.t0, "ready": wait,
                          "train": (max(ends) - v.t0 - wait) if ends else 0.0,
-                         "phases": {k: [x["median"], x["max"]] for k, x in s.phases.items()},
+                         "phases": {k: [x.median, x.max] for k, x in s.phases.items()},
                          "gating_node": s.gating_node, "gating_phase": s.gating_phase})
     if not any(r["train"] for r in recs):
         notes.append("no train.end marks: training time unknown, GPU-time share not computed")

@@ -50,10 +50,10 @@ def events(views: list[AttemptView], summaries: list[Summary] | None = None) -> 
             out.append({"name": "thread_name", "ph": "M", "pid": base, "tid": 1,
                         "args": {"name": "critical path"}})
             for seg in s.critical_path:
-                out.append({"name": seg["phase"], "ph": "X", "pid": base, "tid": 1,
-                            "ts": _us(v.t0 + seg["start"]),
-                            "dur": max(_us(v.t0 + seg["end"]) - _us(v.t0 + seg["start"]), 0),
-                            "args": {"node": seg["node"], "lane": seg["lane"]}})
+                out.append({"name": seg.phase, "ph": "X", "pid": base, "tid": 1,
+                            "ts": _us(v.t0 + seg.start),
+                            "dur": max(_us(v.t0 + seg.end) - _us(v.t0 + seg.start), 0),
+                            "args": {"node": seg.node, "lane": seg.lane}})
     return out
 
 

@@ -105,7 +105,7 @@ def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
                      "Seconds per top-level phase over nodes (median, p90, max).")
             for stat in ("median", "p90", "max"):
                 w.sample("bootseer_startup_phase_seconds", {**base, "phase": phase, "stat": stat},
-                         st[stat])
+                         getattr(st, stat))
         for pipeline, sec in s.path_shares.items():
             w.metric("bootseer_startup_critical_path_seconds", "gauge",
                      "Seconds each pipeline held on the critical path to ready.")

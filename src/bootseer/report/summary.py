@@ -25,14 +25,34 @@ def pct(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class PhaseStats:
+    """One top-level phase over the nodes that ran it: seconds, and how many nodes."""
+    median: float
+    p90: float
+    max: float
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class PathStep:
+    """One segment of the gating node's critical path, as the summary reports it."""
+    node: str
+    phase: str
+    lane: str
+    start: float
+    end: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Summary:
     attempt: int
     nodes: int
     time_to_ready: float | None
     not_ready: list[str]
     alignment: str
-    phases: dict[str, dict]            # name -> median/p90/max/n
+    phases: dict[str, PhaseStats]
     gating_node: str | None
     gating_phase: str | None
     gating_rank: int | None
@@ -40,7 +60,7 @@ class Summary:
     k: float
     what_if: float | None
     gpu_seconds_lost: float
-    critical_path: list[dict] = field(default_factory=list)   # the gating node's chain
+    critical_path: list[PathStep] = field(default_factory=list)   # the gating node's chain
     path_shares: dict[str, float] = field(default_factory=dict)  # seconds per pipeline on it
     ranks: list[dict] = field(default_factory=list)            # the job's phases per rank
     figures: dict[str, dict] = field(default_factory=dict)     # technique figures (medians)
@@ -51,7 +71,8 @@ class Summary:
     problems: list[str] = field(default_factory=list)
 
 
-def _gating_phase(slow: NodeView, phases: dict, *, straggler: bool) -> str | None:
+def _gating_phase(slow: NodeView, phases: dict[str, PhaseStats], *,
+                  straggler: bool) -> str | None:
     """A straggler was gated by the phase that exceeds its cross-node median the most
     (what made it late). A node in step with the others was gated by its longest phase;
     phases traced in parallel threads overlap (``startup.prepare`` spans ``image.pull``), so
@@ -60,7 +81,7 @@ def _gating_phase(slow: NodeView, phases: dict, *, straggler: bool) -> str | Non
     if not own:
         return None
     if straggler:
-        return max(own, key=lambda p: (own[p] - phases[p]["median"], own[p]))
+        return max(own, key=lambda p: (own[p] - phases[p].median, own[p]))
     longest = max(own.values())
     return min((p for p, v in own.items() if v >= 0.98 * longest), key=lambda p: own[p])
 
@@ -70,8 +91,7 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     phases = {}
     for name in names:
         vals = [n.phases[name] for n in view.nodes if name in n.phases]
-        phases[name] = {"median": statistics.median(vals), "p90": pct(vals, 0.9),
-                        "max": max(vals), "n": len(vals)}
+        phases[name] = PhaseStats(statistics.median(vals), pct(vals, 0.9), max(vals), len(vals))
     per_node = {n.node: src for n in view.nodes if (src := sources.node_sources(n))}
     done = [n for n in view.nodes if n.ready is not None]
     gating_node = gating_phase = gating_rank = None
@@ -98,7 +118,7 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
             gating_rank = by_name[top.node].last_rank
         fixed = []
         for n in done:
-            excess = sum(max(0.0, v - phases[p]["median"]) for p, v in n.phases.items()) \
+            excess = sum(max(0.0, v - phases[p].median) for p, v in n.phases.items()) \
                 if n.node in stragglers else 0.0
             fixed.append(max(n.ready - excess, 0.0))
         what_if = max(fixed)
@@ -108,9 +128,8 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     return Summary(view.attempt, len(view.nodes), ttr, [n.node for n in view.not_ready],
                    view.alignment, phases, gating_node, gating_phase, gating_rank, stragglers, k,
                    what_if, gpu_lost,
-                   critical_path=[{"node": x.node, "phase": x.phase, "lane": x.lane,
-                                   "start": x.start,
-                                   "end": x.end, "seconds": x.seconds} for x in path],
+                   critical_path=[PathStep(x.node, x.phase, x.lane, x.start, x.end, x.seconds)
+                                  for x in path],
                    path_shares=cp.shares(path), ranks=rank_rows(view),
                    figures=technique_figures(view), sources=sources.job_sources(per_node),
                    node_sources=per_node, problems=list(view.problems))
