@@ -53,7 +53,7 @@ ValueError). Errors carry fields (digest, url, offset) and say what to check.
 
 from __future__ import annotations
 
-from bootseer import redact   # errors are shown and logged: no URL credentials
+from bootseer import redact  # errors are shown and logged: no URL credentials
 
 
 class BootseerError(Exception):

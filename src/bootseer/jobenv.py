@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 CONFIG_FILE = "BOOTSEER_CONFIG"
 """The settings TOML file."""

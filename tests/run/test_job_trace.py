@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from bootseer.config import TraceConfig
+from bootseer.report import load
+from bootseer.report.views import attempts
 from bootseer.run import container as C
 from bootseer.run import tracing
-from bootseer.report.views import attempts
-from bootseer.report import load
 from tests.conftest import BUSYBOX, is_root, make_busybox_rootfs, need
 
 TRAIN = Path(__file__).parents[1] / "trace" / "torch_train.py"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.trace import auto
+from bootseer.report import load
 from bootseer.report.summary import summarize
 from bootseer.report.views import attempts
-from bootseer.report import load
+from bootseer.trace import auto
 
 HERE = Path(__file__).parent
 

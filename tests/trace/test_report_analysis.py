@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from bootseer.report import load
 from bootseer.report.summary import summarize
 from bootseer.report.views import attempts
-from bootseer.report import load
 from tests.trace.report_traces import NodeTrace, demo_node
 
 pytestmark = pytest.mark.timeout(120)

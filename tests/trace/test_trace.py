@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from bootseer.report import load
 from bootseer.report.summary import summarize
 from bootseer.report.views import UNTRACED, attempts
-from bootseer.report import load
 
 pytestmark = pytest.mark.timeout(120)
 

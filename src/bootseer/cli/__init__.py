@@ -9,6 +9,7 @@ import sys
 
 from bootseer.cli._flags import JSON_SCHEMA
 
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option shows its default, unless it has none worth saying (a flag, unset) or
     its help says it already."""
@@ -47,3 +48,19 @@ def write_output(path: str, text: str) -> None:
         return
     from bootseer.node import outputs
     outputs.write_text(path, text)
+
+
+def text_stream(outputs: dict[str, str | None]):
+    """Where a verb's text report goes, given the files its flags name (``{"--json":
+    path}``): standard error when one of them is ``-`` (standard output then carries that
+    machine-readable output), else standard output. Each named path is checked now, before
+    the work, not after it; at most one may be ``-``."""
+    from bootseer.errors import UsageError
+    from bootseer.node import outputs as checked
+    paths = [p for p in outputs.values() if p]
+    if paths.count("-") > 1:
+        raise UsageError(f"only one of {', '.join(outputs)} can be - (standard output)")
+    for path in paths:
+        if path != "-":
+            checked.check(path)
+    return sys.stderr if "-" in paths else sys.stdout

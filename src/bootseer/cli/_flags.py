@@ -74,6 +74,7 @@ def add_ready_regex_arg(parser, help: str) -> None:
 def ready_regex(text: str | None) -> str | None:
     """``--ready-regex``, refused now if it is not a regular expression."""
     import re
+
     from bootseer.errors import ConfigError
     if text is None:
         return None

@@ -52,8 +52,8 @@ def register(sub) -> None:
 def _mount(args) -> int:
     from bootseer.ckpt.listing import RemoteDir
     from bootseer.ckpt.mount import build_view, mount_backend
-    from bootseer.config import BootseerConfig
     from bootseer.cli._errors import reaching
+    from bootseer.config import BootseerConfig
     config = BootseerConfig.from_env(overrides={"store": {"url": args.store}})
     with reaching(args.url, "checkpoint"):   # a wrong URL or missing driver fails here
         RemoteDir(args.url, mirrors=args.mirror).check_root()
@@ -67,9 +67,9 @@ def _prefetch(args) -> int:
     from bootseer.ckpt.listing import RemoteDir
     from bootseer.ckpt.prefetch import start_plan
     from bootseer.ckpt.staging import node_staging_dir
-    from bootseer.config import BootseerConfig
     from bootseer.cli._errors import reaching
     from bootseer.cli._status import follow, say
+    from bootseer.config import BootseerConfig
     from bootseer.errors import UsageError
     if (args.rank is None) != (args.world is None):
         raise UsageError("ckpt prefetch: give --rank and --world together")

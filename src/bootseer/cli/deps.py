@@ -72,6 +72,7 @@ def prefix_arg(path: str | None) -> str | None:
     """``--prefix``: refused when it, or a folder above it, is a file (else the build
     fails halfway with "File exists")."""
     import os
+
     from bootseer.errors import UsageError
     if path is None:
         return None
@@ -120,6 +121,7 @@ def _ensure(args) -> int:
 
 def _umount(args) -> int:
     import os
+
     from bootseer.deps.mounted import unmount
     if not unmount(os.path.abspath(args.prefix)):
         print(f"no environment is mounted at {args.prefix}", file=sys.stderr)
@@ -140,6 +142,7 @@ def _gc(args) -> int:
 
 def _key(args) -> int:
     import os
+
     from bootseer.deps.resolve import resolve_key
     print(resolve_key(args.spec, os.path.abspath(args.prefix), args.python or sys.executable,
                       args.index_url).key)
@@ -164,6 +167,7 @@ def _ls(args) -> int:
 
 def _verify(args) -> int:
     import os
+
     from bootseer.deps.relocate import rewrite_bytes
     from bootseer.deps.snapshot import read_marker
     from bootseer.deps.verify import bytes_match, file_matches

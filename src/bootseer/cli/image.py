@@ -7,8 +7,15 @@ import json
 import sys
 
 from bootseer.cli import print_json
-from bootseer.cli._flags import (IMAGE_REF_HELP, JSON_SCHEMA, add_fallback_arg, add_json_arg,
-                                 add_ready_regex_arg, add_store_arg, ready_regex)
+from bootseer.cli._flags import (
+    IMAGE_REF_HELP,
+    JSON_SCHEMA,
+    add_fallback_arg,
+    add_json_arg,
+    add_ready_regex_arg,
+    add_store_arg,
+    ready_regex,
+)
 
 
 def register(sub) -> None:
@@ -246,8 +253,9 @@ def _mount(args) -> int:
     import os
     import signal
     import time
-    from bootseer.node.alive import StateDir
+
     from bootseer.image.session import mount_image
+    from bootseer.node.alive import StateDir
     from bootseer.tree.session import TRIGGER
     config = _config(args.store)
     state_dir = StateDir("bsimg-")   # swept by the next command if we are SIGKILLed
@@ -276,12 +284,13 @@ def _mount(args) -> int:
 
 def _publish(config, state, record: bool) -> int:
     import os
+
     from bootseer.tree import profile as prof
     figures = os.path.join(state, "figures.json")
     if os.path.exists(figures):
         text = open(figures).read()
         print(text, file=sys.stderr)
-        from bootseer import trace   # the start's figures, when a trace is configured
+        from bootseer import trace  # the start's figures, when a trace is configured
         from bootseer.tree.session import window_attrs
         trace.mark("image.window", **window_attrs(json.loads(text)))
     if record:
@@ -293,11 +302,11 @@ def _publish(config, state, record: bool) -> int:
 
 def _prefetch(args) -> int:
     from bootseer.image import convert
-    from bootseer.tree import profile as prof
-    from bootseer.tree.prefetch import Prefetcher
     from bootseer.store import open_store
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
+    from bootseer.tree import profile as prof
+    from bootseer.tree.prefetch import Prefetcher
     from bootseer.tree.reader import TreeReader
     config = _config(args.store)
     store = open_store(config.store.url, config)
@@ -370,8 +379,8 @@ def _read_profile(path: str) -> dict:
 
 
 def _push(args) -> int:
-    from bootseer.tree import profile as prof
     from bootseer.store import open_store
+    from bootseer.tree import profile as prof
     profile = _read_profile(args.file)
     print(prof.push(open_store(args.store, _config(args.store)), profile))
     return 0
@@ -379,8 +388,8 @@ def _push(args) -> int:
 
 def _show(args) -> int:
     from bootseer.image import convert
-    from bootseer.tree import profile as prof
     from bootseer.store import open_store
+    from bootseer.tree import profile as prof
     store = open_store(args.store, _config(args.store))
     tree = convert.resolve(args.ref, store)
     p = prof.latest(store, tree)

@@ -150,6 +150,7 @@ def summary_arg(path: str | None) -> str | None:
     """``--summary``: refused now if it can never be written (a directory...), and made
     absolute (the run may change directory before it writes it, in place)."""
     import os
+
     from bootseer.node import outputs
     if path is None or path == "-":   # -: standard output, after the job's own output
         return path

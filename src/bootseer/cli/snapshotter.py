@@ -8,7 +8,7 @@ from bootseer.cli._flags import add_store_arg
 
 
 def register(sub) -> None:
-    from bootseer.snapshotter import DEFAULT_ADDRESS, DEFAULT_ROOT   # (no grpc import)
+    from bootseer.snapshotter import DEFAULT_ADDRESS, DEFAULT_ROOT  # (no grpc import)
     p = sub.add_parser("snapshotter", help="containerd proxy snapshotter (Kubernetes nodes)",
                        description="A containerd proxy snapshotter: containerd's snapshots.v1 "
                                    "API on a unix socket. Configure containerd with "
@@ -37,7 +37,7 @@ def _serve(args) -> int:
     try:
         import grpc  # noqa: F401 - the one optional dependency of this command
     except ImportError:
-        from bootseer.errors import BootseerError   # this node lacks an extra: exit 1
+        from bootseer.errors import BootseerError  # this node lacks an extra: exit 1
         raise BootseerError("the snapshotter needs grpcio and protobuf; "
                             "hint: pip install 'bootseer[containerd]'") from None
     from bootseer.config import BootseerConfig, store_url_from_env

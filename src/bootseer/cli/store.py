@@ -119,9 +119,10 @@ def _open(args):
     """The store; a directory store is created only by the verbs that write one (a
     mistyped ``--store /typo`` for ``ls`` is an error, not a new empty store)."""
     import os
+
+    from bootseer.cli._errors import with_hint
     from bootseer.config import BootseerConfig
     from bootseer.errors import StoreError
-    from bootseer.cli._errors import with_hint
     from bootseer.store import open_store
     url = args.store or BootseerConfig.from_env().store.url
     local = url.removeprefix("file://") if url and ("://" not in url or
@@ -165,8 +166,8 @@ def _get(args) -> int:
     import contextlib
     import hashlib
 
-    from bootseer.node import outputs
     from bootseer.errors import DigestMismatch
+    from bootseer.node import outputs
     from bootseer.store.digest import parse
     digest = parse(args.digest)
     if args.output == "-":
@@ -230,6 +231,7 @@ def _ls(args) -> int:
 
 def _age_arg(text: str) -> float:
     import re
+
     from bootseer.errors import UsageError
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
     if not m:

@@ -26,6 +26,7 @@ def register(sub) -> None:
 def _exec(args) -> int:
     import subprocess
     import sys
+
     from bootseer import trace
     from bootseer.report import remote
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv

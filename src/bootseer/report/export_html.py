@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 
 from bootseer.report import sources as src
+from bootseer.report.critical_path import NOT_STARTED
 from bootseer.report.summary import Summary
 from bootseer.report.views import AttemptView, pipeline_of
-from bootseer.report.critical_path import NOT_STARTED
 
 VENDOR = Path(__file__).with_name("vendor")
 UPLOT_VERSION = "1.6.32"   # vendor/README.md says how to update it

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import math
 
+from bootseer.report.simulate import BIN_NAMES, bin_of
 from bootseer.report.summary import Summary
 from bootseer.report.views import AttemptView
-from bootseer.report.simulate import BIN_NAMES, bin_of
 
 READY_BUCKETS_S = (5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
 

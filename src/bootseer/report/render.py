@@ -8,6 +8,7 @@ import dataclasses
 import json
 import statistics
 
+from bootseer.report import export_chrome, export_html
 from bootseer.report import sources as src
 from bootseer.report.summary import Summary
 from bootseer.report.views import AttemptView
@@ -189,11 +190,9 @@ def to_json(summaries: list[Summary]) -> str:
 
 
 def chrome(views: list[AttemptView], summaries: list[Summary] | None = None) -> str:
-    from bootseer.report import export_chrome
     return export_chrome.to_json(views, summaries)
 
 
 def to_html(views: list[AttemptView], summaries: list[Summary], title: str,
             report_text: str, baseline: list[Summary] | None = None) -> str:
-    from bootseer.report import export_html
     return export_html.to_html(views, summaries, title, report_text, baseline)

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 from bootseer.report import critical_path as cp
 from bootseer.report import sources
-from bootseer.report.views import (COLLECTIVES, RANK_COLUMN, UNTRACED, AttemptView, NodeView,
-                                   covered)
+from bootseer.report.views import COLLECTIVES, RANK_COLUMN, UNTRACED, AttemptView, NodeView, covered
 
 K_MAD = 3.0
 

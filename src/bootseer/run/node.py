@@ -24,17 +24,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootseer.node import alive
-from bootseer.node import proc as procs
-from bootseer.config import BootseerConfig
 from bootseer import trace
+from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
-from bootseer.run import baseline
+from bootseer.node import alive, outputs
+from bootseer.node import proc as procs
+from bootseer.run import baseline, inroot, tracing
 from bootseer.run import container as C
-from bootseer.run import inroot
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
-from bootseer.run import tracing
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +417,7 @@ class NodeRun:
         if self.spec.summary == "-":
             print(json.dumps(data, indent=1), flush=True)
             return
-        from bootseer.node import outputs   # the user's path: written in place, never renamed over
+        # the user's path: written in place, never renamed over
         outputs.write_text(self.spec.summary, json.dumps(data, indent=1), "summary")
 
 

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from bootseer.config import attempt_from_env, trace_capture, trace_env, trace_start
+from bootseer.jobenv import TRACE_AUTO, TRACE_START
 from bootseer.run.container import Bind
 from bootseer.store import open_store
 from bootseer.store.digest import sha256_digest
-from bootseer.jobenv import TRACE_AUTO, TRACE_START
 from bootseer.trace import auto
 
 # -- the job's own trace, inside its container ------------------------------------------------

@@ -25,11 +25,10 @@ import threading
 import time
 from typing import Any
 
-from bootseer import jobenv
-from bootseer import redact
+from bootseer import jobenv, redact
 
 if __package__ == "bootseer.trace":   # in bootseer: its settings (BOOTSEER_TRACE_*, the
-    from bootseer.config import trace_settings   # [trace] table of the TOML file)
+    from bootseer.config import trace_settings  # [trace] table of the TOML file)
 else:   # the copy shipped into a job's image (run/tracing.py) imports nothing of bootseer:
     trace_settings = jobenv.trace_settings   # the variables bootseer run set for the job
 
