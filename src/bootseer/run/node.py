@@ -85,12 +85,25 @@ class RunSpec:
     state_dir: str | None = None
 
 
+@dataclass(frozen=True)
+class PhaseTime:
+    """One phase of the start in the summary file: seconds from the node's start, and the
+    phase's plain attributes (bytes, how...)."""
+    start: float
+    end: float
+    status: str = "ok"
+    attrs: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"start": self.start, "end": self.end, "status": self.status, **self.attrs}
+
+
 class Timeline:
     """Per-phase wall-clock offsets from the node's start, for the summary file."""
 
     def __init__(self) -> None:
         self.t0 = time.time()
-        self.phases: dict[str, dict] = {}
+        self.phases: dict[str, PhaseTime] = {}
         self.lock = threading.Lock()
 
     def phase(self, name: str, **attrs):
@@ -110,17 +123,16 @@ class Timeline:
             def __exit__(self_inner, et, ev, tb):
                 end = time.time()
                 with timeline.lock:
-                    timeline.phases[name] = {"start": self_inner.start - timeline.t0,
-                                             "end": end - timeline.t0,
-                                             "status": "ok" if et is None else "failed",
-                                             **{k: v for k, v in attrs.items()
-                                                if isinstance(v, (int, float, str, bool))}}
+                    timeline.phases[name] = PhaseTime(
+                        self_inner.start - timeline.t0, end - timeline.t0,
+                        "ok" if et is None else "failed",
+                        {k: v for k, v in attrs.items() if isinstance(v, (int, float, str, bool))})
                 return self_inner.cm.__exit__(et, ev, tb)
 
         return _Span()
 
     def to_json(self) -> dict:
-        return {"t0": self.t0, "phases": self.phases}
+        return {"t0": self.t0, "phases": {n: p.to_json() for n, p in self.phases.items()}}
 
 
 STATE_PREFIX, ALIVE = "bsn-", alive.MARK
@@ -267,9 +279,8 @@ class NodeRun:
                 self.ready_at = time.time()
                 trace.mark("ready")
                 with self.timeline.lock:
-                    self.timeline.phases["ready"] = {"start": self.ready_at - self.timeline.t0,
-                                                     "end": self.ready_at - self.timeline.t0,
-                                                     "status": "ok"}
+                    at = self.ready_at - self.timeline.t0
+                    self.timeline.phases["ready"] = PhaseTime(at, at)
                 for p in self.pipelines:
                     try:
                         p.on_ready()
