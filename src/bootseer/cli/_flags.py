@@ -36,6 +36,11 @@ def add_store_arg(parser, help: str = STORE_HELP, **kw) -> None:
     parser.add_argument("--store", metavar="URL", help=help, **kw)
 
 
+def add_index_url_arg(parser, help: str = INDEX_URL_HELP) -> None:
+    """``--index-url URL`` (repeatable): the package indexes an environment resolves from."""
+    parser.add_argument("--index-url", action="append", default=[], metavar="URL", help=help)
+
+
 def add_json_arg(parser, what: str) -> None:
     """``--json``: the verb's result as one JSON document on standard output."""
     parser.add_argument("--json", action="store_true",

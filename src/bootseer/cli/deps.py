@@ -6,7 +6,7 @@ import json
 import sys
 
 from bootseer.cli import print_json
-from bootseer.cli._flags import INDEX_URL_HELP, add_gc_verb, add_json_arg, add_store_arg
+from bootseer.cli._flags import add_gc_verb, add_index_url_arg, add_json_arg, add_store_arg
 
 
 def register(sub) -> None:
@@ -17,8 +17,7 @@ def register(sub) -> None:
     v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
     v.add_argument("--prefix", required=True, help="where the environment lives (same on every node)")
     v.add_argument("--python", help="interpreter (default: this one)")
-    v.add_argument("--index-url", action="append", default=[], metavar="URL",
-                   help=INDEX_URL_HELP)
+    add_index_url_arg(v)
     v.add_argument("--key", help="key from 'bootseer deps key' (skips resolving on a warm node)")
     add_store_arg(v)
     v.add_argument("--wait", type=float, default=600.0, help="seconds to wait for another builder")
@@ -47,8 +46,7 @@ def register(sub) -> None:
     v.add_argument("--prefix", required=True,
                    help="where the environment will live (part of the key)")
     v.add_argument("--python", help="interpreter (default: this one)")
-    v.add_argument("--index-url", action="append", default=[], metavar="URL",
-                   help=INDEX_URL_HELP)
+    add_index_url_arg(v)
     v.set_defaults(func=_key)
     v = verbs.add_parser("ls", help="environments published in the store")
     add_store_arg(v)

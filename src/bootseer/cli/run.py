@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from bootseer.cli._flags import add_fallback_arg, add_ready_regex_arg, add_store_arg, ready_regex
+from bootseer.cli._flags import (
+    add_fallback_arg,
+    add_index_url_arg,
+    add_ready_regex_arg,
+    add_store_arg,
+    ready_regex,
+)
 
 EPILOG = """\
 examples:
@@ -49,8 +55,7 @@ def register(sub) -> None:
     g.add_argument("--prefix", metavar="PATH",
                    help="where the environment lives (the same path on every node)")
     g.add_argument("--python", metavar="PY", help="interpreter of the environment")
-    g.add_argument("--index-url", action="append", default=[], metavar="URL",
-                   help="package index (repeatable)")
+    add_index_url_arg(g, "package index (repeatable)")
     g.add_argument("--no-snapshot", action="store_true",
                    help="pip install on this node instead of restoring a snapshot")
     g = p.add_argument_group("checkpoint")
