@@ -23,7 +23,7 @@ _ORDER = ["run", "demo", "image", "deps", "ckpt", "trace", "report", "analyze", 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI, or with ``only`` just that command's module (a command's start then
-    costs its own imports, not every command's: a warm ``deps ensure`` is ~0.1 s)."""
+    costs its own imports, not every command's: a warm ``deps ensure`` returns at once)."""
     from bootseer.cli import Parser
     from bootseer.cli._flags import add_output_flags
     parser = Parser(

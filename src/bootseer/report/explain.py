@@ -81,7 +81,7 @@ def build(path: str, k: float, attempt: int | None, job: str | None = None):
 def _keep(obj) -> None:
     """Keep ``obj`` alive to the end of the process, out of every collection and never
     freed: a 10,000-node trace is a million objects, each collection would walk them and
-    freeing them one by one at exit takes 0.2 s (the OS takes the memory back at once).
+    freeing them one by one at exit is slow (the OS takes the memory back at once).
     A command's last use of its trace is its output, so nothing is lost."""
     holder = [obj]
     holder.append(holder)   # a cycle: clearing the modules at exit leaves its count above 0

@@ -25,8 +25,8 @@ PIPELINE_PACKAGES = ("store", "tree", "deps", "ckpt", "mount", "image", "peers")
 def preload_modules() -> None:
     """Import every module of :data:`PIPELINE_PACKAGES` in the calling (main) thread,
     before the pipelines start at once in threads: two threads importing modules that
-    import each other deadlock on Python's module locks (bench/e2e saw ``image pipeline
-    failed: deadlock detected by _ModuleLock('bootseer.store.digest')``). An optional
+    import each other deadlock on Python's module locks (``image pipeline failed:
+    deadlock detected by _ModuleLock('bootseer.store.digest')``). An optional
     extra that is not installed stays for its pipeline to report."""
     def load(name: str) -> None:
         try:
