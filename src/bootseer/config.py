@@ -435,8 +435,9 @@ def start_env(start: str) -> dict[str, str]:
     return {jobenv.TRACE_START: start}
 
 
-trace_start = jobenv.trace_start   # the job's own variables, read where the job reads them
-ready_file = jobenv.ready_file
+def trace_start(env: Mapping[str, str] | None = None) -> str | None:
+    """This start's id, when ``bootseer run`` gave it one (read as the job reads it)."""
+    return jobenv.trace_start(env)
 
 
 def trace_capture(env: Mapping[str, str] | None = None) -> str:
