@@ -32,8 +32,8 @@ MODULES: list[tuple[str, list[str] | None]] = [
 HEADER = """# Python API
 
 Generated from the docstrings by `scripts/gen-api-doc.py` (a test checks that this page
-is up to date: edit the docstrings, then run the script). The command line is in the
-README and [cli.md](cli.md); what each subsystem does is in its own page.
+is up to date: edit the docstrings, then run the script). The command line is in
+[commands.md](commands.md) and [cli.md](cli.md); what each subsystem does is in its own page.
 """
 
 

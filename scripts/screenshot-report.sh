@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's picture of the HTML report: docs/img/report.png (or the PNG named as $1),
+# The picture of the HTML report in docs/trace.md: docs/img/report.png (or the PNG named as $1),
 # from a 3-node trace shaped like the demo's (two attempts, the first gated by one node's
 # slow image; a baseline start without the techniques), taken by headless chromium.
 # Scratch goes to a temporary directory removed at the end.

@@ -20,9 +20,11 @@ restore, a lazy mount) is still there for the next, as on a machine. Every varia
 on a fresh node (cold: empty caches):
 
   pip install           python -m venv + pip install --no-cache-dir          (small stack)
-  uv cold               uv venv + uv pip install --compile-bytecode, empty uv cache: the
-                        baseline
-  uv warm               the same with the uv cache of 'uv cold'               (small stack)
+  uv cold               uv venv + uv pip install, uv's default (no bytecode), empty uv
+                        cache: the baseline, the fastest way a user installs today
+  uv bytecode           the same with --compile-bytecode (slower to install, faster first
+                        import), shown beside the baseline, never instead of it
+  uv warm               'uv cold' again with its uv cache                     (small stack)
   bootseer build        bootseer deps ensure, empty store: builds once and publishes
   bootseer restore      bootseer deps ensure --key on a fresh node (the snapshot is
                         published); its backend (directory, erofs, ...) read from --json or
@@ -218,11 +220,11 @@ class Bench:
         return (f"{PYTHON} -m venv {PREFIX} && {PREFIX}/bin/pip install -q --no-cache-dir "
                 f"--disable-pip-version-check --index-url {self.index_url} -r {self.spec}")
 
-    def uv(self) -> str:
+    def uv(self, *, bytecode: bool = False) -> str:
         uv = shlex.join(_uv())
         return (f"{uv} venv -q --python {PYTHON} {PREFIX} && {uv} pip install -q --python "
-                f"{PREFIX}/bin/python --compile-bytecode --index-url {self.index_url} "
-                f"-r {self.spec}")
+                f"{PREFIX}/bin/python {'--compile-bytecode ' if bytecode else ''}"
+                f"--index-url {self.index_url} -r {self.spec}")
 
     def ensure(self, key: str | None = None, mount: bool = False) -> str:
         k = f" --key {key}" if key else ""
@@ -233,7 +235,7 @@ class Bench:
     def umount(self, node: Node) -> dict:
         """Stop the lazy mount (publishing the profile); its time is not the start's.
         Returns its recording figures; its server's log goes into deps.log."""
-        from bootseer.deps.mounted import state_dir
+        from bootseer.deps.prefix import state_dir
         state = shlex.quote(state_dir(PREFIX))
         return parse_figures(self.run(
             node, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}; rc=$?; "
@@ -319,6 +321,9 @@ def run_variants(b: Bench, nodes: int, row: Rows, hot: dict) -> None:
         n = b.node()
         row("pip install", b.timed(n, b.pip()))
         n.close()
+    n = b.node()
+    row("uv bytecode", b.timed(n, b.uv(bytecode=True)))
+    n.close()
     local = b.node()
     row("uv cold", b.timed(local, b.uv()))
     size, files = installed_size(local.path / "opt" / "env")

@@ -58,7 +58,7 @@ def build(store_url: str, mib: int, out: str) -> None:
     """Runs on the storage host: both sets, published with their torrents."""
     from bootseer.config import BootseerConfig
     from bootseer.deps import snapshot
-    from bootseer.peers.publish import publish_for_profile
+    from bootseer.tree.peers import publish_for_profile
     from bootseer.store import open_store
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.build import TreeBuilder, add_directory
@@ -364,6 +364,7 @@ def main() -> None:
     load_after = _uptime()
     name = "scale.json" if args.rate == "1gbit" else f"scale-{args.rate}.json"
     results = Path(__file__).resolve().parents[1] / "results" / name
+    results.parent.mkdir(parents=True, exist_ok=True)   # ignored by git: a fresh clone has none
     results.write_text(json.dumps({"set_bytes": set_bytes, "rate": args.rate, "rows": rows,
                                    "load_before": load_before, "load_after": load_after},
                                   indent=1) + "\n")

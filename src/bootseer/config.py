@@ -184,6 +184,10 @@ class CkptConfig:
     """Who may read staged checkpoint files and their access profiles: ``auto`` (only the
     owner, 0600 files / 0700 folders, when the checkpoint was read with credentials; else
     everyone, 0644), ``private`` (only the owner, always) or ``shared`` (everyone)."""
+    staging_dir: str = ""
+    """The node's staging directory for checkpoint files (staged stripes, access
+    profiles); empty: ``ckpt-staging`` inside ``cache.dir``, the node's bootseer cache,
+    never a folder beside it."""
     fuse: str = "auto"
     """Which FUSE server a checkpoint mount runs: ``devfuse`` (bootseer's own /dev/fuse
     server: staged files read through kernel passthrough), ``mfusepy`` (libfuse), or
@@ -200,6 +204,8 @@ class CkptConfig:
             raise ConfigError("ckpt.hedge_multiple", "must be > 1 (a multiple of the median)")
         if self.hedge_min_s < 0:
             raise ConfigError("ckpt.hedge_min_s", "must be >= 0")
+        if self.staging_dir:   # shared by processes that do not run in our directory
+            object.__setattr__(self, "staging_dir", os.path.abspath(self.staging_dir))
         if self.staging_mode not in ("auto", "private", "shared"):
             raise ConfigError("ckpt.staging_mode", f"{self.staging_mode!r} is not auto, "
                                                    "private or shared")

@@ -1,5 +1,6 @@
 """``bootseer doctor``: can this node do what bootseer needs? One check per line (FUSE,
-container runtimes, uv, the store, the cache directory, GPUs, kernel features), each
+container runtimes, the programs, libraries and extras' modules of node/tools.py, uv, the
+store, the cache directory, GPUs, kernel features, user namespaces), each
 saying what it found and, when it fails, what to do. Nothing is created or changed (the
 EROFS probe mounts a temporary image and removes it)."""
 
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from bootseer.config import BootseerConfig
+from bootseer.node import tools
 
 CAP_SYS_ADMIN = 21
 
@@ -69,8 +71,7 @@ def check_fuse_mount_permission() -> Check:
     that is not root (root without the capability gets nothing from set-uid)."""
     helper = shutil.which("fusermount3")
     if helper is None:
-        return Check("fusermount3", False, True, "not found on PATH",
-                     "install fuse3 (apt-get install fuse3): bootseer unmounts with it")
+        return Check("fusermount3", False, True, "not found on PATH", _hint("fusermount3"))
     if has_cap_sys_admin():
         return Check("mount permission", True, True, "CAP_SYS_ADMIN")
     setuid = bool(os.stat(helper).st_mode & stat.S_ISUID)
@@ -101,11 +102,10 @@ def check_container_runtimes() -> list[Check]:
     podman, runc = shutil.which("podman"), shutil.which("runc")
     checks.append(Check("podman", podman is not None, False,
                         _version(["podman", "--version"]) if podman else "not found",
-                        None if podman else "apt-get install podman (else bootseer run uses "
-                                            "unshare + chroot)"))
+                        None if podman else _hint("podman")))
     checks.append(Check("runc", runc is not None, False,
                         _version(["runc", "--version"]) if runc else "not found",
-                        None if runc else "apt-get install runc (podman's runtime)"))
+                        None if runc else _hint("runc")))
     chroot = bool(shutil.which("unshare") and shutil.which("chroot"))
     runnable = chroot or bool(podman and runc)
     checks.append(Check("container runtime", runnable, True,
@@ -116,8 +116,13 @@ def check_container_runtimes() -> list[Check]:
     containerd = shutil.which("containerd")
     checks.append(Check("containerd", containerd is not None, False,
                         _version(["containerd", "--version"]) if containerd else "not found",
-                        None if containerd else "only for 'bootseer snapshotter serve'"))
+                        None if containerd else _hint("containerd")))
     return checks
+
+
+def _hint(name: str) -> str:
+    r = tools.BY_NAME[name]
+    return f"{r.hint} ({r.needed_by})"
 
 
 def check_uv() -> Check:
@@ -239,12 +244,56 @@ def check_fuse_passthrough() -> Check:
                  "files at native speed (else checkpoint mounts use mfusepy)")
 
 
+def check_tools() -> list[Check]:
+    """The programs, libraries and extras' modules no other check covers
+    (bootseer.node.tools: the same hint a command that needs one gives)."""
+    covered = {"fusermount3", "podman", "runc", "containerd"}
+    out = []
+    for r in tools.REQUIREMENTS:
+        if r.name in covered:
+            continue
+        found = tools.find(r)
+        out.append(Check(r.name, found is not None, r.required,
+                         _describe(r, found) if found else f"not found: {r.needed_by} "
+                                                           "cannot work",
+                         None if found else _hint(r.name)))
+    return out
+
+
+def _describe(r: tools.Requirement, found: str) -> str:
+    if r.kind == "program":
+        return _version([found, "--version"])
+    if r.kind == "module":
+        import importlib
+        return f"{r.probe} {getattr(importlib.import_module(r.probe), '__version__', '')}"
+    return found
+
+
+def check_user_namespaces() -> Check:
+    """Unprivileged user namespaces: what a user without root needs to enter a lazy image
+    (rootless podman, unshare --user)."""
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+    clone = read("/proc/sys/kernel/unprivileged_userns_clone")
+    limit = read("/proc/sys/user/max_user_namespaces")
+    if clone == "0" or limit == "0":
+        return Check("user namespaces", False, False, "off for users without root",
+                     "sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces>0 "
+                     "(rootless podman and unshare --user need them)")
+    return Check("user namespaces", True, False,
+                 f"available to every user (max {limit})" if limit else "available")
+
+
 def run_checks(config: BootseerConfig | None = None) -> list[Check]:
     config = config or BootseerConfig.from_env()
     steps: list[Callable[[], Check | list[Check]]] = [
         check_dev_fuse, check_fuse_mount_permission, check_container_runtimes, check_uv,
-        lambda: check_store(config), lambda: check_cache_dir(config), check_gpus,
-        check_erofs, check_fuse_passthrough]
+        check_tools, lambda: check_store(config), lambda: check_cache_dir(config),
+        check_gpus, check_erofs, check_fuse_passthrough, check_user_namespaces]
     checks: list[Check] = []
     for step in steps:
         found = step()
@@ -264,4 +313,10 @@ def table(checks: list[Check]) -> str:
         lines.append(f"{c.name:<{width}}  {status:<7}  {c.detail}")
         if c.hint and not c.ok:
             lines.append(f"{'':<{width}}  {'':<7}  hint: {c.hint}")
+    missing = [c.name for c in checks if c.required and not c.ok]
+    optional = [c.name for c in checks if not c.required and not c.ok]
+    lines.append("")
+    lines.append(("MISSING: " + ", ".join(missing) if missing else "required: all present")
+                 + ("; not available: " + ", ".join(optional) + " (see the hints)"
+                    if optional else ""))
     return "\n".join(lines)

@@ -12,6 +12,7 @@ listed below.
     │   ├── DigestMismatch                  bytes do not hash to their digest
     │   ├── InvalidDigest(ValueError)       not "sha256:<64 hex>"
     │   ├── RangeError                      range outside the blob (HTTP 416)
+    │   ├── WrongRange                      a 206 for another range than the one asked
     │   ├── FetchError                      the source failed after retries/deadline
     │   ├── ReadOnlyStore                   write to a read-only backend (http)
     │   ├── CacheError                      node cache unusable (budget, disk full)
@@ -20,16 +21,17 @@ listed below.
     │   ├── ckpt.source.ReadCancelled       a read given up by its caller (a hedge lost)
     │   └── ckpt.source.FileChanged         a checkpoint file changed while being read
     ├── MountError(OSError)                 a tree or file cannot be served (mount(2), FUSE)
-    │   ├── mount.fuse.MountError           the FUSE server did not mount
     │   ├── mount.erofs.kernel.ErofsMountError   the kernel refused the EROFS mount
-    │   ├── mount.erofs.writer.ImageError   a tree cannot be written as an EROFS image
+    │   ├── mount.erofs.writer.ImageError(ValueError)   a tree EROFS cannot represent
+    │   ├── mount.overlay.OverlayError      the writable overlay cannot be mounted
     │   ├── mount.devfuse.server.ServerError     bootseer's /dev/fuse server failed
-    │   └── deps.kernel_restore.KernelMountError an environment's kernel mount failed
+    │   └── deps.mounts.KernelMountError    an environment's kernel mount failed
     ├── TraceError(OSError)                 a trace location cannot be read/written
     ├── report.load.NotFinite(ValueError)   a trace line holds NaN or Infinity (rejected)
     ├── node.outputs.OutputError(OSError)   a file the user named cannot be written
+    ├── node.tools.MissingTool              a program bootseer runs is not installed
     ├── tree.build.TreeBuildError           a directory cannot become a tree
-    ├── tree.format.TreeFormatError(ValueError)   a TOC that is not one
+    ├── tree.toc.TreeFormatError(ValueError)      a TOC that is not one
     ├── tree.profile.ProfileError(ValueError)     a hot-block profile that is not one
     ├── image.convert.ConvertError          an image cannot be converted
     ├── deps.resolve.DepsError              an environment cannot be resolved or made
@@ -97,6 +99,11 @@ class InvalidDigest(StoreError, ValueError):
 
 class RangeError(StoreError):
     pass
+
+
+class WrongRange(StoreError):
+    """A server answered a range request with another range: its body is refused (not
+    retried: the same server or proxy would answer the same)."""
 
 
 class FetchError(StoreError):

@@ -169,6 +169,20 @@ def test_metadata_naming_a_path_outside_the_directory_is_refused(www):
         RemoteDir(f"{server.url}/evil").check_root()
 
 
+def test_metadata_naming_a_path_outside_the_directory_is_refused_by_the_plan(tmp_path):
+    """``ckpt prefetch`` plans from the same .metadata the mount lists: it refuses it in the
+    same line, never skips the hostile entry quietly."""
+    from bootseer.ckpt.plan import PlanError, dcp_plan, metadata_plan
+    d = tmp_path / "evil"
+    d.mkdir()
+    (d / ".metadata").write_bytes(pickle.dumps(_Metadata(["ok.bin", "../secret.bin"])))
+    with pytest.raises(StoreError, match="leaves the mounted root") as e:
+        dcp_plan(str(d))
+    assert not isinstance(e.value, PlanError)
+    with pytest.raises(StoreError, match="leaves the mounted root"):
+        metadata_plan(str(d), {".metadata": 1, "ok.bin": 1})
+
+
 class _RunsCode:
     def __init__(self, marker):
         self.marker = marker

@@ -4,6 +4,7 @@ first, never a file a live engine may use or a job holds as a hard link."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 import time
@@ -68,6 +69,12 @@ def test_cli_gc_dry_run_says_and_keeps(tmp_path):
     assert r.stdout.startswith("would remove\t1 MiB\t" + name) and (d / name).exists()
 
 
+def test_the_staging_directory_is_a_setting_of_its_own(tmp_path):
+    env = {"BOOTSEER_CACHE_DIR": str(tmp_path / "c"), "BOOTSEER_CKPT_STAGING_DIR": "rel/st"}
+    staging = node_staging_dir(BootseerConfig.from_env(env))
+    assert staging == Path(os.path.abspath("rel/st"))
+
+
 def test_the_staging_directory_is_never_a_users_ckpt_folder_next_to_the_cache(tmp_path):
     """BOOTSEER_CACHE_DIR=/data/cache with the user's checkpoints in /data/ckpt: bootseer
     neither stages into nor trims the user's folder."""
@@ -76,7 +83,7 @@ def test_the_staging_directory_is_never_a_users_ckpt_folder_next_to_the_cache(tm
     users.mkdir(parents=True)
     mine = staged(users, "the user's own file, named like a staged one", 600)
     staging = node_staging_dir(BootseerConfig.from_env(env))
-    assert staging.name == "bootseer-ckpt-staging" and staging.parent == users.parent
+    assert staging == tmp_path / "data/cache/ckpt-staging"   # inside the cache dir
     StagingArea(staging).file("k", MiB, MiB).write(0, b"x" * MiB)
     r = subprocess.run([sys.executable, "-m", "bootseer", "ckpt", "gc", "--max-size", "0"],
                        env=env, capture_output=True, text=True, timeout=60)

@@ -97,9 +97,10 @@ def test_report_json_dash_is_stdout(world):
 
 
 def _readme_command_cells() -> list[str]:
-    """The first cell of each row of README's Commands table: its command lines."""
+    """The first cell of each row of the Commands table (docs/commands.md, linked from the
+    README): its command lines."""
     from pathlib import Path
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs/commands.md").read_text()
     table = readme.split("## Commands", 1)[1].split("\n\n", 2)[1]
     return [row.split(" | ")[0].removeprefix("| ") for row in table.splitlines()
             if row.startswith("| `bootseer")]

@@ -4,10 +4,19 @@ missing, one JSON document with --json."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bootseer.node import tools
 
 NAMES = {"/dev/fuse", "mount permission", "podman", "runc", "container runtime",
          "containerd", "uv", "store", "cache directory", "GPUs / CDI", "kernel: EROFS",
-         "kernel: FUSE passthrough"}
+         "kernel: FUSE passthrough", "skopeo", "libfuse3", "grpcio", "protobuf", "libtorrent",
+         "user namespaces"}
 
 
 def _doc(r):
@@ -55,3 +64,75 @@ def test_doctor_finds_no_dev_fuse(world, need_fuse):
     assert r.returncode == 1, r.stderr
     check = _doc(r)[1]["/dev/fuse"]
     assert not check["ok"] and check["detail"] == "missing" and "modprobe fuse" in check["hint"]
+
+
+def _path_without(tmp_path: Path, hidden: str) -> str:
+    """A PATH holding every program of this one but ``hidden``."""
+    d = tmp_path / f"bin-without-{hidden}"
+    if d.exists():
+        return str(d)
+    d.mkdir()
+    for folder in os.environ.get("PATH", "").split(":"):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            target = os.path.join(folder, name)
+            if name != hidden and not (d / name).exists() and os.access(target, os.X_OK):
+                (d / name).symlink_to(target)
+    return str(d)
+
+
+@pytest.mark.parametrize("hidden", ["skopeo", "podman", "runc", "containerd", "fusermount3"])
+def test_doctor_with_a_program_hidden_says_what_it_costs(world, tmp_path, hidden):
+    r = world.run("doctor", "--json", env={"PATH": _path_without(tmp_path, hidden)})
+    doc, by = _doc(r)
+    check = by[hidden]
+    assert not check["ok"] and tools.BY_NAME[hidden].hint in check["hint"]
+    assert r.returncode == (1 if hidden == "fusermount3" else 0)
+    if hidden == "skopeo":   # the table's last line says it too: no "all ok" without it
+        text = world.run("doctor", env={"PATH": _path_without(tmp_path, hidden)}).stdout
+        summary = text.strip().splitlines()[-1]
+        assert summary.startswith("required: all") and "skopeo" in summary
+
+
+@pytest.mark.parametrize("module", ["grpc", "google.protobuf", "libtorrent"])
+def test_doctor_with_a_module_hidden_gives_the_extras_hint(world, module):
+    code = ("import sys; sys.modules[%r] = None; from bootseer.cli.main import main; "
+            "sys.exit(main(['doctor', '--json']))" % module)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=world.env, timeout=60)
+    name = next(n for n, t in tools.BY_NAME.items() if t.probe == module)
+    check = _doc(r)[1][name]
+    assert not check["ok"] and "pip install 'bootseer[" in check["hint"]
+
+
+def test_doctor_with_libfuse3_hidden(world, tmp_path, need_root):
+    found = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    lib = next(line.split(" => ")[1].strip() for line in found.splitlines()
+               if "libfuse3.so.3 " in line)
+    empty = tmp_path / "empty.so"
+    empty.write_bytes(b"")
+    r = world.run("doctor", "--json", prefix=[
+        "unshare", "-m", "--propagation", "private", "sh", "-c",
+        f'mount --bind {empty} {os.path.realpath(lib)} && exec "$0" "$@"'])
+    assert r.returncode == 1
+    check = _doc(r)[1]["libfuse3"]
+    assert not check["ok"] and check["required"] and "libfuse3-3" in check["hint"]
+
+
+def test_a_verb_needing_a_missing_tool_gives_doctors_hint(world, tmp_path):
+    layout = tmp_path / "app.tar"
+    layout.write_bytes(b"not really an archive")
+    r = world.run("image", "convert", "registry.example/team/app:1",
+                  env={"PATH": _path_without(tmp_path, "skopeo")})
+    assert r.returncode == 1
+    assert "image convert needs skopeo" in r.stderr
+    assert f"bootseer: hint: {tools.BY_NAME['skopeo'].hint}" in r.stderr
+
+
+def test_a_local_path_that_does_not_exist_is_no_such_file(world, tmp_path):
+    r = world.run("image", "convert", str(tmp_path / "nope.tar"))
+    assert r.returncode == 1
+    lines = [x for x in r.stderr.splitlines() if x.startswith("bootseer: error:")]
+    assert lines == [f"bootseer: error: {tmp_path / 'nope.tar'}: no such file or directory"]
+    assert "skopeo" not in r.stderr and "invalid reference" not in r.stderr

@@ -55,7 +55,7 @@ def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_fac
     with Fetcher(config.fetch) as f:
         chunks = TreeReader(store, tree, f, NodeCache(config.cache)).all_chunks()
     prof.push(store, {"v": 1, "kind": "bootseer.profile", "tree": tree, "runs": 1,
-                      "closed_by": "api", "chunks": [[c[0], 0.1 * i, 1, "app/weights.bin", c[4]]
+                      "closed_by": "api", "chunks": [[c.digest, 0.1 * i, 1, "app/weights.bin", c.size]
                                                      for i, c in enumerate(chunks)]})
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -69,7 +69,7 @@ def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_fac
     assert "deps: failed" in log and "starts cold" in log    # best effort, logged
     assert "ignoring unknown setting 'color=blue'" in log
     cache = NodeCache(config.cache)
-    assert all(cache.contains(c[0]) for c in chunks)
+    assert all(cache.contains(c.digest) for c in chunks)
     staged = [p for p in Path(node_staging_dir(config)).rglob("*") if p.is_file()
               and p.stat().st_size == 2 << 20]
     assert staged, list(Path(node_staging_dir(config)).rglob("*"))

@@ -15,7 +15,7 @@ import pytest
 from bootseer.config import BootseerConfig
 from bootseer.demo.assets import write_simple_index
 from bootseer.deps import ensure as E
-from bootseer.deps.snapshot import rmtree
+from bootseer.deps.prefix import rmtree
 from bootseer.deps.resolve import DepsError
 from tests.run.test_baseline import make_wheel
 
@@ -59,7 +59,8 @@ def imports(prefix) -> str:
 def wipe(prefix: str) -> None:
     """Take the environment at ``prefix`` away (unmounted first when it is a mount), as a
     fresh node would not have it."""
-    from bootseer.deps.mounted import sidecar, unmount
+    from bootseer.deps.mounts import unmount
+    from bootseer.deps.prefix import sidecar
     if os.path.exists(sidecar(prefix)):
         unmount(prefix)
     rmtree(prefix)

@@ -377,23 +377,28 @@ def test_a_root_that_never_answers_leaves_no_mount(need_fuse, tmp_path, backing)
 
 # -- the backend choice ------------------------------------------------------------------------
 def test_backend_choice_and_fallback_said_once(passthrough, monkeypatch, caplog):
-    import bootseer.mount as seam
-    assert seam.ckpt_backend("mfusepy") == "mfusepy"
-    assert seam.ckpt_backend("auto") == "devfuse"
+    from bootseer.config import BootseerConfig, CkptConfig
+    from bootseer.mount import choose as seam
+
+    def ckpt_backend(wanted: str) -> str:
+        return seam.choose(BootseerConfig(ckpt=CkptConfig(fuse=wanted)), seam.What.FILES).value
+    assert ckpt_backend("mfusepy") == "mfusepy"
+    assert ckpt_backend("auto") == "devfuse"
     monkeypatch.setattr(probe, "passthrough_unavailable", lambda: "no CAP_SYS_ADMIN")
-    monkeypatch.setattr(seam, "_ckpt_fallback_said", False)
+    monkeypatch.setattr(seam, "_said", set())
     with caplog.at_level(logging.WARNING, logger="bootseer.mount"):
-        assert seam.ckpt_backend("auto") == "mfusepy"
-        assert seam.ckpt_backend("auto") == "mfusepy"
+        assert ckpt_backend("auto") == "mfusepy"
+        assert ckpt_backend("auto") == "mfusepy"
     said = [r for r in caplog.records if "passthrough unavailable" in r.getMessage()]
     assert len(said) == 1 and "no CAP_SYS_ADMIN" in said[0].getMessage()
     with pytest.raises(MountError, match="BOOTSEER_CKPT_FUSE=devfuse but .*no CAP_SYS_ADMIN"):
-        seam.ckpt_backend("devfuse")
+        ckpt_backend("devfuse")
 
 
 def test_no_cap_sys_admin_is_found_by_the_probe_and_doctor(passthrough):
-    code = ("import bootseer.mount as seam; from bootseer.doctor import check_fuse_passthrough"
-            " as c; print(seam.ckpt_backend('auto'), c().ok, c().detail)")
+    code = ("from bootseer.config import BootseerConfig; from bootseer.mount import choose as seam;"
+            " from bootseer.doctor import check_fuse_passthrough as c;"
+            " print(seam.choose(BootseerConfig(), seam.What.FILES).value, c().ok, c().detail)")
     # setpriv (util-linux) drops the capability for one command
     r = subprocess.run(["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin",
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=30)

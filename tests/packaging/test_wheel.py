@@ -75,7 +75,7 @@ def test_wheel_declares_what_runs(wheel):
         meta = z.read(meta_name).decode()
     assert "bootseer/py.typed" in names
     # the HTML report embeds its charting library and script from the package
-    assert {"bootseer/report/vendor/uPlot.iife.min.js", "bootseer/trace/vendor/uPlot.LICENSE",
+    assert {"bootseer/report/vendor/uPlot.iife.min.js", "bootseer/report/vendor/uPlot.LICENSE",
             "bootseer/report/export_html.js"} <= set(names)
     requires = [line.split(":", 1)[1].strip() for line in meta.splitlines()
                 if line.startswith("Requires-Dist:")]

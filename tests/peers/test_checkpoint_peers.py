@@ -163,7 +163,7 @@ def test_lying_peer_is_banned_and_its_stripes_refetched(nodes, checkpoint):
 
 def ckpt_peers_shares() -> dict:
     from bootseer.peers import _shares
-    return {k: v for k, v in _shares.items() if k[0].endswith(ckpt_peers.ROSTER_SUFFIX)}
+    return {k: v for k, v in _shares.items() if k[0].endswith("-" + ckpt_peers.NAMESPACE)}
 
 
 def test_no_manifest_and_no_maker_in_time_is_an_origin_load(nodes, checkpoint, tmp_path):
@@ -209,7 +209,7 @@ def test_peers_off_or_one_node_leave_the_plan_alone(nodes, checkpoint):
     assert node.run().wait() == {}                      # auto, one node: no peers at all
     assert node.engine.statistics().peers_role is None
     stop = threading.Event()
-    assert ckpt_peers.fetch_checkpoint(node.config, node.engine, [], stop) is None
+    assert ckpt_peers.fetch_checkpoint(node.config, node.engine, [], None, stop) is None
 
 
 def test_two_checkpoint_mounts_share_through_peers(need_fuse, nodes, checkpoint, tmp_path):

@@ -9,9 +9,10 @@ import os
 import pytest
 
 from bootseer.config import BootseerConfig
-from bootseer.deps import snapshot
-from bootseer.peers import _shares, whole_tree
+from bootseer.deps import restore, snapshot
+from bootseer.peers import _shares
 from bootseer.store import open_store
+from bootseer.tree import peers as tree_peers
 
 pytestmark = pytest.mark.timeout(120)
 JOB = "job-env"
@@ -40,18 +41,18 @@ def test_second_node_restores_the_snapshot_from_the_first(tmp_path, monkeypatch)
     snapshot.publish(store, str(env), "sha256:" + "e" * 64, root=str(env))
     manifest = snapshot.load_manifest(store, store.get_ref(snapshot.env_ref("sha256:" + "e" * 64)))
     figures = []
-    real = whole_tree.fetch_tree
+    real = tree_peers.fetch_tree
 
     def recorded(config, store, reader):
         figures.append(real(config, store, reader))
         return figures[-1]
-    monkeypatch.setattr(whole_tree, "fetch_tree", recorded)
+    monkeypatch.setattr(tree_peers, "fetch_tree", recorded)
     try:
         for n in (1, 2):
             prefix = tmp_path / f"n{n}" / "env"
             prefix.parent.mkdir(parents=True, exist_ok=True)
-            snapshot.restore(store, manifest, str(prefix), node_config(tmp_path, store, n),
-                             manifest["key"])
+            restore.extract(store, manifest, str(prefix), node_config(tmp_path, store, n),
+                            manifest["key"])
             assert tree_files(prefix) == tree_files(env)
         assert figures[0]["peers_role"] == "maker" and figures[0]["peer_bytes"] == 0
         assert figures[1]["peers_role"] == "peer", figures[1]
@@ -64,13 +65,13 @@ def test_second_node_restores_the_snapshot_from_the_first(tmp_path, monkeypatch)
 def test_peers_apply_to_an_environment_only_when_worth_it(tmp_path):
     store = open_store(str(tmp_path / "store"))
     mib = 1 << 20
-    assert whole_tree.wanted(node_config(tmp_path, store, 1), mib, 3 * mib)
-    assert not whole_tree.wanted(node_config(tmp_path, store, 1, nodes=1), mib, 3 * mib)
-    assert not whole_tree.wanted(node_config(tmp_path, store, 1, mode="off"), mib, 3 * mib)
+    assert tree_peers.env_wanted(node_config(tmp_path, store, 1), mib, 3 * mib)
+    assert not tree_peers.env_wanted(node_config(tmp_path, store, 1, nodes=1), mib, 3 * mib)
+    assert not tree_peers.env_wanted(node_config(tmp_path, store, 1, mode="off"), mib, 3 * mib)
     # the threshold counts the bytes on the wire (compressed), not the extracted size
     small = node_config(tmp_path, store, 1, min_set_bytes=2 * mib)
-    assert not whole_tree.wanted(small, mib, 3 * mib)
-    assert whole_tree.wanted(node_config(tmp_path, store, 1, mode="on", min_set_bytes=2 * mib),
+    assert not tree_peers.env_wanted(small, mib, 3 * mib)
+    assert tree_peers.env_wanted(node_config(tmp_path, store, 1, mode="on", min_set_bytes=2 * mib),
                              mib, 3 * mib)
     tight = node_config(tmp_path, store, 1).replace(cache={"budget_bytes": 4 * mib})
-    assert not whole_tree.wanted(tight, mib, 3 * mib)   # would not stay in the node cache
+    assert not tree_peers.env_wanted(tight, mib, 3 * mib)   # would not stay in the node cache

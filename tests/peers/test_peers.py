@@ -11,17 +11,24 @@ import time
 
 import pytest
 
-from bootseer.config import BootseerConfig, CacheConfig, FetchConfig
+from bootseer.config import BootseerConfig, CacheConfig, FetchConfig, PeersConfig
 from bootseer.peers import share_for
 from bootseer.peers.share import PeerShare
 from bootseer.peers.swarm import Swarm
-from bootseer.peers.torrent import (layout, load_torrent, make_torrent, put_member, set_items,
-                                    set_key, torrent_name)
+from bootseer.peers.torrent import (
+    layout,
+    load_torrent,
+    make_torrent,
+    put_member,
+    set_key,
+    torrent_name,
+)
 from bootseer.store import open_store
 from bootseer.store.cache import NodeCache
 from bootseer.store.digest import sha256_digest
 from bootseer.store.fetch import Fetcher
 from bootseer.tree.build import TreeBuilder, add_directory
+from bootseer.tree.peer_source import TreeChunks, set_items
 from bootseer.tree.prefetch import Prefetcher
 from bootseer.tree.reader import TreeReader
 
@@ -76,7 +83,7 @@ def tree(tmp_path, request):
 
 def publish(tree, tmp_path) -> None:
     """The set's torrent, as the recording node publishes it with the profile."""
-    from bootseer.peers.publish import publish_torrent
+    from bootseer.tree.peers import publish_torrent
     store, digest, _, _ = tree
     r = TreeReader(store.inner, digest, Fetcher(FetchConfig()))
     assert publish_torrent(store, r.all_chunks(), lambda ref: None, r.chunk,
@@ -97,9 +104,10 @@ class Node:
         if peers:
             swarm = Swarm(f"127.0.0.{n + 1}", port_min=21000 + 10 * n,
                           port_max=21009 + 10 * n, upload_cap=upload_cap)
+            settings = PeersConfig(mode="on", stall_s=stall_s, wait_s=wait_s, nodes=nodes)
             self.share = PeerShare(store, swarm, job, self.name,
-                                   str(tmp_path / self.name / "peers"), stall_s=stall_s,
-                                   wait_s=wait_s, refresh_s=0.05, attempt=attempt, nodes=nodes)
+                                   str(tmp_path / self.name / "peers"), settings,
+                                   refresh_s=0.05, attempt=attempt)
         self.prefetcher = Prefetcher(self.reader, profile, peers=self.share)
 
     def run(self) -> "Node":
@@ -267,6 +275,7 @@ def test_all_peers_firewalled_is_a_plain_origin_fetch(tree, nodes, tmp_path):
     """Every peer unreachable (the announced port refuses): the node fetches the whole set
     from the origin at once, no slower than without peers by more than 10 %."""
     import socket
+
     from bootseer.peers import roster
     store, _, _, set_bytes = tree
     publish(tree, tmp_path)
@@ -393,8 +402,8 @@ def test_torrent_that_lies_is_caught_by_the_digest(tree, nodes, tmp_path):
     refs = r.all_chunks()
     items = set_items(refs)
     bad = tmp_path / "bad"
-    write_seed_copy(bad, items, {d: os.urandom(size) for d, size in items})
-    from bootseer.peers.share import torrent_ref
+    write_seed_copy(bad, items, {i.digest: os.urandom(i.size) for i in items})
+    from bootseer.peers.transfer import torrent_ref
     data = make_torrent(str(bad), items)
     store.write(sha256_digest(data), data)
     store.set_ref(torrent_ref(set_key(items)), sha256_digest(data))
@@ -437,7 +446,7 @@ def test_share_for_follows_the_settings(tmp_path):
                           port_min=21900, port_max=21909), store)
     try:
         assert share is not None and share.swarm.addr.startswith("127.0.0.9:")
-        assert share.min_set_bytes == 64 * 1024**2
+        assert share.wants(64 * 1024**2) and not share.wants(64 * 1024**2 - 1)
         assert share_for(cfg(mode="auto", nodes=2, interface="127.0.0.9"), store) is share
     finally:
         share.close()
@@ -479,14 +488,14 @@ def test_tree_session_prefetch_uses_peers_and_traces_the_bytes(tree, tmp_path):
 
 
 def test_node_address_from_an_address_a_device_or_the_route_to_the_store():
-    from bootseer.peers.share import node_ip
+    from bootseer.peers.address import node_ip
     assert node_ip("127.0.0.7", "/tmp/store") == "127.0.0.7"
     assert node_ip("lo", "/tmp/store") == "127.0.0.1"
     assert node_ip(None, "oci://127.0.0.1:5000/bootseer") == "127.0.0.1"
 
 
 def test_seed_copies_no_process_holds_are_removed(tmp_path):
-    from bootseer.peers.share import hold_set, remove_unused_sets
+    from bootseer.peers.seedcopy import hold_set, remove_unused_sets
     held, dropped = tmp_path / "a", tmp_path / "b"
     for d in (held, dropped):
         d.mkdir()
@@ -531,7 +540,7 @@ def test_a_knock_from_a_node_admitted_meanwhile_costs_no_roster_read(tmp_path):
     from bootseer.peers import roster
     store = open_store(str(tmp_path / "store"))
     share = PeerShare(store, Swarm("127.0.0.62", port_min=21980, port_max=21989), JOB, "a",
-                      str(tmp_path / "peers"), refresh_s=0.05)
+                      str(tmp_path / "peers"), PeersConfig(mode="on"), refresh_s=0.05)
     try:
         roster.announce(store, JOB, "b", "127.0.0.63:21990")
         share.swarm._knock("127.0.0.63")      # b called before a read the roster again
@@ -560,7 +569,7 @@ def test_a_transfer_asks_libtorrent_for_its_state_a_few_times_a_second(tree, nod
 
     import libtorrent as lt
 
-    from bootseer.peers import share as share_mod
+    from bootseer.peers import transfer as transfer_mod
     calls: Counter = Counter()
     real_add = Swarm.add
 
@@ -589,7 +598,7 @@ def test_a_transfer_asks_libtorrent_for_its_state_a_few_times_a_second(tree, nod
     seconds = time.monotonic() - t0
     assert all(node.has_all() for node in group)
     assert calls["read_piece"] > 0, calls              # pieces did come from peers
-    ticks = len(group) * (seconds / share_mod.TICK_S + 2)
+    ticks = len(group) * (seconds / transfer_mod.TICK_S + 2)
     assert calls["get_peer_info"] <= ticks + 2 * len(group), (calls, seconds)
     assert calls["status with pieces"] <= len(group), calls   # once each, at attach
 
@@ -599,8 +608,8 @@ def test_two_transfers_of_one_set_in_one_process_both_finish(tree, nodes, tmp_pa
     origin fetch's 'done' taken by the other transfer must not leave this one waiting."""
     publish(tree, tmp_path)
     node = nodes(1)
-    plan = node.prefetcher.plan
-    transfers = [node.share.open_set(plan, node.reader, {}) for _ in range(2)]
+    chunks = TreeChunks(node.reader, node.prefetcher.plan)
+    transfers = [node.share.open_set(chunks.items, chunks, {}) for _ in range(2)]
     stop = threading.Event()
     left: dict[int, list] = {}
     threads = [threading.Thread(target=lambda i=i, t=t: left.__setitem__(i, t.fetch(stop)))
@@ -621,7 +630,8 @@ def test_a_maker_gone_frees_the_others_long_before_wait_s(tree, nodes):
     import socket
     store, _, _, set_bytes = tree
     node = nodes(1, wait_s=30.0)
-    transfer = node.share.open_set(node.prefetcher.plan, node.reader)
+    chunks = TreeChunks(node.reader, node.prefetcher.plan)
+    transfer = node.share.open_set(chunks.items, chunks)
     with socket.socket() as s:   # a port nobody listens on any more
         s.bind(("127.0.0.9", 0))
         dead = f"127.0.0.9:{s.getsockname()[1]}"

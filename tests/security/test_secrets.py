@@ -95,7 +95,7 @@ def test_a_password_in_the_url_is_nowhere(server, tmp_path, monkeypatch, need_fu
         finally:
             p.send_signal(signal.SIGTERM)
             assert p.wait(30) == 0
-    staging = node / "cache/bootseer-ckpt-staging"   # beside the cache dir (cache/blobs)
+    staging = node / "cache/blobs/ckpt-staging"   # inside the cache dir (cache/blobs)
     profiles = list((staging / "profiles-v1").glob("*.json"))
     assert profiles, "the mount saved no access profile"
     assert list((tmp_path / "store/refs/ckpt/profile").iterdir()), "no profile pushed"

@@ -99,7 +99,7 @@ def _tree_meta(store: str, tree: str) -> dict:
     from bootseer.tree.reader import load_toc
     config = BootseerConfig.from_env(overrides={"store": {"url": store}})
     with Fetcher(config.fetch) as f:
-        return load_toc(open_store(store), tree, f, NodeCache(config.cache))["meta"]
+        return load_toc(open_store(store), tree, f, NodeCache(config.cache)).meta
 
 
 def test_an_unreachable_store_falls_back_to_a_normal_pull(nodes, converted, registry, tmp_path):

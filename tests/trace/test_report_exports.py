@@ -151,7 +151,7 @@ def _check_otlp_proto(req, body: dict) -> None:
                                  Status.STATUS_CODE_ERROR)
         assert {"bootseer.job", "bootseer.attempt"} <= {a.key for a in rs.resource.attributes}
     nodes = {a.value.string_value for rs in req.resource_spans for a in rs.resource.attributes
-             if a.key == "bootseer.node"}
+             if a.key == "host.name"}
     assert nodes == {"n0", "n1", "n2"}
     assert {s.name for _, s in spans} >= {"startup", "image.lazy", "ckpt.load"}
 
@@ -172,7 +172,8 @@ def _check_otlp(body: dict) -> None:
         if s.get("parentSpanId"):
             assert spans[s["parentSpanId"]][0]["traceId"] == s["traceId"]
     ranked = [a for a in resources if "bootseer.rank" in a]
-    assert {a["bootseer.node"] for a in ranked} == {"n0", "n1", "n2"}
+    assert {a["host.name"] for a in ranked} == {"n0", "n1", "n2"}
+    assert all(a["service.name"] == "bootseer" and "service.version" in a for a in resources)
     assert {a["bootseer.attempt"] for a in resources} == {"0", "1"}
     by_name = {}
     for s, attrs in spans.values():
@@ -220,8 +221,16 @@ def test_prometheus_textfile(two_attempts, tmp_path):
                     ("bootseer_node_stall_seconds", "ckpt", None): 0.1}
     assert re.search(r'bootseer_startup_critical_path_seconds\{job_id="job",attempt="0",'
                      r'gpus_bin="10-100",pipeline="image"\} 5\.99', text)
-    assert re.search(r'bootseer_startup_technique\{job_id="job",attempt="1",gpus_bin="10-100",'
-                     r'technique="image",figure="coverage"\} 0\.97', text)
+    assert re.search(r'bootseer_startup_technique_ratio\{job_id="job",attempt="1",'
+                     r'gpus_bin="10-100",technique="image",figure="coverage"\} 0\.97', text)
+    # one unit per family: no family mixes a ratio with seconds or bytes
+    assert declared["bootseer_startup_phase_seconds"] == "summary"
+    quantiles = {x.labels["quantile"] for x in seen
+                 if x.name == "bootseer_startup_phase_seconds"}
+    assert quantiles == {"0.5", "0.9", "1"}
+    assert any(x.name == "bootseer_startup_phase_seconds_count" for x in seen)
+    assert not any("stat" in x.labels for x in seen)
+    assert "bootseer_startup_technique" not in declared
     assert 'bootseer_startup_restarts{job_id="job"} 1.0' in text
     # the dashboard in deploy/ asks only for metrics and labels the export has
     dash = json.loads((ROOT / "deploy" / "grafana" / "bootseer-startup.json").read_text())

@@ -57,6 +57,27 @@ def normalize_url(url: str) -> str:
     return url.rstrip("/") if not url.endswith("://") else url
 
 
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+def _get_following(url: str) -> tuple[int, dict, bytes, str]:
+    """GET ``url``, following a few redirects within the same host (a server that adds
+    the directory's trailing slash answers 301); credentials never follow to another
+    host. Returns the last answer and the URL that gave it."""
+    from bootseer.store.http import request
+    for _ in range(5):
+        status, headers, body = request("GET", url, headers=credentials.auth_headers(url))
+        nxt = headers.get("location")
+        if status not in _REDIRECTS or not nxt:
+            return status, headers, body, url
+        nxt = urllib.parse.urljoin(url, nxt)
+        if urllib.parse.urlsplit(nxt).netloc != urllib.parse.urlsplit(url).netloc:
+            raise FetchError(f"{redact.url(url)} redirects to another host "
+                             f"({redact.url(nxt)}): give that URL instead", url=url)
+        url = nxt
+    raise FetchError(f"{redact.url(url)}: too many redirects", url=url)
+
+
 class RemoteDir:
     """Lazy, cached listing of one checkpoint directory; ``mirrors``: base URLs of
     exact copies (http(s) only), read as replicas of every file."""
@@ -64,6 +85,11 @@ class RemoteDir:
     def __init__(self, url: str, *, mirrors: tuple[str, ...] | list[str] = ()):
         self.url = normalize_url(url)
         self.http = self.url.startswith(("http://", "https://"))
+        # a presigned or tokened URL: paths join the path, the query follows every one
+        parts = urllib.parse.urlsplit(self.url)
+        self._base = (urllib.parse.urlunsplit(parts._replace(query="", fragment="")).rstrip("/")
+                      if self.http else self.url)
+        self._query = parts.query if self.http else ""
         if mirrors and not self.http:
             raise UsageError("mirrors are supported for http(s) checkpoints, not "
                              f"{redact.url(self.url)}")
@@ -77,8 +103,13 @@ class RemoteDir:
         self._dirs: dict[str, dict[str, Attr | None]] = {}
         self._lock = threading.Lock()
 
-    def url_of(self, rel: str) -> str:
-        return self.url + ("/" + urllib.parse.quote(rel) if rel else "")
+    def url_of(self, rel: str, *, folder: bool = False) -> str:
+        """The URL of ``rel`` under the root (``folder``: with the trailing slash a
+        directory listing is asked with), the root's query string kept after the path."""
+        url = self._base + ("/" + urllib.parse.quote(rel) if rel else "")
+        if folder:
+            url += "/"
+        return url + ("?" + self._query if self._query else "")
 
     # -- entries ------------------------------------------------------------------------------
     def check_root(self) -> None:
@@ -189,9 +220,8 @@ class RemoteDir:
             return self._dirs.setdefault(rel, entries)
 
     def _list_http(self, rel: str) -> dict[str, Attr | None]:
-        from bootseer.store.http import request
-        url = self.url_of(rel) + "/"
-        status, headers, body = request("GET", url, headers=credentials.auth_headers(url))
+        url = self.url_of(rel, folder=True)
+        status, headers, body, url = _get_following(url)
         if status in (403, 404):   # no listing: the checkpoint's metadata may name its files
             named = self._list_named(rel)
             if named is not None:
@@ -279,9 +309,7 @@ class RemoteDir:
         return dirs[rel]
 
     def _get(self, rel: str) -> bytes:
-        from bootseer.store.http import request
-        url = self.url_of(rel)
-        status, _h, body = request("GET", url, headers=credentials.auth_headers(url))
+        status, _h, body, url = _get_following(self.url_of(rel))
         if status != 200:
             raise FetchError(f"reading {url} returned HTTP {status}", url=url)
         return body

@@ -6,7 +6,7 @@ URL, size and mtime/ETag. What peers exchange are its stripes (``ckpt.stripe_byt
 unit the engine stages), each named by its sha256 in a **manifest** (per file: identity,
 size, stripe digests) kept as a blob under the store ref ``peers/ckpt/<key>`` (the key
 names the files' identities and the stripe size). With a manifest a checkpoint is a set
-like an image's hot set and travels the same way (bootseer.peers.share): one torrent, the
+like an image's hot set and travels the same way (bootseer.peers.transfer): one torrent, the
 origin's part dealt among the nodes by rendezvous hashing, the rest from the peers, and
 every stripe checked against its digest before it is staged, where the engine finds it.
 
@@ -36,13 +36,16 @@ import time
 from pathlib import Path
 
 from bootseer.errors import DigestMismatch, InvalidDigest
-from bootseer.peers import roster
+from bootseer.peers import job_of, roster, share_for
+from bootseer.peers import wanted as peers_wanted
+from bootseer.peers.source import SetItem
+from bootseer.store import open_store
 from bootseer.store.digest import parse, sha256_digest, verify
 from bootseer.store.fetch import Priority
 
 log = logging.getLogger(__name__)
 
-ROSTER_SUFFIX = "-ckpt"   # its own swarm: never mixed with an image's or an environment's
+NAMESPACE = "ckpt"        # its own swarm: never mixed with an image's or an environment's
 KIND = "bootseer.peers.ckpt-manifest"
 ORIGIN_BATCH = 8          # stripes the peers left over are fetched this many at a time
 SEED_HEADROOM_BYTES = 1 << 30   # the seed copy must fit with this much disk left over
@@ -59,29 +62,26 @@ def manifest_ref(key: str) -> str:
 
 
 def wanted(config, total_bytes: int) -> bool:
-    """Whether peers apply to a checkpoint of ``total_bytes`` (before any swarm is made)."""
-    p = config.peers
-    if p.mode == "off" or not config.store.url:
-        return False
-    return p.mode == "on" or (p.nodes >= 2 and total_bytes >= p.min_set_bytes)
+    """Whether peers apply to a checkpoint of ``total_bytes`` (before any swarm is made):
+    the set is wanted, and there is a store to keep its manifest in."""
+    return bool(config.store.url) and peers_wanted(config.peers, total_bytes)
 
 
 class Stripes:
-    """The stripes of a checkpoint's files as a set's reader (the duck type
-    ``bootseer.peers.share.SetTransfer`` uses): origin fetches go through the engine's
-    fetcher, verified stripes are written into the engine's staging copies, so a reader
-    finds them staged. Refs are ``[digest, file number, stripe, size, size]``."""
+    """The stripes of a checkpoint's files as a set's source (``bootseer.peers.source``):
+    origin fetches go through the engine's fetcher, verified stripes are written into the
+    engine's staging copies, so a reader finds them staged. Items are in file and stripe
+    order, each digest once (a stripe repeated is written to every place it holds)."""
 
     def __init__(self, engine, files: list, digests: list[list[str]]):
         self.engine, self.files = engine, files
-        self.cache = self   # the staging copies are where delivered stripes go
         self.places: dict[str, list[tuple]] = {}
-        self.refs: list[list] = []
-        for n, (f, stripes) in enumerate(zip(files, digests)):
+        self.items: list[SetItem] = []
+        for f, stripes in zip(files, digests):
             for idx, digest in enumerate(stripes):
                 start, end = f.staged.span(idx)
                 if digest not in self.places:
-                    self.refs.append([digest, n, idx, end - start, end - start])
+                    self.items.append(SetItem(digest, end - start, end - start))
                 self.places.setdefault(digest, []).append((f, idx))
 
     def staged(self, digest: str) -> bool:
@@ -92,29 +92,30 @@ class Stripes:
         start, end = f.staged.span(idx)
         return f.staged.pread(start, end - start)
 
-    # the node cache's part of the duck type
-    def path(self, digest: str):
+    def local_path(self, digest: str):
         return None   # a stripe is part of a file: the seed copy gets its bytes instead
 
-    def offer(self, digest: str, data: bytes, verified: bool = False) -> None:
+    def stage(self, digest: str, data: bytes) -> None:
         for f, idx in self.places.get(digest, ()):
             if not f.staged.has(idx):
                 f.staged.write(idx, data)
 
-    # the tree reader's part
-    def submit_chunks(self, refs: list[list], priority: Priority) -> list:
+    def submit(self, items: list[SetItem]) -> list:
         ranges = []
-        for r in refs:
-            f, idx = self.places[r[0]][0]
+        for item in items:
+            f, idx = self.places[item.digest][0]
             ranges.append((f.source, *f.staged.span(idx)))
-        return self.engine.fetcher.submit_many(ranges, priority=priority)
+        return self.engine.fetcher.submit_many(ranges, priority=Priority.PREFETCH)
 
-    def store_chunk(self, ref: list, raw: bytes) -> bytes:
+    def accept_origin(self, item: SetItem, raw: bytes) -> bytes:
         """A stripe from the origin: checked against the manifest (the file may have
         changed since it was made: then the engine's own reads say so), then staged."""
-        verify(ref[0], raw, source="the checkpoint's origin")
-        self.offer(ref[0], raw)
+        verify(item.digest, raw, source="the checkpoint's origin")
+        self.stage(item.digest, raw)
         return raw
+
+    def accept_peer(self, item: SetItem, data: bytes) -> None:
+        self.stage(item.digest, data)
 
 
 def read_manifest(store, key: str, files: list) -> list[list[str]] | None:
@@ -162,8 +163,9 @@ def _manifest(files: list, digests: list[list[str]]) -> bytes:
 class CheckpointPeers:
     """One checkpoint load's files through the job's peers on this node."""
 
-    def __init__(self, config, engine, sources, share, store):
+    def __init__(self, config, engine, sources, share, store, stage):
         self.config, self.engine, self.share, self.store = config, engine, share, store
+        self.stage = stage   # the maker's fetch of whole files from the origin
         self.files = [engine.file(s) for s in sorted(sources, key=lambda s: s.key)]
         self.key = manifest_key([f.source for f in self.files], engine.config.stripe_bytes)
         self.figures = {"peers_role": None, "peer_bytes": 0, "origin_bytes": 0,
@@ -171,7 +173,7 @@ class CheckpointPeers:
         self.transfer = None
 
     def _maker_ref(self) -> str:
-        return f"peers/{self.share.job}/ckpt-maker/{self.share.attempt}/{self.key}"
+        return f"peers/{self.share.group}/ckpt-maker/{self.share.attempt}/{self.key}"
 
     def run(self, stop: threading.Event) -> dict:
         """Stage every stripe (peers first, the origin for what they do not bring) and
@@ -186,14 +188,14 @@ class CheckpointPeers:
             if digests is None:
                 self.figures["peers_role"] = "origin"
                 log.info("peers: no manifest for checkpoint %s after %.0fs: origin",
-                         self.key[:12], self.share.wait_s)
+                         self.key[:12], self.share.settings.wait_s)
                 return self._done(t0)
         stripes = Stripes(self.engine, self.files, digests)
         stats: dict = {}
-        self.transfer = self.share.open_set(stripes.refs, stripes, stats)
-        for ref in stripes.refs:   # what this node staged before is seeded, not fetched
-            if stripes.staged(ref[0]):
-                self.transfer.offer(ref, stripes.read_staged(ref[0]))
+        self.transfer = self.share.open_set(stripes.items, stripes, stats)
+        for item in stripes.items:   # what this node staged before is seeded, not fetched
+            if stripes.staged(item.digest):
+                self.transfer.offer(item.digest, stripes.read_staged(item.digest))
         left = self.transfer.fetch(stop)
         self.figures["peers_role"] = self.share.stats["role"]
         self.figures["peer_bytes"] = stats.get("peer_bytes", 0)
@@ -208,11 +210,12 @@ class CheckpointPeers:
         it still marks the claim at once, so a node that saw the roster incomplete and
         claims finds it taken. Otherwise (a late or a stale announcement) the first claim."""
         share = self.share
-        if share.nodes >= 2:
-            share.await_members(share.nodes)
+        nodes = share.settings.nodes
+        if nodes >= 2:
+            share.await_members(nodes)
             addrs = [f"{ip}:{port}" for ip, port in share.swarm.endpoints()]
             addrs.append(share.swarm.addr)
-            if len(addrs) == share.nodes:
+            if len(addrs) == nodes:
                 chosen = max(addrs, key=lambda a: sha256_digest(f"{a} {self.key}".encode()))
                 if chosen == share.swarm.addr:
                     self.store.set_ref(self._maker_ref(), share.announcement)
@@ -228,7 +231,7 @@ class CheckpointPeers:
     def _await_manifest(self, stop: threading.Event):
         """The maker's manifest, once published; None after ``wait_s``, or sooner when the
         maker is gone (``roster.ClaimWatch``)."""
-        deadline = time.monotonic() + self.share.wait_s
+        deadline = time.monotonic() + self.share.settings.wait_s
         maker = roster.ClaimWatch(self.store, self._maker_ref())
         while time.monotonic() < deadline and not stop.wait(0.1):
             digests = read_manifest(self.store, self.key, self.files)
@@ -239,31 +242,31 @@ class CheckpointPeers:
                 return None
         return None
 
-    def _origin_rest(self, stripes: Stripes, left: list[list], stop: threading.Event) -> None:
+    def _origin_rest(self, stripes: Stripes, left: list[SetItem],
+                     stop: threading.Event) -> None:
         """What the peers did not bring: from the origin, verified, staged and seeded."""
         for i in range(0, len(left), ORIGIN_BATCH):
             if stop.is_set():
                 return
-            batch = [r for r in left[i:i + ORIGIN_BATCH] if not stripes.staged(r[0])]
-            for ref, fut in zip(batch, stripes.submit_chunks(batch, Priority.PREFETCH)):
+            batch = [it for it in left[i:i + ORIGIN_BATCH] if not stripes.staged(it.digest)]
+            for item, fut in zip(batch, stripes.submit(batch)):
                 try:
-                    data = stripes.store_chunk(ref, fut.result())
+                    data = stripes.accept_origin(item, fut.result())
                 except Exception as e:  # noqa: BLE001 - the engine's reads fetch it again
                     log.info("peers: checkpoint stripe %s from the origin failed: %s",
-                             ref[0][:19], e)
+                             item.digest[:19], e)
                     continue
                 self.figures["origin_bytes"] += len(data)
-                self.transfer.offer(ref, data)
+                self.transfer.offer(item.digest, data)
 
     def _make(self, stop: threading.Event) -> None:
         """The maker: every file from the origin through the engine, each stripe hashed,
         the torrent made and seeded, the manifest published (last: its presence says the
         torrent is there to join)."""
-        from bootseer.ckpt.prefetch import Prefetch, Span
         self.figures["peers_role"] = "maker"
         t0 = time.monotonic()
         before = self.engine.fetcher.counters()["bytes"]
-        pre = Prefetch(self.engine, [Span(f.source, 0, f.size) for f in self.files])
+        pre = self.stage([f.source for f in self.files])
         while not pre.join(0.2):
             if stop.is_set():
                 pre.stop()
@@ -276,9 +279,9 @@ class CheckpointPeers:
         digests = [[sha256_digest(f.staged.pread(*_extent(f, idx)))
                     for idx in range(f.staged.nstripes)] for f in self.files]
         stripes = Stripes(self.engine, self.files, digests)
-        self.transfer = self.share.open_set(stripes.refs, stripes, {})
-        for ref in stripes.refs:
-            self.transfer.offer(ref, stripes.read_staged(ref[0]))
+        self.transfer = self.share.open_set(stripes.items, stripes, {})
+        for item in stripes.items:
+            self.transfer.offer(item.digest, stripes.read_staged(item.digest))
         if not self.transfer.finish():
             return
         blob = _manifest(self.files, digests)
@@ -301,25 +304,24 @@ def _extent(f, idx: int) -> tuple[int, int]:
     return start, end - start
 
 
-def fetch_checkpoint(config, engine, sources, stop: threading.Event | None = None
+def fetch_checkpoint(config, engine, sources, stage, stop: threading.Event | None = None
                      ) -> dict | None:
     """Stage the checkpoint files ``sources`` through the job's peers (see the module
-    doc); returns the figures for the load report (``peers_role``, ``peer_bytes``,
+    doc); ``stage(sources)`` starts the engine's fetch of whole files from the origin (a
+    ``ckpt.prefetch.Prefetch``: ``join``, ``stop``), which the maker of a manifest needs
+    (passed in: the plan's prefetch is what starts this). Returns the figures for the load report (``peers_role``, ``peer_bytes``,
     ``origin_bytes``, ``peers_seen``, ``peers_banned``, ``peers_seconds``), or None when
     peers do not apply (then nothing was fetched). Never raises: peers only cost time."""
-    from bootseer.peers import share_for
-    from bootseer.store import open_store
     sources = list(sources)
     if not sources or not wanted(config, sum(s.size for s in sources)):
         return None
-    job = config.peers.job_id or config.trace.job_id
-    if not job:
+    if not job_of(config):
         log.info("peers: no job id (BOOTSEER_PEERS_JOB_ID or BOOTSEER_TRACE_JOB_ID): "
                  "checkpoint from the origin")
         return None
     try:
         store = open_store(config.store.url, config)
-        share = share_for(config.replace(peers={"job_id": job + ROSTER_SUFFIX}), store)
+        share = share_for(config, store, NAMESPACE)
         if share is None:
             return None
         total = sum(s.size for s in sources)
@@ -329,7 +331,7 @@ def fetch_checkpoint(config, engine, sources, stop: threading.Event | None = Non
                         "%s (%d bytes free): checkpoint from the origin", total,
                         share.work_dir, free)
             return None
-        return CheckpointPeers(config, engine, sources, share, store).run(
+        return CheckpointPeers(config, engine, sources, share, store, stage).run(
             stop or threading.Event())
     except Exception as e:  # noqa: BLE001 - the engine's plan prefetch brings the rest
         log.warning("peers: checkpoint through peers failed (%s): origin for the rest", e)

@@ -18,6 +18,7 @@ import json
 import struct
 from dataclasses import dataclass
 
+from bootseer.ckpt.listing import PathOutsideRoot, clean
 from bootseer.errors import StoreError, UsageError
 
 
@@ -49,6 +50,11 @@ def dcp_plan(url: str, *, opener=None) -> list[Range]:
         items = named_files.dcp_items(data)
     except named_files.NotCheckpointMetadata as e:
         raise PlanError(f"{meta_url}: {e}", url=meta_url) from None
+    for path, _offset, _length in items:   # as the mount refuses it: never a quiet skip
+        try:
+            clean(path)
+        except PathOutsideRoot as e:
+            raise StoreError(f"{meta_url}: {e}", url=meta_url) from None
     ranges = {Range(path, offset, offset + length) for path, offset, length in items}
     return sorted(ranges, key=lambda r: (r.path, r.start))
 

@@ -113,6 +113,11 @@ class Prefetch:
             time.sleep(0.05)
 
 
+def stage_whole(engine, sources) -> Prefetch:
+    """Every stripe of ``sources`` from the origin (a manifest's maker, ckpt.peers)."""
+    return Prefetch(engine, [Span(s, 0, s.size) for s in sources])
+
+
 def start_plan(engine, remote, *, rank: int | None = None, world: int | None = None,
                start_after: str | None = None, config=None) -> tuple[Prefetch, str]:
     """Start streaming the checkpoint at ``remote`` (a RemoteDir) through ``engine``.
@@ -148,7 +153,8 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
         from bootseer.ckpt.peers import fetch_checkpoint, wanted
         large = [s for s in sources.values() if s.size > SMALL_FILE_BYTES]
         if wanted(config, sum(s.size for s in large)):
-            peers = functools.partial(fetch_checkpoint, config, engine, large)
+            peers = functools.partial(fetch_checkpoint, config, engine, large,
+                                      functools.partial(stage_whole, engine))
     return Prefetch(engine, spans, start_after=start_after, peers=peers), kind
 
 

@@ -1,6 +1,7 @@
 """The node's local copy of checkpoint files, stripe by stripe.
 
-Layout of a staging directory (one per node: ``<cache.dir>/../bootseer-ckpt-staging``)::
+Layout of a staging directory (one per node: ``ckpt.staging_dir``, by default
+``<cache.dir>/ckpt-staging``)::
 
     <staging>/
       .bootseer-ckpt-staging  made with the directory: ``gc`` trims no directory without it
@@ -26,8 +27,9 @@ file that a live engine may be using (touched since the oldest live engine regis
 that a job holds as a hard link, and only in a directory bootseer made (its marker): an
 engine may stage into a directory it is given, never trimmed.
 
-Before the marker the node's directory was ``<cache.dir>/../ckpt``, which is just as
-likely a user's folder next to the cache: it is no longer used, nor removed.
+Directories beside the cache directory (``<cache.dir>/../ckpt``,
+``<cache.dir>/../bootseer-ckpt-staging``) could be a user's folder next to the cache: they
+are no longer used, nor removed.
 """
 
 from __future__ import annotations
@@ -239,9 +241,9 @@ class StagedFile:
 
 
 def node_staging_dir(config) -> Path:
-    """The node's staging directory, next to the block cache and named as bootseer's
-    (``<cache.dir>/../bootseer-ckpt-staging``): never a user's folder beside the cache."""
-    return Path(config.cache.dir).parent / "bootseer-ckpt-staging"
+    """The node's staging directory: ``ckpt.staging_dir``, else ``ckpt-staging`` inside
+    the node cache's directory (never a user's folder beside it)."""
+    return Path(config.ckpt.staging_dir or Path(config.cache.dir) / "ckpt-staging")
 
 
 def _live_since(directory: Path) -> float | None:

@@ -51,7 +51,7 @@ def register(sub) -> None:
 
 def _mount(args) -> int:
     from bootseer.ckpt.listing import RemoteDir
-    from bootseer.ckpt.mount import build_view, mount_backend
+    from bootseer.ckpt.mount import build_view
     from bootseer.cli._errors import reaching
     from bootseer.config import BootseerConfig
     config = BootseerConfig.from_env(overrides={"store": {"url": args.store}})
@@ -59,7 +59,10 @@ def _mount(args) -> int:
         RemoteDir(args.url, mirrors=args.mirror).check_root()
     factory = functools.partial(build_view, args.url, config, mode=args.mode,
                                 prefetch=not args.no_prefetch, mirrors=tuple(args.mirror))
-    return mount_backend(config).run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
+    from bootseer.mount.fuse import run_foreground
+    from bootseer.mount.serve import serve_files
+    return run_foreground(factory, args.mountpoint, name="bootseer-ckpt",
+                          mount_with=functools.partial(serve_files, config))
 
 
 def _prefetch(args) -> int:

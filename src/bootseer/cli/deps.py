@@ -119,8 +119,7 @@ def _ensure(args) -> int:
 
 def _umount(args) -> int:
     import os
-
-    from bootseer.deps.mounted import unmount
+    from bootseer.deps.mounts import unmount
     if not unmount(os.path.abspath(args.prefix)):
         print(f"no environment is mounted at {args.prefix}", file=sys.stderr)
         return 1
@@ -129,7 +128,7 @@ def _umount(args) -> int:
 
 def _gc(args) -> int:
     from bootseer.config import parse_size
-    from bootseer.deps.node import gc
+    from bootseer.deps.gc import gc
     report = gc(_config(None), parse_size(args.max_size, "--max-size"), dry_run=args.dry_run)
     for env, action in report:
         print(f"{action}\t{env.bytes / 2**20:.0f} MiB\t{env.prefix}\t{env.key[:19]}")
@@ -167,7 +166,7 @@ def _verify(args) -> int:
     import os
 
     from bootseer.deps.relocate import rewrite_bytes
-    from bootseer.deps.snapshot import read_marker
+    from bootseer.deps.prefix import read_marker
     from bootseer.deps.verify import bytes_match, file_matches
     from bootseer.errors import BootseerError
     from bootseer.store import open_store
@@ -188,24 +187,22 @@ def _verify(args) -> int:
             print(f"{kind} {path}")
     with Fetcher() as f:
         reader = TreeReader(store, m["tree"], f)
-        cs = reader.toc["chunk_size"]
-        for e in reader.toc["entries"]:
-            if e["type"] != "f":
-                continue
+        cs = reader.toc.chunk_size
+        for e in reader.toc.files():
             files += 1
-            path = os.path.join(args.prefix, e["path"].lstrip("/"))
+            path = os.path.join(args.prefix, e.path.lstrip("/"))
             want = None
-            if e["path"] in rewritten:   # relocated: the snapshot's bytes, rewritten
-                want = rewrite_bytes(reader.read(e["path"], e["size"], 0), moved["from"],
+            if e.path in rewritten:   # relocated: the snapshot's bytes, rewritten
+                want = rewrite_bytes(reader.read(e.path, e.size, 0), moved["from"],
                                      os.path.abspath(args.prefix))
             try:   # read in blocks: a 2 GB library never sits in memory whole
                 ok = (bytes_match(path, want) if want is not None
-                      else file_matches(path, e["chunks"], cs, e["size"]))
+                      else file_matches(path, e.chunks or (), cs, e.size))
             except OSError:
-                problem("missing", e["path"])
+                problem("missing", e.path)
                 continue
             if not ok:
-                problem("modified", e["path"])
+                problem("modified", e.path)
     if args.json:
         print_json({"prefix": args.prefix, "key": m.get("key"), "tree": m["tree"],
                     "ok": not problems,

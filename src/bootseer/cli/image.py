@@ -144,18 +144,18 @@ def _convert(args) -> int:
     return 0
 
 
-def _toc(store, tree: str) -> dict:
+def _toc(store, tree: str):
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.reader import load_toc
     with Fetcher() as f:
         return load_toc(store, tree, f)
 
 
-def _tree_figures(store, tree: str, toc: dict | None = None) -> dict:
+def _tree_figures(store, tree: str, toc=None) -> dict:
     """Bytes of file data and chunks of a converted tree, from its table of contents."""
-    files = [e for e in (toc or _toc(store, tree))["entries"] if e["type"] == "f"]
-    return {"size": sum(e["size"] for e in files),
-            "chunks": sum(len(e.get("chunks") or ()) for e in files)}
+    files = list((toc or _toc(store, tree)).files())
+    return {"size": sum(e.size for e in files),
+            "chunks": sum(len(e.chunks or ()) for e in files)}
 
 
 IMAGE_REFS = "images/by-name/"
@@ -221,15 +221,15 @@ def _inspect(args) -> int:
     tree = convert.resolve(args.ref, store)
     toc = _toc(store, tree)
     figures = _tree_figures(store, tree, toc)
-    packed = sum(store.stat(p) for p in toc["packs"])
+    packed = sum(store.stat(p) for p in toc.packs)
     p = prof.latest(store, tree)
     hot = None if p is None else {
         "chunks": len(p["chunks"]), "bytes": sum(r[4] for r in p["chunks"]), "runs": p["runs"],
         "coverage": round(sum(r[4] for r in p["chunks"]) / figures["size"], 4)
         if figures["size"] else 0.0}
-    doc = {"tree": tree, **figures, "files": sum(e["type"] == "f" for e in toc["entries"]),
-           "entries": len(toc["entries"]), "chunk_size": toc["chunk_size"],
-           "packs": len(toc["packs"]), "packed_bytes": packed, "meta": toc.get("meta") or {},
+    doc = {"tree": tree, **figures, "files": sum(1 for _ in toc.files()),
+           "entries": len(toc.entries), "chunk_size": toc.chunk_size,
+           "packs": len(toc.packs), "packed_bytes": packed, "meta": toc.meta,
            "profile": hot}
     if args.json:
         print_json(doc)
@@ -238,7 +238,7 @@ def _inspect(args) -> int:
     print(f"tree        {tree}")
     print(f"data        {size(figures['size'])} in {doc['files']} files "
           f"({doc['entries']} entries), {figures['chunks']} chunks of "
-          f"{toc['chunk_size'] // 1024} KiB")
+          f"{toc.chunk_size // 1024} KiB")
     print(f"stored      {size(packed)} in {doc['packs']} pack(s)")
     for key in ("source", "manifest", "entrypoint", "cmd", "workdir"):
         if doc["meta"].get(key):

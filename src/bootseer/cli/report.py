@@ -23,8 +23,12 @@ def register(sub) -> None:
     add_json_file_arg(p, "; the text report then goes to standard error, as for the others")
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (a track "
                    "per pipeline per node, absolute times)")
-    p.add_argument("--otlp", metavar="FILE|URL", help="OpenTelemetry spans: write OTLP/JSON to "
-                   "FILE, or send to an OTLP/HTTP receiver (http://collector:4318)")
+    p.add_argument("--otlp", metavar="FILE|URL", nargs="?", const="",
+                   help="OpenTelemetry spans: write OTLP/JSON to FILE, or send to a receiver "
+                   "(http://collector:4318, grpc://collector:4317); alone: to "
+                   "OTEL_EXPORTER_OTLP_ENDPOINT, with OTEL_EXPORTER_OTLP_HEADERS/_PROTOCOL")
+    p.add_argument("--traceparent", metavar="TP", help="join the job's own trace: a W3C "
+                   "traceparent (default: $TRACEPARENT)")
     p.add_argument("--prom", metavar="FILE", help="write Prometheus metrics (text format, for "
                    "node_exporter's textfile collector: name it *.prom)")
     p.set_defaults(func=_run)
@@ -32,10 +36,10 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     from bootseer.cli import text_stream, write_output
-    from bootseer.report import explain, render
-    otlp_url = bool(args.otlp) and args.otlp.startswith(("http://", "https://"))
+    from bootseer.report import explain, export_otlp, render
+    otlp_send = args.otlp is not None and (not args.otlp or export_otlp.is_url(args.otlp))
     text_out = text_stream({"--json": args.json, "--chrome": args.chrome, "--html": args.html,
-                            "--otlp": None if otlp_url else args.otlp, "--prom": args.prom})
+                            "--otlp": None if otlp_send else args.otlp, "--prom": args.prom})
     t, views, sums = explain.build(args.trace, args.k, args.attempt, args.job)
     report = render.text(sums, t.skipped_lines, t.problems)
     print(report, file=text_out)
@@ -52,11 +56,14 @@ def _run(args) -> int:
         write_output(args.html, render.to_html(views, sums, f"bootseer report: {args.trace}",
                                                report, base))
     job = str(t.events[0]["job"])
-    if args.otlp:
-        from bootseer.report import export_otlp
-        body = export_otlp.to_json(job, views, sums)
-        if otlp_url:
-            export_otlp.post(args.otlp, body)
+    if args.otlp is not None:
+        import os
+        tp = args.traceparent or os.environ.get("TRACEPARENT")
+        body = export_otlp.to_json(job, views, sums,
+                                   parent=export_otlp.parse_traceparent(tp) if tp else None,
+                                   resource=export_otlp.resource_attributes(os.environ))
+        if otlp_send:
+            export_otlp.send(export_otlp.target(args.otlp, os.environ), body)
         else:
             write_output(args.otlp, body)
     if args.prom:

@@ -161,10 +161,13 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
-    """The blob to ``-o FILE`` (written in place, see bootseer/node/outputs.py: only once it
-    verifies, spooled beside it until then; a FIFO or device is streamed to) or stdout."""
+    """The blob to ``-o FILE`` (written in place, see bootseer/node/outputs.py) or stdout.
+    No byte leaves before the whole blob verifies: it is spooled (beside a file, in a
+    temporary for stdout, a FIFO or a device) and copied out only then."""
     import contextlib
     import hashlib
+    import shutil
+    import tempfile
 
     from bootseer.errors import DigestMismatch
     from bootseer.node import outputs
@@ -178,24 +181,25 @@ def _get(args) -> int:
     size = store.stat(digest)
     h = hashlib.sha256()
     with contextlib.ExitStack() as stack:
-        spool = None
-        if not args.output:
-            out = sys.stdout.buffer
-        elif outputs.is_stream(args.output):
-            out = stack.enter_context(outputs.open_output(args.output, "wb"))
-        else:
-            out = spool = stack.enter_context(outputs.spool_beside(args.output))
+        to_file = bool(args.output) and not outputs.is_stream(args.output)
+        spool = stack.enter_context(outputs.spool_beside(args.output) if to_file
+                                    else tempfile.TemporaryFile())
         for start in range(0, max(size, 1), _PART):
             data = store.read(digest, start, min(start + _PART, size)) if size else b""
             h.update(data)
-            out.write(data)
+            spool.write(data)
         actual = "sha256:" + h.hexdigest()
         if actual != digest:
             raise DigestMismatch(f"blob {digest} from {store.url} is corrupt: its bytes hash to "
-                                 f"{actual}" + (f" ({args.output} not written)" if spool else ""),
-                                 digest=digest, url=store.url)
-        if spool is not None:
+                                 f"{actual} (nothing written)", digest=digest, url=store.url)
+        if to_file:
             outputs.copy_into(spool, args.output)
+            return 0
+        spool.seek(0)
+        out = (stack.enter_context(outputs.open_output(args.output, "wb")) if args.output
+               else sys.stdout.buffer)
+        shutil.copyfileobj(spool, out, _PART)
+        out.flush()
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from bootseer import redact
 from bootseer.node import alive
 from bootseer.node import proc as procs
+from bootseer.node import tools
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
 from bootseer.image.registry import (TRANSPORTS, RegistryOptions, pull_bytes, registry_host,
@@ -51,6 +52,7 @@ def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=
     layout ``dest``: the platform ``registry`` names, with its credentials and TLS.
     ``progress("pull", bytes, total)`` says, while it copies, how much is in ``dest`` (the
     total: what the registry's manifest lists; None for other transports)."""
+    tools.require("skopeo", "image convert")
     transport = src if src.startswith(TRANSPORTS) else f"docker://{src}"
     host = registry_host(transport)
     source = (registry.skopeo_source_args(host, dest.parent, registry_repository(transport))
@@ -74,7 +76,7 @@ def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=
             proc.wait()
     if proc.returncode != 0:
         raise ConvertError(f"cannot read image {redact.text(src)}: "
-                           f"{redact.text(err.strip()[-500:])}")
+                           f"{redact.text(tools.tool_message(err))}")
     if progress:
         progress("pull", _bytes_under(dest), total)
 
@@ -272,15 +274,15 @@ def _in_root(builder: TreeBuilder, path: str) -> str:
                 done.pop()
             continue
         e = builder.entries.get("/" + "/".join([*done, part]))
-        if e is None or e["type"] != "l":
+        if e is None or e.type != "l" or e.target is None:
             done.append(part)
             continue
         hops += 1
         if hops > MAX_SYMLINK_HOPS:
             raise ConvertError(f"{path}: too many levels of symlinks in the image")
-        if e["target"].startswith("/"):
+        if e.target.startswith("/"):
             done = []
-        todo = e["target"].split("/") + todo
+        todo = e.target.split("/") + todo
     return "/" + "/".join([*done, parts[-1]]) if parts[-1] else "/"
 
 
@@ -300,6 +302,16 @@ def _archive_kind(path: Path) -> str:
     return "docker-archive"
 
 
+_ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".oci")
+
+
+def _looks_like_a_path(src: str) -> bool:
+    """A source the user meant as a local file or directory: no image reference starts
+    with ``/``, ``.`` or ``~``, and none ends like an archive."""
+    return src.startswith(("/", "./", "../", "~")) or src in (".", "..") \
+        or src.lower().endswith(_ARCHIVES)
+
+
 def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
             progress=None, registry: RegistryOptions | None = None) -> str:
     """Convert ``src`` and publish it; return the tree digest. ``registry``: credentials,
@@ -310,6 +322,11 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
     registry = registry or RegistryOptions()
     tmp = state = None
     path = Path(src)
+    if not path.exists() and _looks_like_a_path(src):
+        err = ConvertError(f"{src}: no such file or directory")
+        err.hint = ("give an OCI layout directory, a docker- or oci-archive tar, or an image "
+                    "reference (registry.example/team/app:tag, oci:DIR:TAG)")
+        raise err
     try:
         if path.is_dir():
             layout = path

@@ -1,12 +1,13 @@
 """One BitTorrent v2 torrent per blob set, made the same way on every node.
 
-The set is a list of items ``(digest, size)`` in its canonical order (``set_items``: pack
-order, each digest once). Each file of the torrent holds items as the node cache holds
-them (uncompressed: an item's sha256 is its digest, so a chunk from a peer is checked with
-one hash):
+The set is a list of items (``source.SetItem``: digest, size) in its canonical order, each
+digest once (the set's adapter orders them: pack order for a tree's chunks, file and stripe
+order for a checkpoint's stripes). Each file of the torrent holds items as their digests
+name them (an item's sha256 is its digest, so an item from a peer is checked with one
+hash):
 
-* a large item (``SMALL_ITEM`` or more) is a file of its own, holding exactly the chunk's
-  bytes: a node seeds its cache's entry as it is (hard-linked into the seed copy);
+* a large item (``SMALL_ITEM`` or more) is a file of its own, holding exactly the item's
+  bytes: a node seeds a local file of it as it is (hard-linked into the seed copy);
 * small items (an environment's modules) travel packed: each run of them in set order is
   concatenated into a bundle file of at most ``BUNDLE_BYTES``, one piece. BitTorrent v2
   aligns every file to a piece, so unpacked each 3 KiB module was a piece of its own, with
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import libtorrent as lt
 
+from bootseer.peers.source import SetItem
 from bootseer.store.digest import hex_of
 
 PIECE_MIN = 16 * 1024          # the v2 block: the smallest piece BitTorrent v2 allows
@@ -59,19 +61,9 @@ class TorrentFile:
         return self.name.endswith("-bundle")
 
 
-def set_items(refs) -> list[tuple[str, int]]:
-    """The set of chunk refs (``[digest, sort key a, sort key b, stored size, size]``) as
-    the torrent's items, in pack order (the origin's reads of neighbours coalesce), each
-    digest once. Every node derives the same list from the same set."""
-    items: dict[str, int] = {}
-    for r in sorted(refs, key=lambda r: (r[1], r[2], r[0])):
-        items.setdefault(r[0], r[4])
-    return list(items.items())
-
-
-def set_key(items) -> str:
-    """Hex key of a set (``set_items``): equal keys, equal sets in equal order."""
-    text = "\n".join([LAYOUT, *(f"{d} {size}" for d, size in items)])
+def set_key(items: list[SetItem]) -> str:
+    """Hex key of a set: equal keys, equal sets in equal order."""
+    text = "\n".join([LAYOUT, *(f"{i.digest} {i.size}" for i in items)])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -84,7 +76,7 @@ def file_name(digest: str) -> str:
     return hex_of(digest)
 
 
-def layout(items) -> list[TorrentFile]:
+def layout(items: list[SetItem]) -> list[TorrentFile]:
     """The torrent's files for ``items`` (in set order): large items alone, runs of small
     ones packed into bundles."""
     files: list[TorrentFile] = []
@@ -99,7 +91,8 @@ def layout(items) -> list[TorrentFile]:
             files.append(TorrentFile(f"{len(files):06d}-bundle", off, tuple(members)))
             run.clear()
 
-    for digest, size in items:
+    for item in items:
+        digest, size = item.digest, item.size
         if size >= SMALL_ITEM:
             close_run()
             files.append(TorrentFile(f"{len(files):06d}-{file_name(digest)}", size,
@@ -130,8 +123,8 @@ def put_member(files_dir: Path, tfile: TorrentFile, member: Member, data: bytes)
         os.close(fd)
 
 
-def make_torrent(save_path: str, items) -> bytes:
-    """The torrent of ``items`` (``set_items``) whose files lie in
+def make_torrent(save_path: str, items: list[SetItem]) -> bytes:
+    """The torrent of ``items`` whose files lie in
     ``save_path/<torrent_name>/`` (hashed from there). Bencoded, without creation date or
     creator (they vary by node)."""
     items = list(items)
@@ -146,7 +139,7 @@ def make_torrent(save_path: str, items) -> bytes:
     return lt.bencode(t)
 
 
-def load_torrent(data: bytes, items) -> lt.torrent_info:
+def load_torrent(data: bytes, items: list[SetItem]) -> lt.torrent_info:
     """Parse a published torrent and check it describes exactly ``items`` (files, sizes,
     order, v2 piece size): a torrent from the store is as untrusted as any blob."""
     ti = lt.torrent_info(lt.bdecode(data))

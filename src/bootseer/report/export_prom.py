@@ -2,16 +2,21 @@
 file in its ``--collector.textfile.directory``) or a Pushgateway: the startup figures of
 one job, labelled by job id and attempt (and phase, pipeline, technique).
 
-Metrics (all gauges but the histogram):
+Metrics (gauges but for the histogram and the summary; one unit per family, in its name):
 
 - ``bootseer_startup_time_to_ready_seconds``: slowest node's time to ready (absent when a
   node never got ready: ``bootseer_startup_nodes_not_ready`` says how many);
 - ``bootseer_startup_node_ready_seconds``: histogram of the nodes' times to ready;
-- ``bootseer_startup_phase_seconds{phase,stat}``: median, p90, max over nodes;
+- ``bootseer_startup_phase_seconds{phase,quantile}``: a summary over nodes (quantiles 0.5,
+  0.9 and 1, the max; ``_sum`` and ``_count``);
 - ``bootseer_startup_critical_path_seconds{pipeline}``: what each pipeline held on the path;
 - ``bootseer_startup_gpu_seconds_lost``, ``bootseer_startup_stragglers``,
   ``bootseer_startup_nodes``, ``bootseer_startup_restarts`` (per job);
-- ``bootseer_startup_technique{technique,figure}``: image coverage, checkpoint MB/s...;
+- the techniques' figures (medians over nodes), one family per unit, labelled
+  ``technique`` and ``figure``: ``bootseer_startup_technique_ratio`` (image coverage,
+  precision), ``_seconds`` (stalls, the image's window, the environment's restore/build/
+  install, the checkpoint's first byte), ``_bytes`` (the image's store bytes, the checkpoint
+  read), ``_bytes_per_second`` (checkpoint throughput), ``_nodes`` (nodes that reported);
 - ``bootseer_startup_gpus``;
 
 and per node (label ``node``), from what the node's image start and checkpoint load
@@ -21,9 +26,7 @@ recorded (``image.window``, ``ckpt.load``):
 - ``bootseer_node_prefetch_coverage``: share of the bytes read in the window prefetched;
 - ``bootseer_node_fetched_bytes{source=origin|peers,pipeline=image|deps|ckpt}``: bytes the
   node's image start, environment restore and checkpoint loads took from the origin and
-  from the job's peers (report/sources.py; a source a pipeline did not trace has no sample).
-  Until issue 16 this metric was the image's alone, ``{source=store|peers}`` without
-  ``pipeline``: ``source="store"`` is now ``source="origin",pipeline="image"``;
+  from the job's peers (report/sources.py; a source a pipeline did not trace has no sample);
 - ``bootseer_node_stall_seconds{technique=image|ckpt}``: time reads waited on the network.
 
 Labels: ``job_id`` (not ``job``, which Prometheus sets to the scrape job: a textfile's own
@@ -101,24 +104,44 @@ def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
         w.metric("bootseer_startup_stragglers", "gauge", "Nodes ready after median + k*MAD.")
         w.sample("bootseer_startup_stragglers", base, len(s.stragglers))
         for phase, st in sorted(s.phases.items()):
-            w.metric("bootseer_startup_phase_seconds", "gauge",
-                     "Seconds per top-level phase over nodes (median, p90, max).")
-            for stat in ("median", "p90", "max"):
-                w.sample("bootseer_startup_phase_seconds", {**base, "phase": phase, "stat": stat},
+            name = "bootseer_startup_phase_seconds"
+            w.metric(name, "summary", "Seconds per top-level phase over nodes (quantile 1: "
+                     "the slowest node).")
+            for quantile, stat in (("0.5", "median"), ("0.9", "p90"), ("1", "max")):
+                w.sample(name, {**base, "phase": phase, "quantile": quantile},
                          getattr(st, stat))
+            w.sample(f"{name}_sum", {**base, "phase": phase}, st.sum)
+            w.sample(f"{name}_count", {**base, "phase": phase}, st.n)
         for pipeline, sec in s.path_shares.items():
             w.metric("bootseer_startup_critical_path_seconds", "gauge",
                      "Seconds each pipeline held on the critical path to ready.")
             w.sample("bootseer_startup_critical_path_seconds", {**base, "pipeline": pipeline}, sec)
         for technique, figures in sorted(s.figures.items()):
             for figure, value in sorted(figures.items()):
-                w.metric("bootseer_startup_technique", "gauge",
-                         "Technique figures (medians over nodes): image coverage, "
-                         "checkpoint MB/s, deps restore s...")
-                w.sample("bootseer_startup_technique",
-                         {**base, "technique": technique, "figure": figure}, value)
+                unit, name, factor = technique_family(figure)
+                family = f"bootseer_startup_technique_{unit}"
+                w.metric(family, "gauge", f"Technique figures in {unit.replace('_', ' ')} "
+                         "(medians over nodes).")
+                w.sample(family, {**base, "technique": technique, "figure": name},
+                         value * factor)
         _node_metrics(w, base, v, s)
     return _grouped(w.lines)
+
+
+def technique_family(figure: str) -> tuple[str, str, float]:
+    """(unit, figure name, factor) of a technique figure: one unit per metric family, so
+    a ratio is never plotted against seconds or megabytes."""
+    if figure == "nodes":
+        return "nodes", "reported", 1.0
+    if figure == "mb_per_s":
+        return "bytes_per_second", "read", 1e6
+    if figure == "mb":
+        return "bytes", "read", 1e6
+    if figure.endswith("_bytes"):
+        return "bytes", figure[: -len("_bytes")], 1.0
+    if figure.endswith("_s"):
+        return "seconds", figure[: -len("_s")], 1.0
+    return "ratio", figure, 1.0
 
 
 def _number(v) -> float | None:

@@ -26,7 +26,6 @@ MAX_LINE = 1 << 20        # bytes: an event is well under 10 KiB
 MAX_SECONDS = 1e11        # |time| in seconds: year 5138 on the wall clock
 MAX_INT = 1 << 63         # counts, bytes, ranks
 _NUMBER = (int, float)
-_COUNTS = ("rank", "gpus", "pid")
 NAMED_BAD_LINES = 10      # a trace of 10,000 torn files is not 10,000 warnings
 
 
@@ -138,39 +137,49 @@ def _decoded(raw: bytes):
         return None
 
 
+# The event schema, written once: field -> (types it may have, required). ``None`` is
+# allowed wherever a field is optional; a bool is never a number here (JSON true is not a
+# count). Unknown fields are kept and never read.
+_STR, _INT, _NUM = (str,), (int,), (int, float)
+SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
+    "job": ((str, int), True), "attempt": (_INT, True), "node": ((str, int), True),
+    "phase": (_STR, True), "start": (_NUM, True), "end": (_NUM, True),
+    "v": (_INT, False), "rank": (_INT, False), "gpus": (_INT, False), "pid": (_INT, False),
+    "kind": (_STR, False), "parent": (_STR, False), "status": (_STR, False),
+    "start_id": (_STR, False), "mono_start": (_NUM, False), "mono_end": (_NUM, False),
+    "attrs": ((dict,), False),
+}
+_TIMES = ("start", "end", "mono_start", "mono_end")
+_INTS = ("attempt", "rank", "gpus", "pid", "v")
+
+
 def _check(ev) -> int:
-    """_GOOD, _MALFORMED (not an event: fields missing or of the wrong type) or
-    _OUT_OF_RANGE (a number NaN, infinite or out of range: times, counts, flat attributes).
-    Runs once per event of a 10,000-node trace: locals, no generators."""
+    """_GOOD, _MALFORMED (not an event: a field missing or of the wrong type, by
+    :data:`SCHEMA`) or _OUT_OF_RANGE (a number NaN, infinite or out of range: times,
+    counts, flat attributes). Runs once per event of a 10,000-node trace: locals, no
+    generators."""
     if type(ev) is not dict:
         return _OUT_OF_RANGE if ev is _OUT_OF_RANGE else _MALFORMED
-    if "job" not in ev or "node" not in ev:
-        return _MALFORMED
-    try:
-        start, end, attempt, phase = ev["start"], ev["end"], ev["attempt"], ev["phase"]
-    except KeyError:
-        return _MALFORMED
-    if type(start) not in _NUMBER or type(end) not in _NUMBER or type(attempt) is not int \
-            or type(phase) is not str:
-        return _MALFORMED
-    # `not <` is also true for NaN
-    if not (-MAX_SECONDS < start < MAX_SECONDS and -MAX_SECONDS < end < MAX_SECONDS
-            and -MAX_INT < attempt < MAX_INT):
-        return _OUT_OF_RANGE
     get = ev.get
-    v = get("mono_start")
-    if v is not None and (type(v) not in _NUMBER or not -MAX_SECONDS < v < MAX_SECONDS):
-        return _OUT_OF_RANGE
-    v = get("mono_end")
-    if v is not None and (type(v) not in _NUMBER or not -MAX_SECONDS < v < MAX_SECONDS):
-        return _OUT_OF_RANGE
-    for key in _COUNTS:
-        v = get(key)
-        if type(v) is int and not -MAX_INT < v < MAX_INT:
+    for name, (types, required) in SCHEMA.items():
+        v = get(name)
+        if v is None:
+            if required:
+                return _MALFORMED
+        elif type(v) not in types:
+            return _MALFORMED
+    for name in _TIMES:
+        v = get(name)
+        # `not <` is also true for NaN
+        if v is not None and not -MAX_SECONDS < v < MAX_SECONDS:
+            return _OUT_OF_RANGE
+    for name in _INTS:
+        v = get(name)
+        if v is not None and not -MAX_INT < v < MAX_INT:
             return _OUT_OF_RANGE
     attrs = get("attrs")
-    if attrs and type(attrs) is dict:
-        for v in attrs.values():
+    if attrs:
+        for k, v in attrs.items():
             if (type(v) is float and not math.isfinite(v)) or \
                     (type(v) is int and not -MAX_INT < v < MAX_INT):
                 return _OUT_OF_RANGE
@@ -266,13 +275,8 @@ def load(path: str | Path) -> Trace:
                 ev["end"] = end = start
             key = (ev["job"], ev["attempt"], ev["node"], ev.get("pid"), ev.get("kind"),
                    ev["phase"], start, end)
-            try:
-                if key in seen:  # the same file copied twice, a retried upload...
-                    t.duplicates += 1
-                    continue
-            except TypeError:   # a list or an object as the job, node or pid
-                t.skip(os.path.relpath(f, root), lineno, "its job, node or pid is not a "
-                       "string or a number")
+            if key in seen:  # the same file copied twice, a retried upload...
+                t.duplicates += 1
                 continue
             seen.add(key)
             events.append(ev)

@@ -26,11 +26,13 @@ def pct(values: list[float], q: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class PhaseStats:
-    """One top-level phase over the nodes that ran it: seconds, and how many nodes."""
+    """One top-level phase over the nodes that ran it: seconds, how many nodes, and the
+    seconds of all of them together."""
     median: float
     p90: float
     max: float
     n: int
+    sum: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +92,8 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
     phases = {}
     for name in names:
         vals = [n.phases[name] for n in view.nodes if name in n.phases]
-        phases[name] = PhaseStats(statistics.median(vals), pct(vals, 0.9), max(vals), len(vals))
+        phases[name] = PhaseStats(statistics.median(vals), pct(vals, 0.9), max(vals), len(vals),
+                                  sum(vals))
     per_node = {n.node: src for n in view.nodes if (src := sources.node_sources(n))}
     done = [n for n in view.nodes if n.ready is not None]
     gating_node = gating_phase = gating_rank = None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bootseer.errors import BootseerError
 from bootseer.node import proc as procs
+from bootseer.node import tools
 from bootseer.node.mounts import unmount_under
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,8 @@ def _check(cmd: list[str], what: str, cancel: Cancel | None = None, **kw) -> str
     if cancel is not None and cancel.cancelled.is_set():
         raise BaselineError(f"{what}: cancelled")
     if proc.returncode != 0:
-        tail = (err or out).strip().splitlines()[-5:]
-        raise BaselineError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail))
+        raise BaselineError(f"{what} failed (exit {proc.returncode}): "
+                            + tools.tool_message(err or out))
     return out
 
 

@@ -11,7 +11,10 @@ MiB/s, so this module stays on the standard library:
   range and the connection dropped rather than drained when the rest is large);
 * ``readinto`` a caller's preallocated buffer (:func:`get_range_into`);
 * errors: 404 -> BlobNotFound, 416 -> RangeError, 5xx / refused / reset / timeout ->
-  FetchError. Every error carries the URL without credentials or query string.
+  FetchError. Every error carries the URL without credentials or query string;
+* proxies as every HTTP client on the node takes them: ``HTTP_PROXY`` / ``HTTPS_PROXY``
+  (``user:password@`` becomes Proxy-Authorization; https through a CONNECT tunnel) and
+  ``NO_PROXY``; without ``NO_PROXY``, loopback is never proxied.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from __future__ import annotations
 import base64
 import http.client
 import os
+import re
+import ipaddress
 import threading
 import urllib.parse
+import urllib.request
 from typing import Mapping
 
-from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
+from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError, WrongRange
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 _SKIP_CHUNK = 1 << 20
@@ -55,7 +61,17 @@ class Pool:
                 return conn, True
         scheme, host, port = key
         cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        return cls(host, port, timeout=timeout), False
+        proxy = proxy_for(scheme, host)
+        if proxy is None:
+            return cls(host, port, timeout=timeout), False
+        auth = _proxy_auth(proxy)
+        if scheme == "https":   # a tunnel: TLS runs end to end, the proxy sees bytes only
+            conn = cls(proxy.hostname, proxy.port or 80, timeout=timeout)
+            conn.set_tunnel(host, port, headers=auth)
+        else:                   # absolute-form requests to the proxy
+            conn = http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout)
+            conn.bootseer_proxy_headers = auth   # type: ignore[attr-defined]
+        return conn, False
 
     def give(self, key: tuple[str, str, int], conn: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -94,6 +110,37 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def proxy_for(scheme: str, host: str) -> urllib.parse.SplitResult | None:
+    """The proxy a request to ``scheme://host`` goes through, from the environment
+    (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, any case), or None."""
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get(scheme)
+    if not url:
+        return None
+    if "no" in proxies:
+        if urllib.request.proxy_bypass_environment(host, proxies):
+            return None
+    elif _loopback(host):
+        return None
+    return urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+
+
+def _proxy_auth(proxy: urllib.parse.SplitResult) -> dict:
+    if proxy.username is None:
+        return {}
+    cred = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
+    return {"Proxy-Authorization": "Basic " + base64.b64encode(cred.encode()).decode()}
 
 
 def safe_url(url: str) -> str:
@@ -224,7 +271,12 @@ def send(method: str, url: str, *, headers: Mapping[str, str] | None = None, bod
         try:
             if hasattr(body, "seek") and reused:
                 body.seek(0)
-            conn.request(method, path, body=body, headers=hdrs)
+            via = getattr(conn, "bootseer_proxy_headers", None)
+            if via is not None:   # a plain-http proxy takes the whole URL as the target
+                target = urllib.parse.urlunsplit((key[0], f"{key[1]}:{key[2]}", "", "", ""))
+                conn.request(method, target + path, body=body, headers={**hdrs, **via})
+            else:
+                conn.request(method, path, body=body, headers=hdrs)
             resp = conn.getresponse()
         except (http.client.HTTPException, OSError) as e:
             conn.close()
@@ -257,8 +309,9 @@ def open_range(url: str, start: int, end: int | None, *, timeout: float = 30.0,
     """Send a range GET (following redirects; Authorization is dropped when a redirect
     leaves the host, as for registries that redirect to signed object-store URLs).
     Returns the response and how many body bytes must be skipped (non-zero when the server
-    ignored Range and answered 200 with the whole body). Error statuses are returned, not
-    raised, so callers can handle 401 first."""
+    ignored Range and answered 200 with the whole body: streamed past, never buffered).
+    Error statuses are returned, not raised, so callers can handle 401 first; a 206 for
+    another range than the one asked raises WrongRange."""
     hdrs = dict(headers or {})
     if start or end is not None:
         hdrs["Range"] = _range_header(start, end)
@@ -271,6 +324,13 @@ def open_range(url: str, start: int, end: int | None, *, timeout: float = 30.0,
                 hdrs.pop("Authorization", None)
             url = nxt
             continue
+        if r.status == 206:
+            try:
+                check_content_range(r.headers.get("content-range"), start, end, None,
+                                    safe_url(url))
+            except WrongRange:
+                r.close()
+                raise
         return r, (start if r.status == 200 else 0)
     raise FetchError(f"GET {safe_url(url)}: too many redirects", url=safe_url(url))
 
@@ -311,6 +371,31 @@ def read_body(r: Response, skip: int, start: int, end: int | None, *,
                                  + (f" of blob {digest}" if digest else ""),
                                  url=safe_url(r.url), digest=digest, offset=start)
         return data
+
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.I)
+
+
+def check_content_range(value: str | None, start: int, end: int | None, size: int | None,
+                        url: str) -> None:
+    """A ``206``'s ``Content-Range`` must name exactly ``[start, end)`` (and ``size`` as the
+    total when it is known; a range past the end of a blob of unknown size may be cut at
+    its end): anything else is another part of the file, or of another file, and its
+    body must never be taken for the bytes asked for."""
+    m = _CONTENT_RANGE.match(value or "")
+    ok = False
+    if m is not None:
+        first, last = int(m.group(1)), int(m.group(2))
+        total = None if m.group(3) == "*" else int(m.group(3))
+        to_end = total is not None and last == total - 1
+        ok = (first == start and last >= first and (size is None or total in (None, size))
+              and (to_end if end is None else
+                   last == end - 1 or (size is None and to_end and last < end - 1)))
+    if not ok:
+        asked = f"{start}-" + ("" if end is None else str(end - 1))
+        raise WrongRange(f"{url}: asked for bytes {asked}, the server answered 206 "
+                         f"with Content-Range {value!r}: its body is refused (a server or "
+                         "proxy answering another range)", url=url, offset=start)
 
 
 def _total_size(headers: dict) -> int | None:

@@ -123,6 +123,6 @@ def publish_recorded(config, path: str) -> str | None:
     old = latest(store, new["tree"])
     merged = merge([new] + ([old] if old else []))
     digest = push(store, merged)
-    from bootseer.peers.publish import publish_for_profile
+    from bootseer.tree.peers import publish_for_profile
     publish_for_profile(config, store, merged)   # later starts' nodes join their peers at once
     return digest
