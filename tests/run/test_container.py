@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import stat
-import subprocess
-import threading
 import time
 
 import pytest

@@ -34,7 +34,8 @@ from typing import Mapping
 
 from bootseer import __version__
 from bootseer.errors import TraceError, UsageError
-from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 SCOPE = {"name": "bootseer.trace", "version": "1"}
 STATUS_ERROR = 2
