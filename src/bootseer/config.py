@@ -24,9 +24,10 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from bootseer import jobenv
 from bootseer.errors import ConfigError
@@ -272,7 +273,7 @@ class BootseerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
-                 overrides: Mapping[str, Mapping[str, Any]] | None = None) -> "BootseerConfig":
+                 overrides: Mapping[str, Mapping[str, Any]] | None = None) -> BootseerConfig:
         env = os.environ if env is None else env
         layered: dict[str, dict[str, Any]] = {}
         path = env.get(jobenv.CONFIG_FILE)
@@ -302,7 +303,7 @@ class BootseerConfig:
         return cls.from_dict(layered)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> "BootseerConfig":
+    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> BootseerConfig:
         hints = typing.get_type_hints(cls)
         known = {f.name for f in dataclasses.fields(cls)}
         for section in data:
@@ -314,7 +315,7 @@ class BootseerConfig:
             kwargs[name] = _build(sub, name, data.get(name, {}))
         return cls(**kwargs)
 
-    def replace(self, **sections: Any) -> "BootseerConfig":
+    def replace(self, **sections: Any) -> BootseerConfig:
         """A copy with whole sections or ``section={"field": value}`` dicts replaced."""
         new = {}
         for name, value in sections.items():

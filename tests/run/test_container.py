@@ -11,7 +11,7 @@ import pytest
 
 from bootseer.run import container as C
 from bootseer.run import devices as D
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 
 pytestmark = pytest.mark.timeout(120)
 

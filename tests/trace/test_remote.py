@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from bootseer.store import open_store
 from bootseer.report import remote
+from bootseer.store import open_store
 
 pytestmark = pytest.mark.timeout(120)
 

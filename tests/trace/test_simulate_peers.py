@@ -3,8 +3,7 @@ once whatever its size, and each node receives it from its peers at its NIC's ra
 
 import pytest
 
-from bootseer.report import cluster
-from bootseer.report import simulate
+from bootseer.report import cluster, simulate
 
 LAZY = ("image", "deps", "ckpt", "overlap")
 

@@ -5,7 +5,7 @@ bars. Status goes to standard error: standard output is the command's."""
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 _settings = {"quiet": False, "progress": True}
 
@@ -112,7 +112,7 @@ class StageBars:
             self.bar.close()
             self.bar = None
 
-    def __enter__(self) -> "StageBars":
+    def __enter__(self) -> StageBars:
         return self
 
     def __exit__(self, *exc) -> None:

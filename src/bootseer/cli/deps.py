@@ -119,6 +119,7 @@ def _ensure(args) -> int:
 
 def _umount(args) -> int:
     import os
+
     from bootseer.deps.mounts import unmount
     if not unmount(os.path.abspath(args.prefix)):
         print(f"no environment is mounted at {args.prefix}", file=sys.stderr)
@@ -165,8 +166,8 @@ def _ls(args) -> int:
 def _verify(args) -> int:
     import os
 
-    from bootseer.deps.relocate import rewrite_bytes
     from bootseer.deps.prefix import read_marker
+    from bootseer.deps.relocate import rewrite_bytes
     from bootseer.deps.verify import bytes_match, file_matches
     from bootseer.errors import BootseerError
     from bootseer.store import open_store

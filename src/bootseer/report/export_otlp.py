@@ -29,8 +29,8 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from bootseer import __version__
 from bootseer.errors import TraceError, UsageError
@@ -276,7 +276,8 @@ def _proto(body: str):
     try:
         from google.protobuf import json_format
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest)
+            ExportTraceServiceRequest,
+        )
     except ImportError:
         raise UsageError("OTLP over protobuf or gRPC needs the otlp extra (pip install "
                          "'bootseer[otlp]'); hint: OTEL_EXPORTER_OTLP_PROTOCOL=http/json "

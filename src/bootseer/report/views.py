@@ -239,7 +239,7 @@ def _attempt(attempt: int, by_node: dict[str, list[dict]]) -> AttemptView:
         if fixed:
             problems.append(f"attempt {attempt} node {n}: the wall clock stepped; {fixed} "
                             f"event(s) placed by the monotonic clock")
-    offsets = {n: 0.0 for n in by_node}
+    offsets = dict.fromkeys(by_node, 0.0)
     alignment = "wall clock (NTP)"
     if len(by_node) > 1 and all(v is not None for v in rdzv.values()):
         ref = statistics.median(rdzv.values())

@@ -23,9 +23,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from bootseer.errors import BootseerError
 from bootseer.node import proc as procs
@@ -62,7 +62,7 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
     binds: list[Bind] = field(default_factory=list)
     workdir: str = "/"
-    options: "Options" = field(default_factory=lambda: Options())
+    options: Options = field(default_factory=lambda: Options())
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,7 @@ class Pipeline:
     def on_ready(self) -> None:
         pass
 
-    def fallback(self) -> "Pipeline":
+    def fallback(self) -> Pipeline:
         raise BootseerError(f"{self.kind} has no conventional fallback")
 
     def close(self) -> None:

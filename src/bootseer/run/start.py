@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Sequence
+from collections.abc import Sequence
 
 from bootseer.config import BootseerConfig, section_env, start_env, trace_env
 from bootseer.peers.job import with_job as job_of

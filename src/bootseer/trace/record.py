@@ -69,7 +69,7 @@ class Recorder:
         self._local = threading.local()
 
     @classmethod
-    def from_env(cls, env=None) -> "Recorder":
+    def from_env(cls, env=None) -> Recorder:
         env = os.environ if env is None else env
         rank = env.get("RANK") or env.get("GROUP_RANK")
         c = trace_settings(env)
