@@ -33,6 +33,7 @@ def node_env(tmp_path):
             "BOOTSEER_CACHE_DIR": str(tmp_path / "cache")}
 
 
+@pytest.mark.root
 def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_factory,
                                                     busybox_rootfs):
     need(is_root(), "Slurm runs its prolog as root")

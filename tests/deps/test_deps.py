@@ -209,6 +209,7 @@ def test_expired_lease_is_taken_over(index, tmp_path):
     assert r.how == "built"
 
 
+@pytest.mark.root
 def test_four_node_processes_one_builds_three_restore(index, registry, tmp_path):
     """Four processes, each a fresh node (own mount namespace, own cache, the same prefix
     path), start the same environment at once against the real index and a registry

@@ -61,6 +61,7 @@ def test_streamed_digests_equal_the_whole_files(restored):
     assert not file_matches(str(prefix / "lib/big.so"), entry.chunks, chunk_size, BIG + 1)
 
 
+@pytest.mark.slow
 def test_a_byte_changed_past_the_first_block_is_found(restored, capsys):
     prefix, store, _, _ = restored
     assert _verify(prefix, store, capsys)["ok"] is True

@@ -219,9 +219,9 @@ def test_unmount_with_files_held_open(need_fuse, tmp_path, backing):
     streaming = os.open(mp / "f1", os.O_RDONLY)
     assert os.pread(staged, 10, 0) == want[:10]
     assert os.pread(streaming, 10, 0) == DATA["/f1"][:10]
-    started = time.monotonic()
     h.unmount()
-    assert time.monotonic() - started < 10   # detached, not waiting for the holders
+    # detached, not waiting for the holders (closed below): a server that waited would be
+    # killed at unmount's timeout, not exit 0
     assert not os.path.ismount(mp)
     assert h.proc.exitcode == 0
     # the staged file's reads never needed the server; the streaming one's do
@@ -258,7 +258,7 @@ def test_stop_while_a_read_is_in_the_view(need_fuse, tmp_path, backing):
 
     class Gated(StagedView):
         def read(self, path, size, offset):
-            gate.wait(20)
+            gate.wait(120)   # longer than the test may run: only gate.set() lets it go
             return super().read(path, size, offset)
 
     mp = tmp_path / "mnt"
@@ -270,10 +270,9 @@ def test_stop_while_a_read_is_in_the_view(need_fuse, tmp_path, backing):
     reader = threading.Thread(target=lambda: got.append(os.pread(fd, 100, 0)))
     reader.start()
     time.sleep(0.3)
-    started = time.monotonic()
     server.stop(timeout=0.5)
-    assert time.monotonic() - started < 5 and not os.path.ismount(mp)
-    assert server._live == 1   # that worker, still in the view
+    assert not os.path.ismount(mp)
+    assert server._live == 1   # that worker, still in the view: stop did not wait for it
     gate.set()
     reader.join(10)
     assert got == [DATA["/f2"][:100]]   # the detached mount still answered it
@@ -320,9 +319,9 @@ def test_stop_with_every_worker_idle_and_a_file_held_open(need_fuse, tmp_path, b
     fd = os.open(mp / "f1", os.O_RDONLY)
     assert os.pread(fd, 10, 0) == DATA["/f1"][:10]
     time.sleep(0.3)   # every worker back in its wait
-    started = time.monotonic()
     server.stop(timeout=10)
-    assert time.monotonic() - started < 3 and not os.path.ismount(mp)
+    assert not os.path.ismount(mp)
+    # the stop woke them: idle workers the kernel never wakes would outlive its timeout
     assert server._live == 0 and not any(t.is_alive() for t in server._workers)
     with pytest.raises(OSError) as e:   # the connection went with the device
         os.pread(fd, 10, MiB)

@@ -66,6 +66,7 @@ def _concurrent_put(cache_dir, digest, data, start_evt):
     c.put(digest, data)
 
 
+@pytest.mark.slow
 def test_concurrent_fills_across_threads_and_processes(tmp_path):
     """Several processes and threads filling one entry at once: one entry, counted once
     in the bytes in use, and the bytes are the right ones."""
@@ -111,6 +112,7 @@ def _fill(dir_: str, start: int, n: int) -> None:
         c.put(*blob(i))
 
 
+@pytest.mark.slow
 def test_budget_holds_across_processes_and_recovers_from_hand_deletion(tmp_path):
     """The bytes in use are shared through the lock file: two processes filling one cache
     never exceed the budget; an entry removed by hand only makes the figure err high,

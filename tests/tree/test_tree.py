@@ -173,7 +173,7 @@ def test_store_killed_mid_run_is_eio_not_a_hang(need_fuse, nginx_factory, tmp_pa
     b.add_file("/a.bin", os.urandom(200_000))
     b.add_file("/sub/b.bin", os.urandom(200_000))
     digest = b.finish()
-    server = nginx_factory(tmp_path / "store")
+    server = nginx_factory(tmp_path / "store", own=True)   # stopped below
     from bootseer.mount.fuse import mount
     mp = tmp_path / "mnt"
     mp.mkdir()
