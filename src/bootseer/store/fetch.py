@@ -28,13 +28,21 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TypeAlias
 
 from bootseer.config import FetchConfig
 from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
+from bootseer.store.backend import Backend
+from bootseer.store.digest import verify as check
 from bootseer.store.replicas import Race, Replicas
+from bootseer.store.source import BlobSource, RangeSource
+
+Source: TypeAlias = RangeSource | Replicas
+Range: TypeAlias = tuple[Source, int, int]
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +94,17 @@ class _Task:
     __slots__ = ("source", "start", "end", "priority", "order", "future", "seq", "queued",
                  "deadline", "lane", "lanes")
 
-    def __init__(self, lane, source, start, end, priority, seq, deadline, order=0):
+    def __init__(self, lane: Lane, source: Source, start: int, end: int, priority: Priority,
+                 seq: int, deadline: float, order: int = 0):
         self.source, self.start, self.end = source, start, end
         self.priority, self.seq, self.deadline = priority, seq, deadline
         self.order = order
-        self.future: Future = Future()
+        self.future: Future[bytes] = Future()
         self.queued = True
         self.lane = lane                 # whose policy and counters the request uses
         self.lanes = {lane}              # who waits for it (a lane's close drops only its own)
 
-    def __lt__(self, other):
+    def __lt__(self, other: _Task) -> bool:
         return ((self.priority, self.order, self.seq)
                 < (other.priority, other.order, other.seq))
 
@@ -111,21 +120,21 @@ class Lane:
         self.stats["stall_s"] = 0.0
         self.recent: collections.deque[float] = collections.deque(maxlen=RECENT_READS)
 
-    def submit(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND,
-               order: int = 0) -> Future:
+    def submit(self, source: Source, start: int, end: int, *,
+               priority: Priority = Priority.DEMAND, order: int = 0) -> Future[bytes]:
         """Queue ``[start, end)`` of ``source``; the future resolves to the bytes.
         ``order``: among queued tasks of one priority, lower goes first (then first come,
         first served)."""
         return self.fetcher._submit(self, [(source, start, end)], priority, order)[0]
 
-    def submit_many(self, ranges, *, priority: Priority = Priority.DEMAND,
-                    order: int = 0) -> list[Future]:
+    def submit_many(self, ranges: Iterable[Range], *, priority: Priority = Priority.DEMAND,
+                    order: int = 0) -> list[Future[bytes]]:
         """Queue many ``(source, start, end)`` at once: one lock round and one wake-up
         for the batch (a restore queues many thousand chunks at once)."""
         return self.fetcher._submit(self, ranges, priority, order)
 
-    def read(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND
-             ) -> bytes:
+    def read(self, source: Source, start: int, end: int, *,
+             priority: Priority = Priority.DEMAND) -> bytes:
         """Blocking read; ranges larger than the policy's part_bytes go out as parallel
         parts. The time spent waiting counts as stall time."""
         t0 = time.monotonic()
@@ -139,7 +148,7 @@ class Lane:
         finally:
             self.fetcher._count(self, stall_s=time.monotonic() - t0)
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, float]:
         with self.fetcher._lock:
             return dict(self.stats)
 
@@ -158,7 +167,7 @@ class Lane:
     def __enter__(self) -> Lane:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -175,7 +184,7 @@ class Fetcher:
         # Both are cheap with many thousand queued chunks.
         self._heaps: dict[str, list[_Task]] = {}
         self._by_offset: dict[object, list[tuple[int, int, _Task]]] = {}
-        self._by_range: dict[tuple, _Task] = {}
+        self._by_range: dict[tuple[str, int, int], _Task] = {}
         self._host_busy: dict[str, int] = {}
         self._seq = itertools.count()
         self._closed = False
@@ -202,19 +211,19 @@ class Fetcher:
                 w.start()
         return lane
 
-    def submit(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND,
-               order: int = 0) -> Future:
+    def submit(self, source: Source, start: int, end: int, *,
+               priority: Priority = Priority.DEMAND, order: int = 0) -> Future[bytes]:
         return self.default.submit(source, start, end, priority=priority, order=order)
 
-    def submit_many(self, ranges, *, priority: Priority = Priority.DEMAND,
-                    order: int = 0) -> list[Future]:
+    def submit_many(self, ranges: Iterable[Range], *, priority: Priority = Priority.DEMAND,
+                    order: int = 0) -> list[Future[bytes]]:
         return self.default.submit_many(ranges, priority=priority, order=order)
 
-    def read(self, source, start: int, end: int, *, priority: Priority = Priority.DEMAND
-             ) -> bytes:
+    def read(self, source: Source, start: int, end: int, *,
+             priority: Priority = Priority.DEMAND) -> bytes:
         return self.default.read(source, start, end, priority=priority)
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, float]:
         """The default lane's counters."""
         return self.default.counters()
 
@@ -226,14 +235,15 @@ class Fetcher:
             self._closed = True
             self._lock.notify_all()
 
-    def __enter__(self):
+    def __enter__(self) -> Fetcher:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- queueing -----------------------------------------------------------------------------
-    def _submit(self, lane: Lane, ranges, priority: Priority, order: int) -> list[Future]:
+    def _submit(self, lane: Lane, ranges: Iterable[Range], priority: Priority,
+                order: int) -> list[Future[bytes]]:
         futures = []
         with self._lock:
             if self._closed or lane.closed:
@@ -284,7 +294,7 @@ class Fetcher:
         for t in dropped:
             t.future.set_exception(FetchError("fetcher closed before the read ran"))
 
-    def _count(self, lane: Lane, **deltas) -> None:
+    def _count(self, lane: Lane, **deltas: float) -> None:
         with self._lock:
             for name, v in deltas.items():
                 lane.stats[name] += v
@@ -391,7 +401,8 @@ class Fetcher:
                 if self._by_range.get((t.source.key, t.start, t.end)) is t:
                     del self._by_range[(t.source.key, t.start, t.end)]
 
-    def _fetch(self, lane: Lane, source, start: int, end: int, deadline: float) -> bytes:
+    def _fetch(self, lane: Lane, source: Source, start: int, end: int,
+               deadline: float) -> bytes:
         attempt = 0
         while True:
             try:
@@ -459,12 +470,10 @@ class Fetcher:
                         self._lock.notify_all()
 
 
-def fetch_blob(fetcher: Fetcher | Lane, backend, digest: str, *,
+def fetch_blob(fetcher: Fetcher | Lane, backend: Backend, digest: str, *,
                priority: Priority = Priority.DEMAND,
                size: int | None = None, verify: bool = True) -> bytes:
     """A whole blob through the fetcher (parallel parts), verified against its digest."""
-    from bootseer.store.digest import verify as check
-    from bootseer.store.source import BlobSource
     size = backend.stat(digest) if size is None else size
     data = fetcher.read(BlobSource(backend, digest, size), 0, size, priority=priority)
     if verify:

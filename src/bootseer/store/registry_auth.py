@@ -41,19 +41,20 @@ class RegistryAuth:
     def __repr__(self) -> str:
         return f"RegistryAuth({self.url!r}, user={self.username!r})"
 
-    def basic(self) -> dict:
+    def basic(self) -> dict[str, str]:
         if self.username is None:
             return {}
         cred = f"{self.username}:{self._password or ''}".encode()
         return {"Authorization": "Basic " + base64.b64encode(cred).decode()}
 
-    def headers(self) -> dict:
+    def headers(self) -> dict[str, str]:
         """What a request carries now: the last bearer token, else basic credentials."""
         with self._lock:
             token = self._last_token
         return {"Authorization": f"Bearer {token}"} if token else self.basic()
 
-    def send(self, send: Callable[[dict], R], answer: Callable[[R], tuple[int, dict]],
+    def send(self, send: Callable[[dict[str, str]], R],
+             answer: Callable[[R], tuple[int, dict[str, str]]],
              drop: Callable[[R], None] = lambda r: None) -> R:
         """``send(headers)``, again after a 401 that a challenge answered (a token fetched,
         a standard login found). ``answer`` gives a response's status and headers;
@@ -73,7 +74,7 @@ class RegistryAuth:
             return r
         raise AssertionError("unreachable: the last send is returned")
 
-    def challenge(self, headers: dict) -> bool:
+    def challenge(self, headers: dict[str, str]) -> bool:
         """Handle a 401: fetch a bearer token if challenged for one. True if worth retrying."""
         chal = headers.get("www-authenticate", "")
         found = self._standard_login()

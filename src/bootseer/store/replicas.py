@@ -20,16 +20,28 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from bootseer import redact
 from bootseer.errors import FetchError, StoreError
+
+
+class Replica(Protocol):
+    """One copy: a range source whose read gives up once ``cancel`` is set."""
+    url: str
+    key: str
+    host: str
+    size: int
+
+    def read_range(self, start: int, end: int,
+                   cancel: threading.Event | None = None) -> bytes: ...
 
 
 class Replicas:
     """One object's replicas (the primary first). Identity is the primary's: what the
     bytes are keyed by does not depend on which replica served a range."""
 
-    def __init__(self, sources: list):
+    def __init__(self, sources: list[Replica]):
         primary = sources[0]
         self.sources = sources
         self.url, self.size, self.key, self.host = (primary.url, primary.size, primary.key,
@@ -37,7 +49,7 @@ class Replicas:
         self.credentialed = any(getattr(s, "credentialed", False) for s in sources)
         self._turn = itertools.count()
 
-    def rotation(self) -> list:
+    def rotation(self) -> list[Replica]:
         """The replicas in the order the next read tries them."""
         k = next(self._turn) % len(self.sources)
         return self.sources[k:] + self.sources[:k]
@@ -51,7 +63,7 @@ class Race:
     whoever calls :meth:`claim` then :meth:`run` (the fetcher's worker that took the read,
     and helper workers when it hedges); :meth:`result` waits for the decision."""
 
-    def __init__(self, order: list, start: int, end: int, *,
+    def __init__(self, order: list[Replica], start: int, end: int, *,
                  on_failover: Callable[[], None], on_win: Callable[[float], None]):
         self.order, self.start, self.end = order, start, end
         self.on_failover, self.on_win = on_failover, on_win
@@ -68,7 +80,7 @@ class Race:
     def decided(self) -> bool:
         return self.cancel.is_set()
 
-    def claim(self):
+    def claim(self) -> Replica | None:
         """The next untried replica (now running), or None when decided or none is left."""
         with self._cond:
             self._helper_pending = False
@@ -78,7 +90,7 @@ class Race:
             self._next += 1
             return source
 
-    def run(self, source) -> None:
+    def run(self, source: Replica) -> None:
         """One attempt on a claimed replica; its outcome decides the race or is noted."""
         began = time.monotonic()
         with self._cond:

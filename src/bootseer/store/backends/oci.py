@@ -101,9 +101,10 @@ class OciBackend:
     def __repr__(self) -> str:
         return f"OciBackend({self.url!r}, user={self.auth.username!r})"
 
-    def _request(self, method: str, url: str, headers: dict | None = None, body=None,
-                 *, what: str = "", digest: str | None = None) -> tuple[int, dict, bytes]:
-        def send(auth: dict) -> tuple[int, dict, bytes]:
+    def _request(self, method: str, url: str, headers: dict[str, str] | None = None,
+                 body: bytes | None = None, *, what: str = "", digest: str | None = None
+                 ) -> tuple[int, dict[str, str], bytes]:
+        def send(auth: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
             try:
                 return http.request(method, url, headers={**auth, **(headers or {})},
                                     body=body, timeout=self.timeout)
@@ -137,7 +138,8 @@ class OciBackend:
         except BlobNotFound:
             return False
 
-    def _open_range(self, digest: Digest, start: int, end: int | None):
+    def _open_range(self, digest: Digest, start: int, end: int | None
+                    ) -> tuple[http.Response, int]:
         url = self._blob_url(digest)
         r, skip = self.auth.send(
             lambda auth: http.open_range(url, start, end, timeout=self.timeout, headers=auth),
@@ -165,7 +167,7 @@ class OciBackend:
             raise FetchError(f"reading blob {digest} [{start}, {end}) from {self.url}: {e}",
                              digest=digest, url=e.url or self.url, offset=start) from e
 
-    def read_into(self, digest: Digest, start: int, buf) -> int:
+    def read_into(self, digest: Digest, start: int, buf: memoryview | bytearray) -> int:
         """Fill ``buf`` (a writable buffer) with the blob's bytes from ``start``."""
         view = memoryview(buf).cast("B")
         if not len(view):
@@ -175,7 +177,8 @@ class OciBackend:
             with r:
                 if skip:
                     r.skip(skip)
-                return r.readinto(view)
+                n: int = r.readinto(view)
+                return n
         except FetchError as e:
             if e.digest:
                 raise
@@ -284,7 +287,7 @@ class OciBackend:
         if status not in (200, 201):
             raise FetchError(f"pushing manifest {ref} to {self.url}: HTTP {status} "
                              f"{resp[:300]!r}", url=self.url, digest=digest)
-        return rh.get("docker-content-digest", digest)
+        return str(rh.get("docker-content-digest", digest))
 
     def get_manifest(self, ref: str) -> tuple[bytes, str, Digest]:
         """(bytes, media type, digest) of the manifest tagged (or with digest) ``ref``;
