@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bootseer.demo.assets import write_simple_index
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 from tests.run.test_baseline import make_wheel
 
 pytestmark = pytest.mark.timeout(240)

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from bootseer.report import cluster
-from bootseer.report import simulate
+from bootseer.report import cluster, simulate
 
 BOOTSEER = [sys.executable, "-m", "bootseer"]
 

@@ -120,8 +120,7 @@ def _otlp_decode(data: bytes):
     import base64
 
     from google.protobuf import json_format
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest)
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     def ids_as_base64(x):
         if isinstance(x, dict):
@@ -133,8 +132,7 @@ def _otlp_decode(data: bytes):
 
 def _otlp_response() -> bytes:
     from google.protobuf import json_format
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceResponse)
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
     return json_format.MessageToJson(ExportTraceServiceResponse()).encode()
 
 

@@ -37,24 +37,26 @@ def build(tree: dict[str, bytes], chunk_size: int, pack_size: int):
 @given(files, st.sampled_from([64, 256, 1024]), st.integers(1, 4000))
 def test_packs_hold_each_chunk_once_back_to_back(tree, chunk_size, pack_size):
     store, toc = build(tree, chunk_size, pack_size)
-    packs = [store.read(d) for d in toc["packs"]]
-    refs = {tuple(c) for e in toc["entries"] if e["type"] == "f" for c in e["chunks"]}
-    assert len({r[0] for r in refs}) == len(refs)          # one place per chunk digest
+    packs = [store.read(d) for d in toc.packs]
+    refs = {c for e in toc.entries if e.type == "f" for c in e.chunks or ()}
+    assert len({r.digest for r in refs}) == len(refs)          # one place per chunk digest
     for i, pack in enumerate(packs):
-        mine = sorted((r for r in refs if r[1] == i), key=lambda r: r[2])
-        assert [r[2] for r in mine] == [0, *(r[2] + r[3] for r in mine[:-1])]
-        assert mine[-1][2] + mine[-1][3] == len(pack)      # no gap, no overlap, no tail
-    assert all(0 <= r[1] < len(packs) for r in refs)
+        mine = sorted((r for r in refs if r.pack == i), key=lambda r: r.offset)
+        assert [r.offset for r in mine] == [0, *(r.end for r in mine[:-1])]
+        assert mine[-1].end == len(pack)      # no gap, no overlap, no tail
+    assert all(0 <= r.pack < len(packs) for r in refs)
     dz = zstandard.ZstdDecompressor()
-    for e in toc["entries"]:
-        if e["type"] != "f":
+    for e in toc.entries:
+        if e.type != "f":
             continue
-        data = tree[e["path"].lstrip("/")]
+        data = tree[e.path.lstrip("/")]
         raw = b""
-        for n, (digest, p, off, clen, rlen) in enumerate(e["chunks"]):
-            piece = dz.decompress(packs[p][off:off + clen], max_output_size=rlen)
-            assert len(piece) == rlen and "sha256:" + hashlib.sha256(piece).hexdigest() == digest
-            assert rlen == chunk_size or n == len(e["chunks"]) - 1
+        chunks = e.chunks or ()
+        for n, c in enumerate(chunks):
+            piece = dz.decompress(packs[c.pack][c.offset:c.end], max_output_size=c.size)
+            assert len(piece) == c.size
+            assert "sha256:" + hashlib.sha256(piece).hexdigest() == c.digest
+            assert c.size == chunk_size or n == len(chunks) - 1
             raw += piece
         assert raw == data
 
@@ -63,16 +65,16 @@ def test_packs_hold_each_chunk_once_back_to_back(tree, chunk_size, pack_size):
 @given(files, st.sampled_from([BLOCK, 2 * BLOCK]), st.data())
 def test_blob_layout_slots_are_aligned_disjoint_and_located(tree, chunk_size, data):
     _, toc = build(tree, chunk_size, 1 << 20)
-    chunks = {c[0]: c for e in toc["entries"] if e["type"] == "f" for c in e["chunks"]}
+    chunks = {c.digest: c for e in toc.entries if e.type == "f" for c in e.chunks or ()}
     hot = data.draw(st.lists(st.sampled_from(sorted(chunks)), max_size=5)) if chunks else []
     layout = BlobLayout(toc, hot)
-    assert sorted(c[0] for c in layout.refs) == sorted(chunks)
-    assert [c[0] for c in layout.refs[:layout.hot_count]] == list(dict.fromkeys(hot))
+    assert sorted(c.digest for c in layout.refs) == sorted(chunks)
+    assert [c.digest for c in layout.refs[:layout.hot_count]] == list(dict.fromkeys(hot))
     ends = [*layout.offsets[1:], layout.size] if layout.refs else []
     for i, (c, start, end) in enumerate(zip(layout.refs, layout.offsets, ends, strict=True)):
-        assert start % BLOCK == 0 and layout.block_of[c[0]] * BLOCK == start
-        assert end - start == max(blocks_for(c[4]), 1) * BLOCK    # room for the chunk, no more
-        for off in (start, start + c[4] // 2, end - 1):
+        assert start % BLOCK == 0 and layout.block_of[c.digest] * BLOCK == start
+        assert end - start == max(blocks_for(c.size), 1) * BLOCK    # room for the chunk, no more
+        for off in (start, start + c.size // 2, end - 1):
             assert layout.locate(off) == i
     assert layout.size == layout.blocks * BLOCK
     # the hot chunks are the blob's first bytes: read ahead of everything else

@@ -18,29 +18,16 @@ cannot work here is an error, never a silent fallback."""
 
 from __future__ import annotations
 
-import enum
 import logging
 
 from bootseer.config import BootseerConfig
 from bootseer.errors import MountError
 from bootseer.mount.devfuse import probe
 from bootseer.mount.erofs import kernel
+from bootseer.mount.kinds import Serving, What
 
 log = logging.getLogger("bootseer.mount")
 
-
-class What(enum.Enum):
-    TREE = "tree"
-    ENV = "env"
-    FILES = "files"
-
-
-class Serving(enum.Enum):
-    EROFS_LOCAL = "erofs-local"
-    EROFS_FUSE_BLOB = "erofs-fuse-blob"
-    FUSE_VIEW = "fuse"
-    DEVFUSE = "devfuse"
-    MFUSEPY = "mfusepy"
 
 
 _said: set[What] = set()

@@ -20,7 +20,7 @@ import time
 from typing import Callable
 
 from bootseer.errors import MountError
-from bootseer.mount.choose import Serving
+from bootseer.mount.kinds import Serving
 from bootseer.mount.errno_map import to_errno
 from bootseer.mount.handle import MountHandle
 from bootseer.mount.view import TreeView

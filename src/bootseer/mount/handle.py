@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from bootseer.errors import MountError
-from bootseer.mount.choose import Serving
+from bootseer.mount.kinds import Serving
 from bootseer.node import alive, mounts
 
 log = logging.getLogger("bootseer.mount")

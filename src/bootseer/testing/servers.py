@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bootseer.errors import BootseerError
 from bootseer.node import proc as procs
 
 
-class ServerError(RuntimeError):
+class ServerError(BootseerError, RuntimeError):
     pass
 
 

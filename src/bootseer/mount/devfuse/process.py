@@ -12,7 +12,7 @@ import threading
 from typing import Callable
 
 from bootseer.mount import fuse
-from bootseer.mount.choose import Serving
+from bootseer.mount.kinds import Serving
 from bootseer.mount.devfuse.server import Server
 from bootseer.mount.handle import MountHandle
 from bootseer.mount.view import TreeView
