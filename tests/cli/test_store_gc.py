@@ -75,3 +75,30 @@ def test_gc_refuses_a_store_it_cannot_remove_from(world):
     assert r.returncode == 2 and "directory stores only" in r.stderr
     r = world.run("store", "gc", "--min-age", "soon")
     assert r.returncode == 2 and "is not an age" in r.stderr
+
+
+def test_a_tree_a_live_reader_on_the_node_uses_is_kept(world):
+    """No ref reaches the tree any more, but a process on the node still reads it (a lazy
+    mount's server, a prefetch): gc keeps the tree and its packs until that process is
+    gone; then they go."""
+    import subprocess
+    import sys
+    store, tree = _image_store(world)
+    for name in list(store.list_refs("")):
+        store.delete_ref(name)
+    code = ("import sys; from bootseer.config import BootseerConfig; "
+            "from bootseer.store import open_store; from bootseer.store.client import StoreClient; "
+            "from bootseer.tree.reader import TreeReader; c = BootseerConfig.from_env(); "
+            "cl = StoreClient.of(c); r = TreeReader(cl.store(), sys.argv[1], cl.lane(), cl.cache); "
+            "print('reading', flush=True); sys.stdin.read()")
+    reader = subprocess.Popen([sys.executable, "-c", code, tree], env=world.env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert reader.stdout.readline().strip() == "reading"
+        listed = set(_gc(world, "--min-age", "0"))
+        kept = {tree, *_toc(store, tree).packs}
+        assert not kept & listed and all(store.exists(d) for d in kept)
+    finally:
+        reader.stdin.close()
+        reader.wait(30)
+    assert kept <= set(_gc(world, "--min-age", "0"))   # the reader is gone: so is the tree

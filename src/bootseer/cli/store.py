@@ -251,7 +251,11 @@ def _gc(args) -> int:
     if not args.dry_run and not hasattr(store, "path"):
         raise UsageError(f"store gc removes blobs from directory stores only ({store.url} is "
                          f"not one); --dry-run lists what nothing reaches in any store")
-    found = gc.unreferenced(store, min_age_s=min_age)
+    # a tree a live mount or prefetch on this node reads is kept, referenced or not
+    from bootseer.config import BootseerConfig
+    from bootseer.store import live
+    in_use = live.trees_in_use(BootseerConfig.from_env().cache.dir)
+    found = gc.unreferenced(store, min_age_s=min_age, in_use=in_use)
     removed = [b for b in found if args.dry_run or gc.remove(store, b)]
     if args.json:
         print_json({"store": store.url, "dry_run": args.dry_run,

@@ -66,8 +66,9 @@ def _packs(text: bytes) -> set[str]:
     return {p for p in packs if isinstance(p, str)} if isinstance(packs, list) else set()
 
 
-def reachable(store) -> set[str]:
-    roots: set[str] = set()
+def reachable(store, also: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Every blob a ref (or a digest in ``also``: trees live readers use) reaches."""
+    roots: set[str] = set(also)
     for name in store.list_refs(""):
         digest = store.get_ref(name)
         if digest:
@@ -94,9 +95,11 @@ def reachable(store) -> set[str]:
     return seen
 
 
-def unreferenced(store, *, min_age_s: float = 0.0) -> list[Unreferenced]:
-    """Blobs nothing reaches, older than ``min_age_s`` where the backend tells the age."""
-    keep = reachable(store)
+def unreferenced(store, *, min_age_s: float = 0.0,
+                 in_use: set[str] | frozenset[str] = frozenset()) -> list[Unreferenced]:
+    """Blobs nothing reaches, older than ``min_age_s`` where the backend tells the age;
+    ``in_use``: trees live processes read (``store.live``), kept with what they reach."""
+    keep = reachable(store, in_use)
     now = time.time()
     found = []
     for digest in store.list():
