@@ -86,12 +86,13 @@ def test_a_tree_a_live_reader_on_the_node_uses_is_kept(world):
     store, tree = _image_store(world)
     for name in list(store.list_refs("")):
         store.delete_ref(name)
+    # the lazy mount's server: a TreeSession (what `image mount` runs), here without FUSE
     code = ("import sys; from bootseer.config import BootseerConfig; "
-            "from bootseer.store import open_store; from bootseer.store.client import StoreClient; "
-            "from bootseer.tree.reader import TreeReader; c = BootseerConfig.from_env(); "
-            "cl = StoreClient.of(c); r = TreeReader(cl.store(), sys.argv[1], cl.lane(), cl.cache); "
+            "from bootseer.tree.session import TreeSession; "
+            "s = TreeSession(BootseerConfig.from_env(), sys.argv[1], sys.argv[2], record=False); "
             "print('reading', flush=True); sys.stdin.read()")
-    reader = subprocess.Popen([sys.executable, "-c", code, tree], env=world.env, text=True,
+    reader = subprocess.Popen([sys.executable, "-c", code, tree, str(world.root / "state")],
+                              env=world.env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert reader.stdout.readline().strip() == "reading"

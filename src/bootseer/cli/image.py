@@ -302,6 +302,7 @@ def _publish(config, state, record: bool) -> int:
 
 def _prefetch(args) -> int:
     from bootseer.image import convert
+    from bootseer.store import live
     from bootseer.store.client import StoreClient
     from bootseer.tree import profile as prof
     from bootseer.tree.prefetch import Prefetcher
@@ -318,11 +319,16 @@ def _prefetch(args) -> int:
     prof.check(profile, tree)
     from bootseer.cli._status import follow
     with client.lane() as f:
-        p = Prefetcher(TreeReader(store, tree, f, client.cache), profile).start()
-        s = p.stats
-        follow("prefetch", s["planned_chunks"],
-               lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],
-               _finished(p.wait), unit=" chunks")
+        held = live.hold(client.cache.root, tree)   # store gc keeps it while we fetch
+        try:
+            p = Prefetcher(TreeReader(store, tree, f, client.cache), profile).start()
+            s = p.stats
+            follow("prefetch", s["planned_chunks"],
+                   lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],
+                   _finished(p.wait), unit=" chunks")
+        finally:
+            if held is not None:
+                held.release()
     print(json.dumps({"schema": JSON_SCHEMA, **p.stats}))
     return 0
 

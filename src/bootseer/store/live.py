@@ -1,8 +1,8 @@
 """Which trees processes on this node are reading from a store right now, so that
 ``store gc`` never removes what a live mount or prefetch still reads.
 
-A reader of a tree (``tree.reader.TreeReader``: a lazy mount's server, a prefetch, an
-extraction) holds a liveness mark (``bootseer.node.alive``: a flock, gone with its process)
+A long-lived reader of a tree (a lazy mount's server, ``tree.session``; ``image
+prefetch``) holds a liveness mark (``bootseer.node.alive``: a flock, gone with its process)
 in ``<cache dir>/live-trees/<tree hex>/``; ``store gc`` on the node keeps every tree with a
 held mark (and what it reaches), and removes the marks of processes that died. A store
 shared by several nodes sees only this node's readers: the grace period (``--min-age``)

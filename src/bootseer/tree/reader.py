@@ -15,7 +15,6 @@ from typing import Callable
 
 from bootseer.errors import BlobNotFound, DigestMismatch
 from bootseer.store.digest import verify
-from bootseer.store import live
 from bootseer.store.fetch import Fetcher, Lane, Priority, fetch_blob
 from bootseer.store.source import BlobSource
 from bootseer.tree import format as fmt
@@ -47,9 +46,6 @@ class TreeReader:
         except BlobNotFound:
             raise BlobNotFound(f"no tree {digest} in {store.url}: convert or publish it first",
                                digest=digest, url=store.url) from None
-        # store gc on this node keeps the tree while this reader lives (its process)
-        root = getattr(cache, "root", None)
-        self._live = live.hold(root, digest) if root is not None else None
         self.packs = self.toc.packs
         self.entries: dict[str, Entry] = {e.path: e for e in self.toc.entries}
         self.children: dict[str, list[str]] = {}

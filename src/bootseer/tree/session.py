@@ -17,6 +17,7 @@ from pathlib import Path
 from bootseer.config import BootseerConfig
 from bootseer.mount.handle import MountHandle
 from bootseer.mount.serve import ErofsTree, Tree, serve_tree
+from bootseer.store import live
 from bootseer.store.client import StoreClient
 from bootseer.tree import blob_mount
 from bootseer.tree.blob import BlobLayout, BlobView, unsupported
@@ -65,6 +66,8 @@ class TreeSession:
         self.fetcher = client.lane()
         self.cache = client.cache
         self.reader = TreeReader(self.store, tree, self.fetcher, self.cache)
+        # store gc on this node keeps the tree while this mount's server lives
+        self._live = live.hold(self.cache.root, tree)
         self.recorder = AccessRecorder(tree, timeout_s=window_timeout_s,
                                        trigger_file=trigger_file or str(self.state / TRIGGER))
         self.reader.on_chunk = self.recorder
