@@ -75,7 +75,9 @@ def _fs_class():
     return EngineFS
 
 
-def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch is heavy
+# Named as the class it returns: the class derives from torch's, and torch is heavy, so it is
+# made on the first call rather than at import.
+def StripedDCPReader(path: str, engine=None, mirrors=()):
     """A ``FileSystemReader`` over the engine; ``path`` is the checkpoint directory URL,
     ``mirrors`` the URLs of exact copies of that directory (hedged reads)."""
     from torch.distributed.checkpoint import FileSystemReader

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bootseer import redact
 from bootseer.ckpt import credentials, named_files
-from bootseer.ckpt.replicas import Replicas, ReplicaMismatch, check_same
+from bootseer.ckpt.replicas import ReplicaMismatch, Replicas, check_same
 from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
 from bootseer.errors import BlobNotFound, FetchError, StoreError, UsageError
 from bootseer.mount.view import Attr
@@ -244,7 +244,7 @@ class RemoteDir:
                                            for name, is_dir in links if is_dir}
             files = [name for name, is_dir in links if not is_dir]
             found = self._head_all([f"{rel}/{n}" if rel else n for n in files])
-            out.update((n, a) for n, a in zip(files, found.values()) if a is not None)
+            out.update((n, a) for n, a in zip(files, found.values(), strict=True) if a is not None)
             return out
         raise StoreError(f"listing {url} is neither a JSON autoindex nor an HTML index page "
                          f"(Content-Type {kind or 'none'})", url=url)
@@ -321,7 +321,7 @@ class RemoteDir:
             return {p: self._probe(p) for p in paths}
         with ThreadPoolExecutor(max_workers=min(16, len(paths)),
                                 thread_name_prefix="bootseer-ckpt-head") as pool:
-            return dict(zip(paths, pool.map(self._probe, paths)))
+            return dict(zip(paths, pool.map(self._probe, paths), strict=True))
 
     def _list_fsspec(self, rel: str) -> dict[str, Attr | None]:
         path = posixpath.join(self.root, rel) if rel else self.root

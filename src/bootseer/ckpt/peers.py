@@ -77,7 +77,7 @@ class Stripes:
         self.engine, self.files = engine, files
         self.places: dict[str, list[tuple]] = {}
         self.items: list[SetItem] = []
-        for f, stripes in zip(files, digests):
+        for f, stripes in zip(files, digests, strict=True):
             for idx, digest in enumerate(stripes):
                 start, end = f.staged.span(idx)
                 if digest not in self.places:
@@ -141,7 +141,7 @@ def _digests_of(doc, files: list) -> list[list[str]]:
     if len(entries) != len(files):
         raise ValueError("it lists other files")
     out = []
-    for f, e in zip(files, entries):
+    for f, e in zip(files, entries, strict=True):
         n = math.ceil(f.size / f.S) if f.size else 0
         stripes = e["stripes"]
         if (e["key"] != f.source.key or e["size"] != f.size or doc["stripe_bytes"] != f.S
@@ -156,7 +156,7 @@ def _digests_of(doc, files: list) -> list[list[str]]:
 def _manifest(files: list, digests: list[list[str]]) -> bytes:
     doc = {"v": 1, "kind": KIND, "stripe_bytes": files[0].S if files else 0,
            "files": [{"key": f.source.key, "size": f.size, "stripes": d}
-                     for f, d in zip(files, digests)]}
+                     for f, d in zip(files, digests, strict=True)]}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -249,7 +249,7 @@ class CheckpointPeers:
             if stop.is_set():
                 return
             batch = [it for it in left[i:i + ORIGIN_BATCH] if not stripes.staged(it.digest)]
-            for item, fut in zip(batch, stripes.submit(batch)):
+            for item, fut in zip(batch, stripes.submit(batch), strict=True):
                 try:
                     data = stripes.accept_origin(item, fut.result())
                 except Exception as e:  # noqa: BLE001 - the engine's reads fetch it again
@@ -309,9 +309,10 @@ def fetch_checkpoint(config, engine, sources, stage, stop: threading.Event | Non
     """Stage the checkpoint files ``sources`` through the job's peers (see the module
     doc); ``stage(sources)`` starts the engine's fetch of whole files from the origin (a
     ``ckpt.prefetch.Prefetch``: ``join``, ``stop``), which the maker of a manifest needs
-    (passed in: the plan's prefetch is what starts this). Returns the figures for the load report (``peers_role``, ``peer_bytes``,
-    ``origin_bytes``, ``peers_seen``, ``peers_banned``, ``peers_seconds``), or None when
-    peers do not apply (then nothing was fetched). Never raises: peers only cost time."""
+    (passed in: the plan's prefetch is what starts this). Returns the figures for the load
+    report (``peers_role``, ``peer_bytes``, ``origin_bytes``, ``peers_seen``,
+    ``peers_banned``, ``peers_seconds``), or None when peers do not apply (then nothing was
+    fetched). Never raises: peers only cost time."""
     sources = list(sources)
     if not sources or not wanted(config, sum(s.size for s in sources)):
         return None
@@ -333,7 +334,7 @@ def fetch_checkpoint(config, engine, sources, stage, stop: threading.Event | Non
             return None
         return CheckpointPeers(config, engine, sources, share, store, stage).run(
             stop or threading.Event())
-    except Exception as e:  # noqa: BLE001 - the engine's plan prefetch brings the rest
+    except Exception as e:   # the engine's plan prefetch brings the rest
         log.warning("peers: checkpoint through peers failed (%s): origin for the rest", e)
         log.debug("peers: checkpoint failure", exc_info=True)
         return None

@@ -76,7 +76,7 @@ class HttpFileSource:
         self._streaming = False
 
     @classmethod
-    def stat(cls, url: str, timeout: float | None = None) -> "HttpFileSource":
+    def stat(cls, url: str, timeout: float | None = None) -> HttpFileSource:
         """Identity from a HEAD request (for files opened without a listing)."""
         from bootseer.store.http import request
         timeout = fetch_timeout_s() if timeout is None else timeout
@@ -261,7 +261,7 @@ class FsspecFileSource:
                 or info.get("modificationTime") or info.get("created"))
 
     @classmethod
-    def stat(cls, url: str) -> "FsspecFileSource":
+    def stat(cls, url: str) -> FsspecFileSource:
         import fsspec
         fs, path = fsspec.core.url_to_fs(url)
         try:

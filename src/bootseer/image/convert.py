@@ -23,16 +23,19 @@ import tempfile
 from pathlib import Path
 
 from bootseer import redact
-from bootseer.node import alive
-from bootseer.node import proc as procs
-from bootseer.node import tools
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
-from bootseer.image.registry import (TRANSPORTS, RegistryOptions, pull_bytes, registry_host,
-                                     registry_repository)
+from bootseer.image.registry import (
+    TRANSPORTS,
+    RegistryOptions,
+    pull_bytes,
+    registry_host,
+    registry_repository,
+)
+from bootseer.node import alive, tools
+from bootseer.node import proc as procs
 from bootseer.store.digest import VerifyingReader, parse, parse_oci
-from bootseer.tree.build import TreeBuilder, TreeBuildError
-
+from bootseer.tree.build import Owner, TreeBuilder, TreeBuildError
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +235,7 @@ def _apply_members(builder: TreeBuilder, tar: tarfile.TarFile, layer: Layer, add
         if base.startswith(".wh."):
             builder.remove(os.path.join(parent, base[4:]))
             continue
-        kw = dict(uid=m.uid, gid=m.gid, mtime=float(m.mtime))
+        kw: Owner = {"uid": m.uid, "gid": m.gid, "mtime": float(m.mtime)}
         xattrs = {k[len("SCHILY.xattr."):]: __import__("base64").b64encode(
             v.encode("utf-8", "surrogateescape")).decode()
             for k, v in (m.pax_headers or {}).items() if k.startswith("SCHILY.xattr.")}
@@ -371,6 +374,7 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
 def _announce(src: str, digest: str, store, registry: RegistryOptions) -> None:
     """Push the referrer next to a registry source, with the login and TLS the pull used."""
     import dataclasses
+
     from bootseer.config import BootseerConfig
     from bootseer.image import referrer
     where = referrer.registry_ref(src)

@@ -47,8 +47,8 @@ def tag_for(subject: str) -> str:
 def publish(src: str, tree: str, toc: bytes, store_url: str, config=None) -> str | None:
     """Push the artifact manifest for ``tree`` next to registry image ``src``; return its
     digest, or None when ``src`` is not in a registry or the push is refused."""
-    from bootseer.store.backends.oci import EMPTY_CONFIG, EMPTY_MEDIA, INDEX, MANIFEST
     from bootseer.store import open_store
+    from bootseer.store.backends.oci import EMPTY_CONFIG, EMPTY_MEDIA, INDEX, MANIFEST
     where = registry_ref(src)
     if where is None:
         return None

@@ -213,7 +213,7 @@ def write_blob(layout: BlobLayout, fd: int, writer: ChunkWriter) -> None:
     """Write every chunk of the layout at its slot in the blob file open at ``fd`` and
     size the file to the layout (the padding reads as zeros). ``writer`` was made for
     ``layout.refs``."""
-    for ref, offset in zip(layout.refs, layout.offsets):
+    for ref, offset in zip(layout.refs, layout.offsets, strict=True):
         writer.write(fd, ref, offset)
     os.ftruncate(fd, layout.size)
 
@@ -242,7 +242,7 @@ def verify_blob(layout: BlobLayout, path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         ends = layout.offsets[1:] + [layout.size]
-        for off, end, ref in zip(layout.offsets, ends, layout.refs):
+        for off, end, ref in zip(layout.offsets, ends, layout.refs, strict=True):
             slot = os.pread(fd, end - off, off)
             if hashlib.sha256(slot[:ref.size]).hexdigest() != ref.digest.removeprefix("sha256:") \
                     or slot[ref.size:].strip(b"\0"):

@@ -30,7 +30,8 @@ class Prefetcher:
         self.peers = peers   # a bootseer.peers.share.PeerShare: the job's nodes as a source
         self.done_file = done_file
         by_digest = {c.digest: c for c in reader.all_chunks()}
-        hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", []) if row[0] in by_digest]
+        hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", [])
+               if row[0] in by_digest]
         total = sum(c.size for c in by_digest.values()) or 1
         hot_bytes = sum(c.size for c in hot)
         self.eager = profile is not None and hot_bytes / total >= EAGER_SHARE
@@ -45,7 +46,7 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self._transfer = None
 
-    def start(self) -> "Prefetcher":
+    def start(self) -> Prefetcher:
         self._thread = threading.Thread(target=self._run, daemon=True, name="bootseer-prefetch")
         self._thread.start()
         return self
@@ -80,7 +81,8 @@ class Prefetcher:
                     else:
                         todo.append(ref)
                 todo.sort(key=_pack_order)
-                pending.extend(zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH)))
+                pending.extend(zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH),
+                                   strict=True))
                 while len(pending) >= self.window:
                     self._complete(*pending.popleft())
             while pending:
@@ -104,7 +106,7 @@ class Prefetcher:
             self.stats["origin_bytes"] += len(raw)
             if self._transfer is not None:
                 self._transfer.offer(ref.digest, data)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.stats["errors"] += 1
             log.info("prefetch of chunk %s failed: %s", ref.digest[:19], e)
             if self.stats["errors"] > 20:

@@ -9,9 +9,9 @@ import stat
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Callable
 
 from bootseer.errors import BlobNotFound, DigestMismatch
 from bootseer.store.digest import verify
@@ -219,7 +219,7 @@ class TreeReader:
                     break
         todo = sorted((r for r in refs if not self.has_chunk(r)),
                       key=lambda c: (c.pack, c.offset))
-        for r, fut in zip(todo, self.submit_chunks(todo, Priority.PREFETCH)):
+        for r, fut in zip(todo, self.submit_chunks(todo, Priority.PREFETCH), strict=True):
             fut.add_done_callback(lambda f, r=r: self._stash(r, f))
 
     def _stash(self, ref: ChunkRef, fut: Future) -> None:
