@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from bootseer import redact
 from bootseer.ckpt import credentials, named_files
 from bootseer.ckpt.replicas import ReplicaMismatch, Replicas, check_same
-from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
+from bootseer.ckpt.source import FileSource, FsspecFileSource, HttpFileSource, http_date
 from bootseer.errors import BlobNotFound, FetchError, StoreError, UsageError
 from bootseer.mount.view import Attr
 
@@ -168,7 +168,7 @@ class RemoteDir:
         with self._lock:
             return [n for n, a in entries.items() if a is not None]
 
-    def source(self, path: str):
+    def source(self, path: str) -> FileSource:
         """The range source of one file, checked against its listed size and mtime."""
         rel = clean(path)
         a = self.attr(rel)
@@ -195,9 +195,9 @@ class RemoteDir:
         return FsspecFileSource(self.fs, full, a.size, FsspecFileSource.stamp(info),
                                 url=self.url_of(rel))
 
-    def walk(self) -> dict[str, object]:
+    def walk(self) -> dict[str, FileSource]:
         """Every file under the root (relative path -> source), listed recursively."""
-        out: dict[str, object] = {}
+        out: dict[str, FileSource] = {}
         todo = [""]
         while todo:
             rel = todo.pop()
@@ -289,8 +289,8 @@ class RemoteDir:
                 raise StoreError(f"{self.url_of(base + name)}: {e}",
                                  url=self.url_of(base + name)) from None
         found = self._head_all([base + n for n in sorted(named - set(present))])
-        for path, a in found.items():
-            if a is None:
+        for path, got in found.items():
+            if got is None:
                 log.warning("%s names %s, which the server does not have",
                             redact.url(self.url_of(rel)), redact.url(self.url_of(path)))
         files = {p[len(base):]: a for p, a in found.items() if a is not None} | present

@@ -34,6 +34,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from bootseer.errors import DigestMismatch, InvalidDigest
 from bootseer.peers import job_of, roster, share_for
@@ -42,6 +43,9 @@ from bootseer.peers.source import SetItem
 from bootseer.store import open_store
 from bootseer.store.digest import parse, sha256_digest, verify
 from bootseer.store.fetch import Priority
+
+if TYPE_CHECKING:   # the transfer imports libtorrent, an optional extra
+    from bootseer.peers.transfer import SetTransfer
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +164,16 @@ def _manifest(files: list, digests: list[list[str]]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+class Figures(TypedDict):
+    """What a checkpoint load through peers did, for its load report."""
+    peers_role: str | None   # maker, peer, origin (None until known)
+    peer_bytes: int
+    origin_bytes: int
+    peers_seen: int
+    peers_banned: int
+    peers_seconds: NotRequired[float]
+
+
 class CheckpointPeers:
     """One checkpoint load's files through the job's peers on this node."""
 
@@ -168,9 +182,9 @@ class CheckpointPeers:
         self.stage = stage   # the maker's fetch of whole files from the origin
         self.files = [engine.file(s) for s in sorted(sources, key=lambda s: s.key)]
         self.key = manifest_key([f.source for f in self.files], engine.config.stripe_bytes)
-        self.figures = {"peers_role": None, "peer_bytes": 0, "origin_bytes": 0,
-                        "peers_seen": 0, "peers_banned": 0}
-        self.transfer = None
+        self.figures: Figures = {"peers_role": None, "peer_bytes": 0, "origin_bytes": 0,
+                                 "peers_seen": 0, "peers_banned": 0}
+        self.transfer: SetTransfer | None = None
 
     def _maker_ref(self) -> str:
         return f"peers/{self.share.group}/ckpt-maker/{self.share.attempt}/{self.key}"
@@ -192,15 +206,15 @@ class CheckpointPeers:
                 return self._done(t0)
         stripes = Stripes(self.engine, self.files, digests)
         stats: dict = {}
-        self.transfer = self.share.open_set(stripes.items, stripes, stats)
+        transfer = self.transfer = self.share.open_set(stripes.items, stripes, stats)
         for item in stripes.items:   # what this node staged before is seeded, not fetched
             if stripes.staged(item.digest):
-                self.transfer.offer(item.digest, stripes.read_staged(item.digest))
-        left = self.transfer.fetch(stop)
+                transfer.offer(item.digest, stripes.read_staged(item.digest))
+        left = transfer.fetch(stop)
         self.figures["peers_role"] = self.share.stats["role"]
         self.figures["peer_bytes"] = stats.get("peer_bytes", 0)
         self.figures["origin_bytes"] = stats.get("origin_bytes", 0)
-        self._origin_rest(stripes, left, stop)
+        self._origin_rest(stripes, left, transfer, stop)
         return self._done(t0)
 
     def _am_maker(self) -> bool:
@@ -242,7 +256,7 @@ class CheckpointPeers:
                 return None
         return None
 
-    def _origin_rest(self, stripes: Stripes, left: list[SetItem],
+    def _origin_rest(self, stripes: Stripes, left: list[SetItem], transfer: SetTransfer,
                      stop: threading.Event) -> None:
         """What the peers did not bring: from the origin, verified, staged and seeded."""
         for i in range(0, len(left), ORIGIN_BATCH):
@@ -257,7 +271,7 @@ class CheckpointPeers:
                              item.digest[:19], e)
                     continue
                 self.figures["origin_bytes"] += len(data)
-                self.transfer.offer(item.digest, data)
+                transfer.offer(item.digest, data)
 
     def _make(self, stop: threading.Event) -> None:
         """The maker: every file from the origin through the engine, each stripe hashed,
@@ -279,10 +293,10 @@ class CheckpointPeers:
         digests = [[sha256_digest(f.staged.pread(*_extent(f, idx)))
                     for idx in range(f.staged.nstripes)] for f in self.files]
         stripes = Stripes(self.engine, self.files, digests)
-        self.transfer = self.share.open_set(stripes.items, stripes, {})
+        transfer = self.transfer = self.share.open_set(stripes.items, stripes, {})
         for item in stripes.items:
-            self.transfer.offer(item.digest, stripes.read_staged(item.digest))
-        if not self.transfer.finish():
+            transfer.offer(item.digest, stripes.read_staged(item.digest))
+        if not transfer.finish():
             return
         blob = _manifest(self.files, digests)
         digest = sha256_digest(blob)

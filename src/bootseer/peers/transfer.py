@@ -348,7 +348,10 @@ class SetTransfer:
         todo.sort(key=self.position.__getitem__)   # set order: the origin's reads coalesce
         for name, fut in zip(todo, self.source.submit([self.refs[n] for n in todo]), strict=True):
             inflight[name] = fut
-            fut.add_done_callback(lambda _f, name=name: events.put((ORIGIN_DONE, name, None)))
+
+            def done(_f: Future, name: str = name) -> None:
+                events.put((ORIGIN_DONE, name, None))
+            fut.add_done_callback(done)
 
     def _from_origin(self, name: str, fut: Future) -> bool:
         item = self.refs[name]

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, TypedDict
+from typing import IO, TypedDict
 
 from bootseer.errors import BootseerError
 from bootseer.store.digest import sha256_digest
@@ -120,7 +120,7 @@ class TreeBuilder:
         """Device nodes and fifos are recorded (never served: the mount is nodev)."""
         self._put(path, kind, mode & 0o7777, uid, gid, mtime, 0, rdev=rdev)
 
-    def add_file(self, path: str, src: BinaryIO | bytes, mode: int = 0o644, uid: int = 0,
+    def add_file(self, path: str, src: IO[bytes] | bytes, mode: int = 0o644, uid: int = 0,
                  gid: int = 0, mtime: float = 0.0, xattrs: dict | None = None) -> None:
         chunks: list[ChunkRef] = []
         size = 0

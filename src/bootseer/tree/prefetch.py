@@ -9,11 +9,15 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from bootseer.store.fetch import Priority
 from bootseer.tree.peer_source import TreeChunks
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.toc import ChunkRef
+
+if TYPE_CHECKING:   # the transfer imports libtorrent, an optional extra
+    from bootseer.peers.transfer import SetTransfer
 
 log = logging.getLogger(__name__)
 EAGER_SHARE = 0.7
@@ -44,7 +48,7 @@ class Prefetcher:
         self.prefetched: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._transfer = None
+        self._transfer: SetTransfer | None = None
 
     def start(self) -> Prefetcher:
         self._thread = threading.Thread(target=self._run, daemon=True, name="bootseer-prefetch")
@@ -60,10 +64,11 @@ class Prefetcher:
                 # Peers first (each chunk verified as from the store); the origin gets what
                 # they did not deliver. Demand reads go to the store meanwhile.
                 chunks = TreeChunks(self.reader, self.plan)
-                self._transfer = self.peers.open_set(chunks.items, chunks, self.stats)
-                left = {i.digest for i in self._transfer.fetch(self._stop)}
-                self.stats.update(self._transfer.summary())
-                self.prefetched |= self._transfer.prefetched
+                transfer = self._transfer = self.peers.open_set(chunks.items, chunks,
+                                                                self.stats)
+                left = {i.digest for i in transfer.fetch(self._stop)}
+                self.stats.update(transfer.summary())
+                self.prefetched |= transfer.prefetched
                 plan = [r for r in self.plan if r.digest in left]
             # Batches of the plan in recorded order, each submitted in pack order: the
             # fetcher then coalesces neighbours (small files are one small chunk each, and

@@ -4,6 +4,7 @@ a chunk that prefetch has queued promotes it instead of fetching it twice."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import stat
 import threading
@@ -220,7 +221,7 @@ class TreeReader:
         todo = sorted((r for r in refs if not self.has_chunk(r)),
                       key=lambda c: (c.pack, c.offset))
         for r, fut in zip(todo, self.submit_chunks(todo, Priority.PREFETCH), strict=True):
-            fut.add_done_callback(lambda f, r=r: self._stash(r, f))
+            fut.add_done_callback(functools.partial(self._stash, r))
 
     def _stash(self, ref: ChunkRef, fut: Future) -> None:
         """A read-ahead chunk arrived: verify and cache it (errors only cost the hint)."""
