@@ -90,7 +90,7 @@ def attribute_docs(cls) -> list[tuple[str, str]]:
         return []
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     out = []
-    for stmt, nxt in zip(body, body[1:] + [None]):
+    for stmt, nxt in zip(body, body[1:] + [None], strict=True):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             text = ""
             if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant) \

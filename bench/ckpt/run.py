@@ -47,7 +47,6 @@ sys.path.insert(0, str(HERE.parents[2] / "src"))
 from bootseer.config import parse_size  # noqa: E402
 
 
-
 def remote_view(url, cfg, mode, stats_path, staging):
     """The mount's view, built in the spawned FUSE server (so: module level, picklable);
     a fresh staging directory per variant, so no variant starts warm."""
@@ -320,7 +319,7 @@ def inner(args) -> int:
                 with mount_checkpoint(server.url + "/", str(mp), cfg, prefetch=True) as h:
                     if run.startswith("5 "):
                         time.sleep(args.lead)
-                    load(run, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
+                    load(run, lambda out, mp=mp: dcp.load(out, checkpoint_id=str(mp)), h.pid)
             from bootseer.ckpt.staging import node_staging_dir
             shutil.rmtree(node_staging_dir(cfg), ignore_errors=True)  # the staging of (5)
         if "6" in wanted:
@@ -329,7 +328,8 @@ def inner(args) -> int:
             st_bytes = sum(p.stat().st_size for p in st.iterdir())
             st_server = start_nginx(st, scratch / "nginx-st", limit_rate=args.per_conn)
             try:
-                for label, how in (("6s cat via mount", "cat"), ("6 safetensors via mount", "mmap")):
+                for label, how in (("6s cat via mount", "cat"),
+                                   ("6 safetensors via mount", "mmap")):
                     mp = scratch / f"mnt-6{how}"
                     mp.mkdir()
 

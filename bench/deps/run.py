@@ -64,12 +64,22 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from stacks import (  # noqa: E402
+    PYTHON_VERSION,
+    STACKS,
+    TORCH,
+    Stack,
+    ensure_json,
+    env_backend,
+    parse_figures,
+    parse_marks,
+    ratio_line,
+    wheelhouse_name,
+)
+
 from bootseer.demo.assets import write_simple_index  # noqa: E402
 from bootseer.demo.main import node_disks, scratch_tmpfs, shaped_link  # noqa: E402
 from bootseer.testing import servers  # noqa: E402
-from stacks import (PYTHON_VERSION, STACKS, TORCH, Stack, env_backend,  # noqa: E402
-                    ensure_json, parse_figures, parse_marks, ratio_line,
-                    wheelhouse_name)
 
 PYTHON = f"/usr/bin/python{PYTHON_VERSION}"
 LOG = ROOT / "bench/results/deps.log"
@@ -404,7 +414,7 @@ def report(rows: dict, hot: dict, nodes: int) -> dict:
         goals["index_requests_one_build"] = rows["bootseer build"]["index_requests"]
         lines.append(f"index requests, {nodes} nodes ensure {goals['index_requests_n_nodes']}"
                      f" vs one build {goals['index_requests_one_build']} (goal: equal)")
-    print("goals (restore backend: %s):\n  " % rows["bootseer restore"]["backend"]
+    print(f"goals (restore backend: {rows['bootseer restore']['backend']}):\n  "
           + "\n  ".join(lines))
     return {"ready_s": {k: round(v, 3) for k, v in ready.items()},
             "hot_import_s": {k: [round(x, 3) for x in v] for k, v in hot.items()},

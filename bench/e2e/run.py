@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from bootseer.demo import main as demo  # noqa: E402
-from bootseer.demo import tables  # noqa: E402
-from bootseer.demo import scenario as S  # noqa: E402
-from bootseer.demo.scenario import Start  # noqa: E402
+from bootseer.demo import main as demo
+from bootseer.demo import scenario as S
+from bootseer.demo import tables
+from bootseer.demo.scenario import Start
 
 LARGE_TRAIN_ARGS = ["--dim", "1024", "--layers", "8", "--vocab", "16384"]
 STARTS = [Start("conventional", ["--baseline"], attempt=0),
@@ -73,8 +73,8 @@ def render_overheads(table: dict[str, dict], waits: dict[str, dict[str, float]])
              "-" if r["spread"] is None else f"{r['spread']:.2f}",
              " ".join(f"{v:.1f}" for _, v in sorted(waits.get(name, {}).items()))]
             for name, r in table.items()]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 

@@ -188,7 +188,7 @@ def main() -> int:
                             "--to", store], check=True, stdout=subprocess.DEVNULL)
             print(f"image {ref}, link {args.rate}; variants on fresh nodes:", flush=True)
             attempt = 0
-            for rep in range(args.reps):
+            for _rep in range(args.reps):
                 for name, flags, env in [
                         ("(1) pull + run", ["--baseline"], {}),
                         ("(2) lazy", ["--no-prefetch"], {}),

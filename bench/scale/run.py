@@ -25,7 +25,8 @@ same mode), and the nodes' CPU seconds (per second of the round: near the machin
 the round was bound by the CPU, not the link). Needs root (network namespaces, tc, a
 scratch tmpfs it mounts and removes).
 
-    .venv/bin/python bench/scale/run.py [--nodes 1,2,4,8] [--mib 64] [--sets image,env,ckpt,ckpt-new]
+    .venv/bin/python bench/scale/run.py [--nodes 1,2,4,8] [--mib 64] \
+        [--sets image,env,ckpt,ckpt-new]
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ def build(store_url: str, mib: int, out: str) -> None:
     """Runs on the storage host: both sets, published with their torrents."""
     from bootseer.config import BootseerConfig
     from bootseer.deps import snapshot
-    from bootseer.tree.peers import publish_for_profile
     from bootseer.store import open_store
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.build import TreeBuilder, add_directory
+    from bootseer.tree.peers import publish_for_profile
     from bootseer.tree.reader import TreeReader
     scratch = tempfile.mkdtemp(prefix="bsscale-build-")
     config = BootseerConfig.from_env(overrides={
@@ -166,6 +167,8 @@ def ckpt_node(args, mode: str, nodes: int, go: str | None = None) -> dict:
 def node(args) -> None:
     """Runs on a node: at the start line, fetch the set; write the figures; seed until told
     to stop."""
+    import logging
+
     from bootseer.config import BootseerConfig
     from bootseer.peers import share_for
     from bootseer.store import open_store
@@ -173,7 +176,6 @@ def node(args) -> None:
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.prefetch import Prefetcher
     from bootseer.tree.reader import TreeReader
-    import logging
     logging.basicConfig(level=os.environ.get("BENCH_LOG", "WARNING"),
                         format=f"{args.name}: %(levelname)s %(name)s: %(message)s")
     if args.set.startswith("ckpt"):

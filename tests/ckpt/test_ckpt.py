@@ -133,6 +133,7 @@ def test_dcp_checkpoint_through_the_mount(need_fuse, tmp_path, nginx_factory):
 @pytest.mark.root
 def test_full_staging_disk_fails_the_read_instead_of_hanging(served, tmp_path):
     import subprocess as sp
+
     from bootseer.errors import CacheError
     d, server = served
     small = tmp_path / "tiny"

@@ -18,8 +18,9 @@ from bootseer.mount.fuse import MountError, mount
 
 pytestmark = pytest.mark.timeout(120)
 KiB = 1024
-SMALL = dict(stripe_bytes=128 * KiB, memory_budget_bytes=2048 * KiB, readahead_max_bytes=1024 * KiB)
-FAST_FAIL = dict(retries=2, backoff_s=0.05, timeout_s=5, deadline_s=20)
+SMALL = {"stripe_bytes": 128 * KiB, "memory_budget_bytes": 2048 * KiB,
+         "readahead_max_bytes": 1024 * KiB}
+FAST_FAIL = {"retries": 2, "backoff_s": 0.05, "timeout_s": 5, "deadline_s": 20}
 
 
 def _build(url, mode, ckpt):

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from bootseer.ckpt.plan import PlanError, Range, dcp_plan, merge, safetensors_plan, split
 from bootseer.ckpt.engine import Engine
+from bootseer.ckpt.plan import PlanError, Range, dcp_plan, merge, safetensors_plan, split
 from bootseer.config import CkptConfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -101,6 +101,7 @@ def test_mount_load_records_a_profile_that_the_next_prefetch_follows(
 def test_dcp_reader_load_records_a_profile(nginx_factory, tmp_path):
     torch = pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
+
     from bootseer.ckpt.dcp import StripedDCPReader
     d = tmp_path / "dcp"
     state = {"w": torch.randn(64, 1024), "b": torch.arange(5000)}

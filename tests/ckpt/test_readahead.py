@@ -57,8 +57,8 @@ class RecordedSource:
 
 
 def engine(tmp_path, **kw) -> Engine:
-    cfg = dict(stripe_bytes=S, memory_budget_bytes=4096 * KiB, max_stripes_in_flight=16,
-               per_host=16, readahead_max_bytes=4 * S)
+    cfg = {"stripe_bytes": S, "memory_budget_bytes": 4096 * KiB, "max_stripes_in_flight": 16,
+           "per_host": 16, "readahead_max_bytes": 4 * S}
     cfg.update(kw)
     return Engine(CkptConfig(**cfg), FetchConfig(retries=0, timeout_s=5, deadline_s=20),
                   staging=str(tmp_path / "staging"))

@@ -4,10 +4,10 @@ first, never a file a live engine may use or a job holds as a hard link."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 

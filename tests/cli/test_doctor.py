@@ -97,8 +97,8 @@ def test_doctor_with_a_program_hidden_says_what_it_costs(world, tmp_path, hidden
 
 @pytest.mark.parametrize("module", ["grpc", "google.protobuf", "libtorrent"])
 def test_doctor_with_a_module_hidden_gives_the_extras_hint(world, module):
-    code = ("import sys; sys.modules[%r] = None; from bootseer.cli.main import main; "
-            "sys.exit(main(['doctor', '--json']))" % module)
+    code = (f"import sys; sys.modules[{module!r}] = None; from bootseer.cli.main import main; "
+            "sys.exit(main(['doctor', '--json']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=world.env, timeout=60)
     name = next(n for n, t in tools.BY_NAME.items() if t.probe == module)

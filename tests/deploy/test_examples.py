@@ -54,10 +54,12 @@ def test_pod_has_what_bootseer_needs():
 
 def bootseer_run_lines():
     """Each `bootseer run ...` invocation in the examples, with shell variables filled."""
-    texts = [(p, p.read_text()) for p in [DEPLOY / "torchrun/node.sh", DEPLOY / "slurm/train.sbatch"]]
+    texts = [(p, p.read_text())
+             for p in [DEPLOY / "torchrun/node.sh", DEPLOY / "slurm/train.sbatch"]]
     job = next(d for d in yaml.safe_load_all((DEPLOY / "kubernetes/train-job.yaml").read_text())
                if d and d["kind"] == "Job")
-    texts.append((Path("train-job.yaml"), job["spec"]["template"]["spec"]["containers"][0]["args"][0]))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    texts.append((Path("train-job.yaml"), container["args"][0]))
     for path, text in texts:
         text = text.replace("\\\n", " ")
         for m in re.finditer(r"exec bootseer run (.*?)(?=\n|'$|$)", text, re.S | re.M):

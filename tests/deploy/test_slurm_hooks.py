@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy/slurm"
 BOOTSEER = str(Path(sys.executable).parent / "bootseer")
@@ -37,8 +37,8 @@ def node_env(tmp_path):
 def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_factory,
                                                     busybox_rootfs):
     need(is_root(), "Slurm runs its prolog as root")
-    from bootseer.config import BootseerConfig
     from bootseer.ckpt.staging import node_staging_dir
+    from bootseer.config import BootseerConfig
     from bootseer.store import open_store
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
@@ -47,7 +47,8 @@ def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_fac
     from tests.image.test_image import oci_layout, tar_layer
     store = open_store(node_env["BOOTSEER_STORE_URL"])
     layout = tmp_path / "layout"
-    oci_layout(layout, [tar_layer([("app", None, "d"), ("app/weights.bin", os.urandom(3 << 20), "f"),
+    oci_layout(layout, [tar_layer([("app", None, "d"),
+                                   ("app/weights.bin", os.urandom(3 << 20), "f"),
                                    ("app/run.py", b"print(1)\n", "f")])])
     from bootseer.image.convert import convert
     tree = convert(str(layout), store)
@@ -56,8 +57,9 @@ def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_fac
     with Fetcher(config.fetch) as f:
         chunks = TreeReader(store, tree, f, NodeCache(config.cache)).all_chunks()
     prof.push(store, {"v": 1, "kind": "bootseer.profile", "tree": tree, "runs": 1,
-                      "closed_by": "api", "chunks": [[c.digest, 0.1 * i, 1, "app/weights.bin", c.size]
-                                                     for i, c in enumerate(chunks)]})
+                      "closed_by": "api",
+                      "chunks": [[c.digest, 0.1 * i, 1, "app/weights.bin", c.size]
+                                 for i, c in enumerate(chunks)]})
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "model.pt").write_bytes(os.urandom(2 << 20))

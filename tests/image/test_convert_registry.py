@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from bootseer.errors import BlobNotFound
 from bootseer.image import referrer
 from bootseer.store.backends.oci import OciBackend
-from bootseer.errors import BlobNotFound
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 from tests.image.test_image import oci_layout, tar_layer
 
 USER, PASSWORD = "alice", "s3cret-pw-7731"

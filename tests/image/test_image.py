@@ -13,12 +13,11 @@ import tarfile
 
 import pytest
 
-from bootseer.config import BootseerConfig
 from bootseer.errors import BlobNotFound
 from bootseer.image import convert
-from bootseer.tree import profile as prof
 from bootseer.store import open_store
-from tests.conftest import need, is_root
+from bootseer.tree import profile as prof
+from tests.conftest import is_root, need
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,14 +48,14 @@ def oci_layout(root, layers: list[bytes]):
         h = hashlib.sha256(data).hexdigest()
         (blobs / h).write_bytes(data)
         return {"digest": f"sha256:{h}", "size": len(data)}
-    diff_ids = [f"sha256:{hashlib.sha256(l).hexdigest()}" for l in layers]  # uncompressed
+    diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]  # uncompressed
     config = put(json.dumps({"architecture": "amd64", "os": "linux",
                              "config": {"Env": ["PATH=/bin"]},
                              "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode())
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **put(l)}
-                           for l in layers]}
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **put(layer)}
+                           for layer in layers]}
     m = put(json.dumps(manifest).encode())
     (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
         {"mediaType": "application/vnd.oci.image.manifest.v1+json", **m}]}))
@@ -194,7 +193,7 @@ def test_record_then_prefetch_through_bootseer_run(need_fuse, busybox_image, tmp
     # missing command: 127 with a clear message; nothing left mounted
     r = bootseer("run", "--image", busybox_image, "--", "python3", "-c", "1", env=env2)
     assert r.returncode == 127 and "not found in image" in r.stderr
-    assert not [l for l in open("/proc/mounts") if "bootseer-image" in l]
+    assert not [line for line in open("/proc/mounts") if "bootseer-image" in line]
 
 
 def test_image_env_and_workdir_apply_to_the_command(need_fuse, registry, busybox_rootfs,

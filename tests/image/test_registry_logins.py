@@ -17,8 +17,15 @@ from bootseer.errors import StoreError
 from bootseer.store import logins
 from bootseer.store.backends.oci import OciBackend
 from bootseer.store.digest import sha256_digest
-from tests.image.test_convert_registry import (PASSWORD, USER, bootseer, need_skopeo,
-                                               one_error_line, push, tree_file)
+from tests.image.test_convert_registry import (
+    PASSWORD,
+    USER,
+    bootseer,
+    need_skopeo,
+    one_error_line,
+    push,
+    tree_file,
+)
 from tests.image.test_image import oci_layout, tar_layer
 
 
@@ -132,9 +139,10 @@ def test_a_helper_that_fails_or_is_missing_is_one_clear_error(home):
 
 @pytest.fixture
 def auth_registry(registry_factory, tmp_path):
-    from tests.image.test_convert_registry import need
     import shutil
     import subprocess
+
+    from tests.image.test_convert_registry import need
     need(shutil.which("htpasswd") is not None, "htpasswd missing (apt-get install apache2-utils)")
     subprocess.run(["htpasswd", "-Bbc", str(tmp_path / "htpasswd"), USER, PASSWORD],
                    check=True, capture_output=True)

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
+from bootseer.ckpt import peers as ckpt_peers
 from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.listing import RemoteDir
 from bootseer.ckpt.prefetch import start_plan
 from bootseer.ckpt.staging import node_staging_dir
 from bootseer.config import BootseerConfig
-from bootseer.ckpt import peers as ckpt_peers
 from bootseer.store import open_store
 from bootseer.store.digest import sha256_digest
 
@@ -57,7 +57,7 @@ class Node:
                              store_url=self.config.store.url)
         self.prefetch = None
 
-    def run(self) -> "Node":
+    def run(self) -> Node:
         self.prefetch, _ = start_plan(self.engine, RemoteDir(self.url), config=self.config)
         return self
 
@@ -243,7 +243,8 @@ def test_two_checkpoint_mounts_share_through_peers(need_fuse, nodes, checkpoint,
     stats = [json.loads(r.read_text()) for r in reports]
     assert sorted(s["peers_role"] for s in stats) == ["maker", "peer"], stats
     assert sum(s["bytes_fetched"] for s in stats) <= 1.2 * _large_bytes() + 3 * 3000, [
-        {k: s[k] for k in ("bytes_fetched", "peer_bytes", "peers_role", "elapsed_s")} for s in stats]
+        {k: s[k] for k in ("bytes_fetched", "peer_bytes", "peers_role", "elapsed_s")}
+        for s in stats]
     assert sum(s["peer_bytes"] for s in stats) >= 0.8 * _large_bytes(), stats
 
 

@@ -111,7 +111,7 @@ class Node:
                                    refresh_s=0.05, attempt=attempt)
         self.prefetcher = Prefetcher(self.reader, profile, peers=self.share)
 
-    def run(self) -> "Node":
+    def run(self) -> Node:
         self.prefetcher.start()
         return self
 

@@ -57,7 +57,8 @@ def test_two_run_nodes_share_the_hot_set_with_peers_auto(need_fuse, tmp_path):
     layout = tmp_path / "layout"
     layout.mkdir()
     members = [("bin", None, "d"), ("data", None, "d")]
-    members += [(f"bin/{tool}", None, "l:busybox") for tool in ("sh", "env", "cat", "sleep", "touch")]
+    members += [(f"bin/{tool}", None, "l:busybox")
+                for tool in ("sh", "env", "cat", "sleep", "touch")]
     members += [(f"data/d{i}", os.urandom(1 << 20), "f") for i in range(4)]   # the hot set
     oci_layout(layout, [tar_layer(members), busybox_layer()])
     store = str(tmp_path / "store")

@@ -46,7 +46,8 @@ def build(store, src, **kw):
 
 def reader(store, digest, tmp_path, **kw):
     return TreeReader(store, digest, Fetcher(FetchConfig(max_inflight=8)),
-                      NodeCache(CacheConfig(dir=str(tmp_path / "cache"), budget_bytes=1 << 30)), **kw)
+                      NodeCache(CacheConfig(dir=str(tmp_path / "cache"), budget_bytes=1 << 30)),
+                      **kw)
 
 
 def test_roundtrip_read_extract_dedup(tmp_path, src):
@@ -109,7 +110,6 @@ def _mounted_view(store, digest, tmp_path):
 
 def test_mounted_tree(need_fuse, tmp_path, src):
     from bootseer.mount.fuse import mount
-    from bootseer.tree.view import TreeMountView
     store = open_store(str(tmp_path / "store"))
     digest, _ = build(store, src)
     mp = tmp_path / "mnt"

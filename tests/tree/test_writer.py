@@ -81,7 +81,7 @@ def test_a_blob_from_the_node_cache_alone(tmp_path, tree):
         assemble(layout, cache, str(dest))
         blob = dest.read_bytes()
         assert len(blob) == layout.size
-        for ref, off in zip(layout.refs, layout.offsets):
+        for ref, off in zip(layout.refs, layout.offsets, strict=True):
             assert blob[off:off + ref.size] == r.chunk(ref)
         # the same blob written with the chunks fetched by the writer
         fd = os.open(tmp_path / "blob2", os.O_RDWR | os.O_CREAT, 0o600)

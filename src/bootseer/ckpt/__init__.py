@@ -2,6 +2,7 @@
 engine (stripes in flight under one memory budget per process: the mount's server, a
 prefetch, a reader; growing read-ahead)."""
 
-from bootseer.ckpt.api import CkptFile, default_engine, open  # noqa: A004
+# ``open`` shadows the builtin here on purpose: ``bootseer.ckpt.open`` is its counterpart.
+from bootseer.ckpt.api import CkptFile, default_engine, open
 
 __all__ = ["CkptFile", "default_engine", "open"]

@@ -95,7 +95,8 @@ class CkptFile(io.RawIOBase):
         super().close()
 
 
-def open(url: str, mode: str = "rb", *, engine: Engine | None = None,  # noqa: A001
+# Shadows the builtin on purpose: ``bootseer.ckpt.open`` is the builtin's counterpart.
+def open(url: str, mode: str = "rb", *, engine: Engine | None = None,
          stripes: str = "striped", source=None, mirrors: list[str] | tuple[str, ...] = ()
          ) -> CkptFile:
     """Open a remote checkpoint file (any fsspec URL, or a local path) for reading.

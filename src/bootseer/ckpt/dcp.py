@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bootseer.ckpt.api import CkptFile
 
 
 def _fs_class():
@@ -20,7 +24,7 @@ def _fs_class():
 
         def __init__(self, engine=None, root: str = "", mirrors=()):
             self.engine, self.root, self.mirrors = engine, root, tuple(mirrors)
-            self.pinned: dict[str, object] = {}  # files kept open across a read_data call
+            self.pinned: dict[str, CkptFile] = {}  # files kept open across a read_data call
 
         def open_file(self, path):
             from bootseer.ckpt.api import open as ckpt_open
@@ -75,7 +79,9 @@ def _fs_class():
     return EngineFS
 
 
-def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch is heavy
+# Named as the class it returns: the class derives from torch's, and torch is heavy, so it is
+# made on the first call rather than at import.
+def StripedDCPReader(path: str, engine=None, mirrors=()):
     """A ``FileSystemReader`` over the engine; ``path`` is the checkpoint directory URL,
     ``mirrors`` the URLs of exact copies of that directory (hedged reads)."""
     from torch.distributed.checkpoint import FileSystemReader
@@ -83,7 +89,8 @@ def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch 
     class _Reader(FileSystemReader):
         def __init__(self, path, engine=None):
             super().__init__(os.devnull)  # torch's local FileSystem is replaced just below
-            self.fs = _fs_class()(engine, str(path).rstrip("/"), mirrors)
+            # one EngineFS, as torch's ``fs`` (typed as torch's FileSystem) and as ours
+            self.fs = self.efs = _fs_class()(engine, str(path).rstrip("/"), mirrors)
             self.path = self.fs.init_path(path)
 
         def read_data(self, plan, planner):
@@ -97,30 +104,31 @@ def StripedDCPReader(path: str, engine=None, mirrors=()):  # noqa: N802 - torch 
                 ranges.setdefault(info.relative_path, []).append(
                     (info.offset, info.offset + info.length))
             prefetch = None
-            engine = self.fs.engine or default_engine()
+            engine = self.efs.engine or default_engine()
+            url = str(self.path)   # init_path made it a string
             try:
                 spans = []
                 for rel, pairs in ranges.items():
-                    path = self.fs.concat_path(self.path, rel)
-                    f = self.fs.pinned[str(path)] = self.fs.open_file(path)
+                    path = self.efs.concat_path(url, rel)
+                    f = self.efs.pinned[str(path)] = self.efs.open_file(path)
                     spans += [Span(f.reader.source, a, b) for a, b in sorted(pairs) if b > a]
                 prefetch = Prefetch(engine, spans)
                 done = super().read_data(plan, planner)
-                if "://" in self.path:  # the next resume prefetches what this load read
+                if "://" in url:  # the next resume prefetches what this load read
                     from bootseer.ckpt import credentials, profile
-                    private = engine.staging.private_for(credentials.carried(self.path))
-                    profile.save(engine.staging.dir, self.path, engine.recorder,
+                    private = engine.staging.private_for(credentials.carried(url))
+                    profile.save(engine.staging.dir, url, engine.recorder,
                                  store_url=engine.store_url, private=private)
                 from bootseer.ckpt.stats import trace_load
                 trace_load(engine.statistics(), engine.counters.started_wall,
-                           url=self.path, via="dcp")
+                           url=url, via="dcp")
                 return done
             finally:
                 if prefetch is not None:
                     prefetch.stop()
-                for f in self.fs.pinned.values():
+                for f in self.efs.pinned.values():
                     f.close()
-                self.fs.pinned.clear()
+                self.efs.pinned.clear()
 
         def reset(self, checkpoint_id=None):
             super().reset(None)

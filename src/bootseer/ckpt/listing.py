@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from bootseer import redact
 from bootseer.ckpt import credentials, named_files
 from bootseer.ckpt.replicas import ReplicaMismatch, check_same
-from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
+from bootseer.ckpt.source import FileSource, FsspecFileSource, HttpFileSource, http_date
 from bootseer.errors import BlobNotFound, BootseerError, FetchError, StoreError, UsageError
 from bootseer.mount.view import Attr
 from bootseer.store.replicas import Replicas
@@ -169,7 +169,7 @@ class RemoteDir:
         with self._lock:
             return [n for n, a in entries.items() if a is not None]
 
-    def source(self, path: str):
+    def source(self, path: str) -> FileSource:
         """The range source of one file, checked against its listed size and mtime."""
         rel = clean(path)
         a = self.attr(rel)
@@ -196,9 +196,9 @@ class RemoteDir:
         return FsspecFileSource(self.fs, full, a.size, FsspecFileSource.stamp(info),
                                 url=self.url_of(rel))
 
-    def walk(self) -> dict[str, object]:
+    def walk(self) -> dict[str, FileSource]:
         """Every file under the root (relative path -> source), listed recursively."""
-        out: dict[str, object] = {}
+        out: dict[str, FileSource] = {}
         todo = [""]
         while todo:
             rel = todo.pop()
@@ -245,7 +245,7 @@ class RemoteDir:
                                            for name, is_dir in links if is_dir}
             files = [name for name, is_dir in links if not is_dir]
             found = self._head_all([f"{rel}/{n}" if rel else n for n in files])
-            out.update((n, a) for n, a in zip(files, found.values()) if a is not None)
+            out.update((n, a) for n, a in zip(files, found.values(), strict=True) if a is not None)
             return out
         raise StoreError(f"listing {url} is neither a JSON autoindex nor an HTML index page "
                          f"(Content-Type {kind or 'none'})", url=url)
@@ -290,8 +290,8 @@ class RemoteDir:
                 raise StoreError(f"{self.url_of(base + name)}: {e}",
                                  url=self.url_of(base + name)) from None
         found = self._head_all([base + n for n in sorted(named - set(present))])
-        for path, a in found.items():
-            if a is None:
+        for path, got in found.items():
+            if got is None:
                 log.warning("%s names %s, which the server does not have",
                             redact.url(self.url_of(rel)), redact.url(self.url_of(path)))
         files = {p[len(base):]: a for p, a in found.items() if a is not None} | present
@@ -322,7 +322,7 @@ class RemoteDir:
             return {p: self._probe(p) for p in paths}
         with ThreadPoolExecutor(max_workers=min(16, len(paths)),
                                 thread_name_prefix="bootseer-ckpt-head") as pool:
-            return dict(zip(paths, pool.map(self._probe, paths)))
+            return dict(zip(paths, pool.map(self._probe, paths), strict=True))
 
     def _list_fsspec(self, rel: str) -> dict[str, Attr | None]:
         path = posixpath.join(self.root, rel) if rel else self.root

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+from typing import TypeGuard
 
 from bootseer.errors import BootseerError
 
@@ -66,7 +67,7 @@ def dcp_items(data: bytes) -> list[tuple[str, int, int]]:
     storage = _state(meta).get("storage_data")
     if not isinstance(storage, dict) or not storage:
         raise NotCheckpointMetadata("no storage_data (not a torch DCP checkpoint?)")
-    items = []
+    items: list[tuple[str, int, int]] = []
     for info in storage.values():
         s = _state(info)
         path, offset, length = s.get("relative_path"), s.get("offset"), s.get("length")
@@ -77,7 +78,7 @@ def dcp_items(data: bytes) -> list[tuple[str, int, int]]:
     return items
 
 
-def _count(n) -> bool:
+def _count(n: object) -> TypeGuard[int]:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 

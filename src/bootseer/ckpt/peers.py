@@ -34,6 +34,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from bootseer.errors import DigestMismatch, InvalidDigest
 from bootseer.peers import job_of, roster, share_for
@@ -42,6 +43,9 @@ from bootseer.peers.source import SetItem
 from bootseer.store import open_store
 from bootseer.store.digest import parse, sha256_digest, verify
 from bootseer.store.fetch import Priority
+
+if TYPE_CHECKING:   # the transfer imports libtorrent, an optional extra
+    from bootseer.peers.transfer import SetTransfer
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ class Stripes:
         self.engine, self.files = engine, files
         self.places: dict[str, list[tuple]] = {}
         self.items: list[SetItem] = []
-        for f, stripes in zip(files, digests):
+        for f, stripes in zip(files, digests, strict=True):
             for idx, digest in enumerate(stripes):
                 start, end = f.staged.span(idx)
                 if digest not in self.places:
@@ -141,7 +145,7 @@ def _digests_of(doc, files: list) -> list[list[str]]:
     if len(entries) != len(files):
         raise ValueError("it lists other files")
     out = []
-    for f, e in zip(files, entries):
+    for f, e in zip(files, entries, strict=True):
         n = math.ceil(f.size / f.S) if f.size else 0
         stripes = e["stripes"]
         if (e["key"] != f.source.key or e["size"] != f.size or doc["stripe_bytes"] != f.S
@@ -156,8 +160,18 @@ def _digests_of(doc, files: list) -> list[list[str]]:
 def _manifest(files: list, digests: list[list[str]]) -> bytes:
     doc = {"v": 1, "kind": KIND, "stripe_bytes": files[0].S if files else 0,
            "files": [{"key": f.source.key, "size": f.size, "stripes": d}
-                     for f, d in zip(files, digests)]}
+                     for f, d in zip(files, digests, strict=True)]}
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class Figures(TypedDict):
+    """What a checkpoint load through peers did, for its load report."""
+    peers_role: str | None   # maker, peer, origin (None until known)
+    peer_bytes: int
+    origin_bytes: int
+    peers_seen: int
+    peers_banned: int
+    peers_seconds: NotRequired[float]
 
 
 class CheckpointPeers:
@@ -168,9 +182,9 @@ class CheckpointPeers:
         self.stage = stage   # the maker's fetch of whole files from the origin
         self.files = [engine.file(s) for s in sorted(sources, key=lambda s: s.key)]
         self.key = manifest_key([f.source for f in self.files], engine.config.stripe_bytes)
-        self.figures = {"peers_role": None, "peer_bytes": 0, "origin_bytes": 0,
-                        "peers_seen": 0, "peers_banned": 0}
-        self.transfer = None
+        self.figures: Figures = {"peers_role": None, "peer_bytes": 0, "origin_bytes": 0,
+                                 "peers_seen": 0, "peers_banned": 0}
+        self.transfer: SetTransfer | None = None
 
     def _maker_ref(self) -> str:
         return f"peers/{self.share.group}/ckpt-maker/{self.share.attempt}/{self.key}"
@@ -192,15 +206,15 @@ class CheckpointPeers:
                 return self._done(t0)
         stripes = Stripes(self.engine, self.files, digests)
         stats: dict = {}
-        self.transfer = self.share.open_set(stripes.items, stripes, stats)
+        transfer = self.transfer = self.share.open_set(stripes.items, stripes, stats)
         for item in stripes.items:   # what this node staged before is seeded, not fetched
             if stripes.staged(item.digest):
-                self.transfer.offer(item.digest, stripes.read_staged(item.digest))
-        left = self.transfer.fetch(stop)
+                transfer.offer(item.digest, stripes.read_staged(item.digest))
+        left = transfer.fetch(stop)
         self.figures["peers_role"] = self.share.stats["role"]
         self.figures["peer_bytes"] = stats.get("peer_bytes", 0)
         self.figures["origin_bytes"] = stats.get("origin_bytes", 0)
-        self._origin_rest(stripes, left, stop)
+        self._origin_rest(stripes, left, transfer, stop)
         return self._done(t0)
 
     def _am_maker(self) -> bool:
@@ -242,14 +256,14 @@ class CheckpointPeers:
                 return None
         return None
 
-    def _origin_rest(self, stripes: Stripes, left: list[SetItem],
+    def _origin_rest(self, stripes: Stripes, left: list[SetItem], transfer: SetTransfer,
                      stop: threading.Event) -> None:
         """What the peers did not bring: from the origin, verified, staged and seeded."""
         for i in range(0, len(left), ORIGIN_BATCH):
             if stop.is_set():
                 return
             batch = [it for it in left[i:i + ORIGIN_BATCH] if not stripes.staged(it.digest)]
-            for item, fut in zip(batch, stripes.submit(batch)):
+            for item, fut in zip(batch, stripes.submit(batch), strict=True):
                 try:
                     data = stripes.accept_origin(item, fut.result())
                 except Exception as e:  # noqa: BLE001 - the engine's reads fetch it again
@@ -257,7 +271,7 @@ class CheckpointPeers:
                              item.digest[:19], e)
                     continue
                 self.figures["origin_bytes"] += len(data)
-                self.transfer.offer(item.digest, data)
+                transfer.offer(item.digest, data)
 
     def _make(self, stop: threading.Event) -> None:
         """The maker: every file from the origin through the engine, each stripe hashed,
@@ -279,10 +293,10 @@ class CheckpointPeers:
         digests = [[sha256_digest(f.staged.pread(*_extent(f, idx)))
                     for idx in range(f.staged.nstripes)] for f in self.files]
         stripes = Stripes(self.engine, self.files, digests)
-        self.transfer = self.share.open_set(stripes.items, stripes, {})
+        transfer = self.transfer = self.share.open_set(stripes.items, stripes, {})
         for item in stripes.items:
-            self.transfer.offer(item.digest, stripes.read_staged(item.digest))
-        if not self.transfer.finish():
+            transfer.offer(item.digest, stripes.read_staged(item.digest))
+        if not transfer.finish():
             return
         blob = _manifest(self.files, digests)
         digest = sha256_digest(blob)
@@ -309,9 +323,10 @@ def fetch_checkpoint(config, engine, sources, stage, stop: threading.Event | Non
     """Stage the checkpoint files ``sources`` through the job's peers (see the module
     doc); ``stage(sources)`` starts the engine's fetch of whole files from the origin (a
     ``ckpt.prefetch.Prefetch``: ``join``, ``stop``), which the maker of a manifest needs
-    (passed in: the plan's prefetch is what starts this). Returns the figures for the load report (``peers_role``, ``peer_bytes``,
-    ``origin_bytes``, ``peers_seen``, ``peers_banned``, ``peers_seconds``), or None when
-    peers do not apply (then nothing was fetched). Never raises: peers only cost time."""
+    (passed in: the plan's prefetch is what starts this). Returns the figures for the load
+    report (``peers_role``, ``peer_bytes``, ``origin_bytes``, ``peers_seen``,
+    ``peers_banned``, ``peers_seconds``), or None when peers do not apply (then nothing was
+    fetched). Never raises: peers only cost time."""
     sources = list(sources)
     if not sources or not wanted(config, sum(s.size for s in sources)):
         return None
@@ -333,7 +348,7 @@ def fetch_checkpoint(config, engine, sources, stage, stop: threading.Event | Non
             return None
         return CheckpointPeers(config, engine, sources, share, store, stage).run(
             stop or threading.Event())
-    except Exception as e:  # noqa: BLE001 - the engine's plan prefetch brings the rest
+    except Exception as e:   # the engine's plan prefetch brings the rest
         log.warning("peers: checkpoint through peers failed (%s): origin for the rest", e)
         log.debug("peers: checkpoint failure", exc_info=True)
         return None

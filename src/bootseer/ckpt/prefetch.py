@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from bootseer import redact
+from bootseer.ckpt.source import FileSource
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ SMALL_FILE_BYTES = 1 << 20  # metadata and headers: never held back by start_aft
 @dataclass(frozen=True, slots=True)
 class Span:
     """``[start, end)`` of one file's source."""
-    source: object
+    source: FileSource
     start: int
     end: int
 
@@ -67,13 +68,13 @@ class Prefetch:
 
     def _run(self) -> None:
         pending = []
-        released = not self.start_after
+        held = self.start_after or None   # the large files wait for this file, once
         peered = self.peers is None
         for span in self.spans:
             if span.source.size > SMALL_FILE_BYTES:
-                if not released:
-                    self._wait_start_signal()
-                    released = True
+                if held is not None:
+                    self._wait_start_signal(held)
+                    held = None
                 if not peered:   # the large files: the job's peers first, then the rest
                     self._through_peers()
                     peered = True
@@ -106,9 +107,9 @@ class Prefetch:
         counters.add(peer_bytes=figures.get("peer_bytes", 0))
         counters.peers_role = figures.get("peers_role")
 
-    def _wait_start_signal(self) -> None:
+    def _wait_start_signal(self, path: str) -> None:
         deadline = time.monotonic() + self.wait_max_s
-        while (not os.path.exists(self.start_after) and time.monotonic() < deadline
+        while (not os.path.exists(path) and time.monotonic() < deadline
                and not self._stopped()):
             time.sleep(0.05)
 

@@ -20,16 +20,29 @@ import email.utils
 import logging
 import threading
 import urllib.parse
+from typing import Protocol
 
 from bootseer import redact
 from bootseer.ckpt import credentials
 from bootseer.config import BootseerConfig
 from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError
-from bootseer.store.http import check_content_range
+from bootseer.store.http import Response, check_content_range
 
 CANCEL_CHECK_BYTES = 1 << 20  # the most one piece of a cancellable read waits for
 
 log = logging.getLogger(__name__)
+
+
+class FileSource(Protocol):
+    """One checkpoint file, read by ranges: an ``HttpFileSource``, an ``FsspecFileSource``
+    or ``ckpt.replicas.Replicas`` over several copies of it."""
+    url: str
+    size: int
+    key: str
+    """Identity of the bytes (url+size+mtime): it names the staging copy."""
+    host: str
+
+    def read_range(self, start: int, end: int) -> bytes: ...
 
 
 def fetch_timeout_s() -> float:
@@ -69,14 +82,15 @@ class HttpFileSource:
         self._lock = threading.Lock()
         # set once the server answered a sub-range with the whole body (Range ignored)
         self.ranges_ignored = False
-        self._stream = None          # that file's one forward-moving GET: (response, pos)
+        # that file's one forward-moving GET: (response, pos)
+        self._stream: tuple[Response, int] | None = None
         self._stream_lock = threading.Lock()
         self._turn = threading.Condition()   # streamed reads go lowest offset first
         self._waiting: list[int] = []
         self._streaming = False
 
     @classmethod
-    def stat(cls, url: str, timeout: float | None = None) -> "HttpFileSource":
+    def stat(cls, url: str, timeout: float | None = None) -> HttpFileSource:
         """Identity from a HEAD request (for files opened without a listing)."""
         from bootseer.store.http import request
         timeout = fetch_timeout_s() if timeout is None else timeout
@@ -107,7 +121,7 @@ class HttpFileSource:
                     else self._read_n(r, cancel, start, end + 1))
         return self._exact(body, start, end)
 
-    def _get(self, start: int, end: int | None):
+    def _get(self, start: int, end: int | None) -> Response:
         """A GET from ``start`` (to ``end``, or to the end of the file), status and
         identity checked; the caller reads and closes the response."""
         from bootseer.store.http import send
@@ -261,7 +275,7 @@ class FsspecFileSource:
                 or info.get("modificationTime") or info.get("created"))
 
     @classmethod
-    def stat(cls, url: str) -> "FsspecFileSource":
+    def stat(cls, url: str) -> FsspecFileSource:
         import fsspec
         fs, path = fsspec.core.url_to_fs(url)
         try:
@@ -309,5 +323,5 @@ def open_source(url: str):
     return FsspecFileSource.stat(url)
 
 
-__all__ = ["FileChanged", "ReadCancelled", "HttpFileSource", "FsspecFileSource", "open_source",
-           "RangeError"]
+__all__ = ["FileChanged", "ReadCancelled", "FileSource", "HttpFileSource", "FsspecFileSource",
+           "open_source", "RangeError"]

@@ -45,9 +45,8 @@ import time
 import weakref
 from pathlib import Path
 
-from bootseer.node import alive
 from bootseer.errors import CacheError
-
+from bootseer.node import alive
 
 MARKER = ".bootseer-ckpt-staging"
 
@@ -99,7 +98,7 @@ class StagingArea:
         self._gc_fd = os.open(self.dir / ".gc.lock", os.O_RDWR | os.O_CREAT, 0o644)
 
     @classmethod
-    def temporary(cls, mode: str = "auto") -> "StagingArea":
+    def temporary(cls, mode: str = "auto") -> StagingArea:
         return cls(tempfile.mkdtemp(prefix="bootseer-ckpt-"), owned=True, mode=mode)
 
     def private_for(self, credentialed: bool) -> bool:
@@ -107,7 +106,7 @@ class StagingArea:
         return self.mode == "private" or (self.mode == "auto" and credentialed)
 
     def file(self, key: str, size: int, stripe_bytes: int, *, private: bool = False
-             ) -> "StagedFile":
+             ) -> StagedFile:
         """``private``: the source carried credentials (see :meth:`private_for`)."""
         private = self.private_for(private)
         if self._gc_fd is None:

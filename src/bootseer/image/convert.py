@@ -23,22 +23,25 @@ import tempfile
 from pathlib import Path
 
 from bootseer import redact
-from bootseer.node import alive
-from bootseer.node import proc as procs
-from bootseer.node import tools
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
 from bootseer.image import chain
-from bootseer.image.registry import (TRANSPORTS, RegistryOptions, pull_bytes, registry_host,
-                                     registry_repository)
+from bootseer.image.registry import (
+    TRANSPORTS,
+    RegistryOptions,
+    pull_bytes,
+    registry_host,
+    registry_repository,
+)
+from bootseer.node import alive, tools
+from bootseer.node import proc as procs
 from bootseer.store.digest import VerifyingReader, parse, parse_oci
-from bootseer.tree.build import TreeBuilder, TreeBuildError
-
+from bootseer.tree.build import Owner, TreeBuilder, TreeBuildError
 
 log = logging.getLogger(__name__)
 
 
 class ConvertError(BootseerError):
-    pass
+    hint: str | None = None   # the next step, said under the error line (the CLI)
 
 
 def ref_name(image: str) -> str:
@@ -201,9 +204,12 @@ def apply_layer(builder: TreeBuilder, layer: Layer, progress=None) -> None:
     try:
         with _open_blob(layer.path) as raw:
             source = _Counted(raw, progress) if progress else raw
-            blob = VerifyingReader(source, layer.digest, size=layer.size,
-                                   source=str(layer.path))
-            with tarfile.open(fileobj=blob, mode="r|*") as tar:
+            # VerifyingReader only reads its file (``read(n)``), as ``_Counted`` offers, though
+            # its annotation asks a whole BinaryIO
+            blob = VerifyingReader(source, layer.digest,  # type: ignore[arg-type]
+                                   size=layer.size, source=str(layer.path))
+            # a stream ("r|") is only read, but typeshed asks a seekable, writable file
+            with tarfile.open(fileobj=blob, mode="r|*") as tar:  # type: ignore[call-overload]
                 _apply_members(builder, tar, layer, added)
             blob.finish()   # before the tree is finished: no tree from an unverified layer
     except DigestMismatch as e:
@@ -232,7 +238,7 @@ def _apply_members(builder: TreeBuilder, tar: tarfile.TarFile, layer: Layer, add
         if base.startswith(".wh."):
             builder.remove(os.path.join(parent, base[4:]))
             continue
-        kw = dict(uid=m.uid, gid=m.gid, mtime=float(m.mtime))
+        kw: Owner = {"uid": m.uid, "gid": m.gid, "mtime": float(m.mtime)}
         xattrs = {k[len("SCHILY.xattr."):]: __import__("base64").b64encode(
             v.encode("utf-8", "surrogateescape")).decode()
             for k, v in (m.pax_headers or {}).items() if k.startswith("SCHILY.xattr.")}
@@ -248,6 +254,8 @@ def _apply_members(builder: TreeBuilder, tar: tarfile.TarFile, layer: Layer, add
         elif m.isfile():
             builder.remove(norm)
             f = tar.extractfile(m)
+            if f is None:   # tarfile gives every regular file member a reader
+                raise ConvertError(f"layer {layer.name[:12]}: member {m.name!r} cannot be read")
             builder.add_file(norm, f, m.mode, xattrs=xattrs or None, **kw)
         elif m.ischr() or m.isblk() or m.isfifo():
             kind = "c" if m.ischr() else "b" if m.isblk() else "p"
@@ -264,7 +272,8 @@ def _in_root(builder: TreeBuilder, path: str) -> str:
     as a container runtime applies a layer (``lib/x`` over a ``lib -> usr/lib`` link lands
     in ``usr/lib/x``); a link never leads out of the root (``..`` stops at ``/``)."""
     parts = path.strip("/").split("/")
-    todo, done, hops = parts[:-1], [], 0
+    todo, hops = parts[:-1], 0
+    done: list[str] = []
     while todo:
         part = todo.pop(0)
         if part in ("", "."):
@@ -371,6 +380,7 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
 def _announce(src: str, digest: str, store, registry: RegistryOptions) -> None:
     """Push the referrer next to a registry source, with the login and TLS the pull used."""
     import dataclasses
+
     from bootseer.config import BootseerConfig
     from bootseer.image import referrer
     where = referrer.registry_ref(src)

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from bootseer.errors import BlobNotFound, StoreError
 from bootseer.store import sha256_digest
+
+if TYPE_CHECKING:
+    from bootseer.store.backends.oci import OciBackend
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +48,27 @@ def tag_for(subject: str) -> str:
     return subject.replace(":", "-")
 
 
+def _registry(url: str, config) -> OciBackend:
+    """The registry repository at ``url`` (an ``oci://`` URL, as ``registry_ref`` makes):
+    manifests are read and pushed through the OCI backend's own calls."""
+    from bootseer.store import open_store
+    from bootseer.store.backends.oci import OciBackend
+    repo = open_store(url, config)
+    if not isinstance(repo, OciBackend):
+        raise StoreError(f"{url} is not an OCI registry", url=url)
+    return repo
+
+
 def publish(src: str, tree: str, toc: bytes, store_url: str, config=None) -> str | None:
     """Push the artifact manifest for ``tree`` next to registry image ``src``; return its
     digest, or None when ``src`` is not in a registry or the push is refused."""
     from bootseer.store.backends.oci import EMPTY_CONFIG, EMPTY_MEDIA, INDEX, MANIFEST
-    from bootseer.store import open_store
     where = registry_ref(src)
     if where is None:
         return None
     url, ref = where
     try:
-        repo = open_store(url, config)
+        repo = _registry(url, config)
         body, media, subject = repo.get_manifest(ref)
         repo.write(tree, toc)
         empty = sha256_digest(EMPTY_CONFIG)
@@ -89,12 +103,11 @@ def publish(src: str, tree: str, toc: bytes, store_url: str, config=None) -> str
 def find(src: str, config=None) -> list[dict]:
     """The bootseer trees announced for registry image ``src`` (through the tag schema):
     [{"tree": digest, "store": url, "artifact": digest}]."""
-    from bootseer.store import open_store
     where = registry_ref(src)
     if where is None:
         return []
     url, ref = where
-    repo = open_store(url, config)
+    repo = _registry(url, config)
     _, _, subject = repo.get_manifest(ref)
     try:
         index = json.loads(repo.get_manifest(tag_for(subject))[0])

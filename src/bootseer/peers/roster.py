@@ -49,7 +49,7 @@ def members(store, job: str) -> dict[str, str]:
     names = list(store.list_refs(_prefix(job)))
     with ThreadPoolExecutor(max_workers=min(READERS, max(1, len(names)))) as pool:
         addrs = list(pool.map(lambda name: _read_announcement(store, name), names))
-    return {name[len(_prefix(job)):]: addr for name, addr in zip(names, addrs) if addr}
+    return {name[len(_prefix(job)):]: addr for name, addr in zip(names, addrs, strict=True) if addr}
 
 
 def _read_announcement(store, name: str) -> str | None:

@@ -78,7 +78,8 @@ class Swarm:
             "enable_dht": False, "enable_lsd": False, "enable_upnp": False,
             "enable_natpmp": False, "enable_outgoing_utp": False,
             "enable_incoming_utp": False, "upload_rate_limit": upload_cap,
-            "alert_mask": _ALERTS, "user_agent": "bootseer", "tick_interval": 100, "min_reconnect_time": 0, "connection_speed": 200,
+            "alert_mask": _ALERTS, "user_agent": "bootseer", "tick_interval": 100,
+            "min_reconnect_time": 0, "connection_speed": 200,
         })
         # Every IPv4 peer in the global class: the cap holds on private networks too.
         classes = lt.ip_filter()

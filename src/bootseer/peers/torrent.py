@@ -142,7 +142,7 @@ def make_torrent(save_path: str, items: list[SetItem]) -> bytes:
 def load_torrent(data: bytes, items: list[SetItem]) -> lt.torrent_info:
     """Parse a published torrent and check it describes exactly ``items`` (files, sizes,
     order, v2 piece size): a torrent from the store is as untrusted as any blob."""
-    ti = lt.torrent_info(lt.bdecode(data))
+    ti = lt.torrent_info(data)
     items = list(items)
     files = layout(items)
     fs = ti.layout()

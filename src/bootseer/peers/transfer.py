@@ -140,7 +140,7 @@ class SetTransfer:
             share.await_members(share.settings.nodes)
             self._attach(ti)
             self._swarm_fetch()
-        except Exception as e:  # noqa: BLE001 - peers only cost time, the origin is there
+        except Exception as e:   # peers only cost time, the origin is there
             log.warning("peers: set %s: %s; the rest comes from the origin", self.key[:12], e)
             log.debug("peers: set %s failed here", self.key[:12], exc_info=True)
         finally:
@@ -346,9 +346,12 @@ class SetTransfer:
         if not todo:
             return
         todo.sort(key=self.position.__getitem__)   # set order: the origin's reads coalesce
-        for name, fut in zip(todo, self.source.submit([self.refs[n] for n in todo])):
+        for name, fut in zip(todo, self.source.submit([self.refs[n] for n in todo]), strict=True):
             inflight[name] = fut
-            fut.add_done_callback(lambda _f, name=name: events.put((ORIGIN_DONE, name, None)))
+
+            def done(_f: Future, name: str = name) -> None:
+                events.put((ORIGIN_DONE, name, None))
+            fut.add_done_callback(done)
 
     def _from_origin(self, name: str, fut: Future) -> bool:
         item = self.refs[name]
@@ -392,7 +395,7 @@ class SetTransfer:
             if sha256_digest(data) != item.digest:
                 raise ValueError(f"the bytes hash to {sha256_digest(data)}")
             self.source.accept_peer(item, data)
-        except Exception as e:  # noqa: BLE001 - a bad item is refetched from the origin
+        except Exception as e:   # a bad item is refetched from the origin
             self.share.stats["rejected"] += 1
             log.warning("peers: chunk %s from peers failed verification (%s): refetched from "
                         "the origin", item.digest, e)

@@ -118,14 +118,14 @@ def erofs_root(toc: Toc, layout: BlobLayout) -> tuple[Inode, dict]:
         else:
             node.rdev = e.rdev or 0
         inodes[path] = node
-        _parent(inodes, path).entries[_name(path)] = node
+        _parent(inodes, path)[_name(path)] = node
     for e in entries:
         if e.type == "h":
             target = inodes.get(e.target or "")
             if target is None or stat.S_ISDIR(target.fmt):
                 skipped["hardlinks_to_missing"] += 1
                 continue
-            _parent(inodes, e.path).entries[_name(e.path)] = target
+            _parent(inodes, e.path)[_name(e.path)] = target
     return root, skipped
 
 
@@ -133,17 +133,18 @@ def _name(path: str) -> bytes:
     return os.fsencode(path.rsplit("/", 1)[1])
 
 
-def _parent(inodes: dict[str, Inode], path: str) -> Inode:
-    """The directory holding ``path``, made (0755, root) when the TOC lacks it."""
+def _parent(inodes: dict[str, Inode], path: str) -> dict[bytes, Inode]:
+    """The entries of the directory holding ``path``, made (0755, root) when the TOC lacks
+    it."""
     parent = path.rsplit("/", 1)[0] or "/"
     d = inodes.get(parent)
     if d is None:
         d = inodes[parent] = Inode(stat.S_IFDIR, 0o755, entries={})
         if parent != "/":
-            _parent(inodes, parent).entries[_name(parent)] = d
+            _parent(inodes, parent)[_name(parent)] = d
     if d.entries is None:
         raise TreeFormatError(f"{path}: its parent {parent} is not a directory")
-    return d
+    return d.entries
 
 
 class BlobView:
@@ -213,7 +214,7 @@ def write_blob(layout: BlobLayout, fd: int, writer: ChunkWriter) -> None:
     """Write every chunk of the layout at its slot in the blob file open at ``fd`` and
     size the file to the layout (the padding reads as zeros). ``writer`` was made for
     ``layout.refs``."""
-    for ref, offset in zip(layout.refs, layout.offsets):
+    for ref, offset in zip(layout.refs, layout.offsets, strict=True):
         writer.write(fd, ref, offset)
     os.ftruncate(fd, layout.size)
 
@@ -229,6 +230,8 @@ def assemble(layout: BlobLayout, cache, dest: str) -> None:
         return data
     # a part locked while written: one a killed assembly leaves is removed by the next mount
     with PartFile(dest) as part, ChunkWriter(layout.refs, local=from_cache) as writer:
+        if part.fd is None:   # open until commit or close, neither of which came yet
+            raise ValueError(f"{dest}: its part file is closed")
         write_blob(layout, part.fd, writer)
         part.commit()
 
@@ -242,7 +245,7 @@ def verify_blob(layout: BlobLayout, path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         ends = layout.offsets[1:] + [layout.size]
-        for off, end, ref in zip(layout.offsets, ends, layout.refs):
+        for off, end, ref in zip(layout.offsets, ends, layout.refs, strict=True):
             slot = os.pread(fd, end - off, off)
             if hashlib.sha256(slot[:ref.size]).hexdigest() != ref.digest.removeprefix("sha256:") \
                     or slot[ref.size:].strip(b"\0"):

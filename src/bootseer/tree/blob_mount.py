@@ -19,8 +19,8 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bootseer.config import BootseerConfig
 from bootseer.mount.erofs.writer import write_image

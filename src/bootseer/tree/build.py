@@ -8,9 +8,10 @@ import hashlib
 import io
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import IO, TypedDict
 
 from bootseer.errors import BootseerError
 from bootseer.store.digest import sha256_digest
@@ -23,6 +24,13 @@ PACK = 64 << 20
 
 class TreeBuildError(BootseerError):
     pass
+
+
+class Owner(TypedDict):
+    """An entry's owner and time, as every ``TreeBuilder.add_*`` takes them (``**owner``)."""
+    uid: int
+    gid: int
+    mtime: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +120,7 @@ class TreeBuilder:
         """Device nodes and fifos are recorded (never served: the mount is nodev)."""
         self._put(path, kind, mode & 0o7777, uid, gid, mtime, 0, rdev=rdev)
 
-    def add_file(self, path: str, src: BinaryIO | bytes, mode: int = 0o644, uid: int = 0,
+    def add_file(self, path: str, src: IO[bytes] | bytes, mode: int = 0o644, uid: int = 0,
                  gid: int = 0, mtime: float = 0.0, xattrs: dict | None = None) -> None:
         chunks: list[ChunkRef] = []
         size = 0
@@ -239,7 +247,7 @@ def add_directory(builder: TreeBuilder, root: str | Path, prefix: str = "/", *,
             full = os.path.join(dirpath, name) if name != "." else dirpath
             rel = os.path.normpath(os.path.join(prefix, rel_dir, name if name != "." else ""))
             st = os.lstat(full)
-            kw = dict(uid=st.st_uid, gid=st.st_gid, mtime=st.st_mtime)
+            kw: Owner = {"uid": st.st_uid, "gid": st.st_gid, "mtime": st.st_mtime}
             if stat.S_ISDIR(st.st_mode):
                 if name == "." or os.path.islink(full):
                     if os.path.islink(full):

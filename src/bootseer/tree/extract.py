@@ -83,7 +83,7 @@ class _Restore:
                  readonly: bool, keep_privileges: bool):
         self.root_fd, self.writer, self.chown = root_fd, writer, chown
         self.keep_privileges = keep_privileges
-        self.opts = dict(keep_privileges=keep_privileges, readonly=readonly)
+        self.opts = {"keep_privileges": keep_privileges, "readonly": readonly}
         self.stack: list[tuple[str, int, Entry | None]] = [("/", root_fd, None)]   # open dirs
         self.linked: dict[str, tuple[int, int]] = {}   # written file -> (its fd, links left)
         self.links_left: dict[str, int] = {}

@@ -58,8 +58,8 @@ def _decode(blob: bytes, digest: str) -> Toc:
     except (zstandard.ZstdError, ValueError, UnicodeDecodeError) as e:
         raise TreeFormatError(f"{digest or 'blob'} is not a bootseer tree TOC: {e}") from e
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        raise TreeFormatError(f"{digest or 'blob'} is not a bootseer tree TOC (kind "
-                              f"{doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r})")
+        kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        raise TreeFormatError(f"{digest or 'blob'} is not a bootseer tree TOC (kind {kind!r})")
     if doc.get("v") != VERSION:
         raise TreeFormatError(f"tree {digest} has format version {doc.get('v')}, this bootseer "
                               f"reads version {VERSION}")
@@ -79,7 +79,7 @@ def _maker(cls: type) -> Callable[..., Any]:
     args = ", ".join(names)
     body = "".join(f"    set_{n}(o, {n})\n" for n in names)
     # the source names only the record's own slots (as dataclasses' generated methods do)
-    exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", scope)  # noqa: S102
+    exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", scope)
     return scope["make"]
 
 

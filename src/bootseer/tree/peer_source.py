@@ -9,14 +9,16 @@ origin is the tree reader (verified, cached), and chunks from peers go to the no
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from bootseer.peers.source import SetItem
 from bootseer.store.fetch import Priority
 from bootseer.tree.reader import TreeReader
+from bootseer.tree.toc import ChunkRef
 
 
-def set_items(refs) -> list[SetItem]:
-    """The set of chunk refs (``[digest, pack, offset, stored size, size]``) as items, in
-    pack order, each digest once."""
+def set_items(refs: Iterable[ChunkRef]) -> list[SetItem]:
+    """The set of chunk refs as items, in pack order, each digest once."""
     items: dict[str, SetItem] = {}
     for r in sorted(refs, key=lambda r: (r.pack, r.offset, r.digest)):
         if r.digest not in items:

@@ -36,6 +36,7 @@ from bootseer.store.digest import sha256_digest, verify
 from bootseer.tree.peer_source import set_items
 from bootseer.tree.prefetch import Prefetcher
 from bootseer.tree.reader import TreeReader
+from bootseer.tree.toc import ChunkRef
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ def fetch_tree(config, store, reader) -> dict | None:
     return {k: v for k, v in pre.stats.items() if k in FIGURES}
 
 
-def publish_torrent(store, refs: list[list], chunk_file: Callable[[list], str | None],
-                    chunk_bytes: Callable[[list], bytes], scratch: str) -> str | None:
+def publish_torrent(store, refs: list[ChunkRef], chunk_file: Callable[[ChunkRef], str | None],
+                    chunk_bytes: Callable[[ChunkRef], bytes], scratch: str) -> str | None:
     """Make the torrent of ``refs`` (tree chunk refs) and publish it; returns its digest.
     ``chunk_file(ref)`` names a file holding exactly the chunk's bytes, to link (None when
     there is none), else ``chunk_bytes(ref)`` gives them."""

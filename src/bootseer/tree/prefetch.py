@@ -9,11 +9,15 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from bootseer.store.fetch import Priority
 from bootseer.tree.peer_source import TreeChunks
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.toc import ChunkRef
+
+if TYPE_CHECKING:   # the transfer imports libtorrent, an optional extra
+    from bootseer.peers.transfer import SetTransfer
 
 log = logging.getLogger(__name__)
 EAGER_SHARE = 0.7
@@ -30,7 +34,8 @@ class Prefetcher:
         self.peers = peers   # a bootseer.peers.share.PeerShare: the job's nodes as a source
         self.done_file = done_file
         by_digest = {c.digest: c for c in reader.all_chunks()}
-        hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", []) if row[0] in by_digest]
+        hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", [])
+               if row[0] in by_digest]
         total = sum(c.size for c in by_digest.values()) or 1
         hot_bytes = sum(c.size for c in hot)
         self.eager = profile is not None and hot_bytes / total >= EAGER_SHARE
@@ -43,9 +48,9 @@ class Prefetcher:
         self.prefetched: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._transfer = None
+        self._transfer: SetTransfer | None = None
 
-    def start(self) -> "Prefetcher":
+    def start(self) -> Prefetcher:
         self._thread = threading.Thread(target=self._run, daemon=True, name="bootseer-prefetch")
         self._thread.start()
         return self
@@ -59,10 +64,11 @@ class Prefetcher:
                 # Peers first (each chunk verified as from the store); the origin gets what
                 # they did not deliver. Demand reads go to the store meanwhile.
                 chunks = TreeChunks(self.reader, self.plan)
-                self._transfer = self.peers.open_set(chunks.items, chunks, self.stats)
-                left = {i.digest for i in self._transfer.fetch(self._stop)}
-                self.stats.update(self._transfer.summary())
-                self.prefetched |= self._transfer.prefetched
+                transfer = self._transfer = self.peers.open_set(chunks.items, chunks,
+                                                                self.stats)
+                left = {i.digest for i in transfer.fetch(self._stop)}
+                self.stats.update(transfer.summary())
+                self.prefetched |= transfer.prefetched
                 plan = [r for r in self.plan if r.digest in left]
             # Batches of the plan in recorded order, each submitted in pack order: the
             # fetcher then coalesces neighbours (small files are one small chunk each, and
@@ -80,7 +86,8 @@ class Prefetcher:
                     else:
                         todo.append(ref)
                 todo.sort(key=_pack_order)
-                pending.extend(zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH)))
+                pending.extend(zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH),
+                                   strict=True))
                 while len(pending) >= self.window:
                     self._complete(*pending.popleft())
             while pending:
@@ -104,7 +111,7 @@ class Prefetcher:
             self.stats["origin_bytes"] += len(raw)
             if self._transfer is not None:
                 self._transfer.offer(ref.digest, data)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.stats["errors"] += 1
             log.info("prefetch of chunk %s failed: %s", ref.digest[:19], e)
             if self.stats["errors"] > 20:

@@ -31,7 +31,8 @@ def merge(profiles: list[dict], *, min_support: float = 0.0, byte_budget: int | 
         raise ProfileError("nothing to merge")
     trees = {p.get("tree") for p in profiles}
     if len(trees) != 1:
-        raise ProfileError(f"profiles of different trees cannot be merged: {sorted(map(str, trees))}")
+        raise ProfileError("profiles of different trees cannot be merged: "
+                           f"{sorted(map(str, trees))}")
     runs = sum(int(p.get("runs", 1)) for p in profiles)
     seen: dict[str, dict] = {}
     for p in profiles:
@@ -110,6 +111,7 @@ def publish_recorded(config, path: str) -> str | None:
     the result; None when nothing was recorded or the store is read-only."""
     import logging
     import os
+
     from bootseer.store import open_store
     if not os.path.exists(path):
         return None

@@ -4,14 +4,15 @@ a chunk that prefetch has queued promotes it instead of fetching it twice."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import stat
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Callable
 
 from bootseer.errors import BlobNotFound, DigestMismatch
 from bootseer.store.digest import verify
@@ -219,8 +220,8 @@ class TreeReader:
                     break
         todo = sorted((r for r in refs if not self.has_chunk(r)),
                       key=lambda c: (c.pack, c.offset))
-        for r, fut in zip(todo, self.submit_chunks(todo, Priority.PREFETCH)):
-            fut.add_done_callback(lambda f, r=r: self._stash(r, f))
+        for r, fut in zip(todo, self.submit_chunks(todo, Priority.PREFETCH), strict=True):
+            fut.add_done_callback(functools.partial(self._stash, r))
 
     def _stash(self, ref: ChunkRef, fut: Future) -> None:
         """A read-ahead chunk arrived: verify and cache it (errors only cost the hint)."""

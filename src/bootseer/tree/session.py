@@ -24,6 +24,7 @@ from bootseer.tree.blob import BlobLayout, BlobView, unsupported
 from bootseer.tree.preread import PREFETCHED
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.record import AccessRecorder
+from bootseer.tree.toc import Toc
 from bootseer.tree.view import TreeMountView
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class TreeSession:
     def _watch_window(self) -> None:
         rec = self.recorder
         while not self._done.is_set():
-            if os.path.exists(rec.trigger_file):
+            if rec.trigger_file and os.path.exists(rec.trigger_file):
                 rec.close("trigger file")
             elif rec.timeout_s is not None and time.monotonic() - rec.t0 > rec.timeout_s:
                 rec.close("timeout")   # also when no read came after it
@@ -161,7 +162,7 @@ def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: 
     return BlobView(s.reader, layout, on_close=s.finish)
 
 
-def _kernel_path(config: BootseerConfig, tree: str, toc: dict, profile: dict | None,
+def _kernel_path(config: BootseerConfig, tree: str, toc: Toc, profile: dict | None,
                  state_dir: str, record: bool, window_timeout_s: float,
                  name: str) -> ErofsTree | str:
     """The tree on the kernel path (or why it cannot be an EROFS image)."""

@@ -16,6 +16,7 @@ document is checked before any record (``bootseer.tree.toc``) is made of it.
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 from bootseer.tree.toc import TYPES, TreeFormatError
 
@@ -41,11 +42,11 @@ def path_problem(path: object) -> str | None:
     return None
 
 
-def _nonneg_int(v: object) -> bool:
+def _nonneg_int(v: object) -> TypeGuard[int]:
     return type(v) is int and v >= 0   # not a bool either
 
 
-def _canonical(path: object) -> bool:
+def _canonical(path: object) -> TypeGuard[str]:
     """The common case of ``path_problem(path) is None``, in a few C string scans."""
     return type(path) is str and (path == "/" or (
         path[:1] == "/" and "\0" not in path and "//" not in path and "/./" not in path
@@ -116,12 +117,13 @@ def check(doc: dict, digest: str = "") -> None:
 
 
 def _check_fields(e: dict, refuse) -> None:
-    path, mode, mtime = e["path"], e.get("mode"), e.get("mtime")
+    path, mtime = e["path"], e.get("mtime")
     if e.get("type") not in TYPES:
         raise refuse(path, f"has unknown type {e.get('type')!r}")
     for field in ("mode", "uid", "gid", "size"):
         if not _nonneg_int(e.get(field)):
             raise refuse(path, f"has an invalid {field} {e.get(field)!r}")
+    mode: int = e["mode"]   # a non-negative int: the loop just checked it
     if mode > 0o7777:
         raise refuse(path, f"has mode bits beyond 0o7777 ({mode:#o})")
     if type(mtime) not in _NUMBER:

@@ -72,7 +72,7 @@ class ChunkWriter:
         if not self._fetch_order:
             return
         futures = reader.submit_chunks(self._fetch_order, Priority.DEMAND)
-        self._pending = dict(zip(missing, futures))
+        self._pending = dict(zip(missing, futures, strict=True))
         for fut in futures:
             fut.add_done_callback(self._arrived)
         self._pool = ThreadPoolExecutor(max_workers=DECODE_THREADS,
