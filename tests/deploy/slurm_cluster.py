@@ -41,7 +41,6 @@ class Cluster:
     epilog: str
     task_prolog: str
     prolog_timeout: int
-    prolog_env: dict[str, str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -126,7 +125,7 @@ class Cluster:
         self._wait(lambda: (r / "munge/munge.socket").exists(), "munged's socket")
         self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)], base)
         self._start("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node],
-                    {**base, **self.prolog_env})
+                    base)
         self._wait(lambda: self.node_state() in ("IDLE",), "the node to be idle", 60)
 
     def _wait(self, ready, what: str, limit: float = 20) -> None:
