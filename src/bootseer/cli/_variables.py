@@ -17,7 +17,7 @@ OTHER_VARIABLES = frozenset({
     "BOOTSEER_ENV_PREFIX", "BOOTSEER_CKPT_DIR", "BOOTSEER_READY_FILE",
     "BOOTSEER_RESTART_COUNT", "BOOTSEER_TRACE_START", "BOOTSEER_TRACE_AUTO",
     # read by the deployment hooks and manifests in deploy/
-    "BOOTSEER_PROLOG_LOG", "BOOTSEER_PROLOG_TIMEOUT", "BOOTSEER_NODE_KEEP",
+    "BOOTSEER_SLURM_CONFIG", "BOOTSEER_SLURM_STATE",
     "BOOTSEER_IMAGE", "BOOTSEER_CKPT",
     # a Kubernetes Indexed Job's spec.completions, for peers (bootseer.peers.job)
     "BOOTSEER_JOB_COMPLETIONS",
