@@ -212,14 +212,19 @@ TRAIN = """#!/usr/bin/env bash
 #SBATCH --ntasks-per-node=1
 set -euo pipefail
 echo "cache=$BOOTSEER_CACHE_DIR trace=$BOOTSEER_TRACE_LOCATION job=$BOOTSEER_TRACE_JOB_ID"
-srun bash -c 'exec {bootseer} trace exec --phase train -- {prefix}/bin/python -c "import bsdeps_one; print(\\"X\\", bsdeps_one.X)"'
+srun --kill-on-bad-exit=1 bash -c '
+exec {bootseer} run --deps {spec} --prefix {prefix} --ckpt {ckpt} \\
+    --ckpt-target "$HOME/ckpt-$SLURM_JOB_ID" --trace "$BOOTSEER_TRACE_LOCATION" \\
+    --job-id "$SLURM_JOB_ID" --node "$(hostname)" \\
+    -- {prefix}/bin/python -c "import bsdeps_one, os; print(\\"X\\", bsdeps_one.X); print(\\"ckpt\\", os.listdir(os.environ[\\"BOOTSEER_CKPT_DIR\\"]))"
+'
 """
-
 
 def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
     env = slurm
     home = env.user.pw_dir
-    spec = _user_file(env, "requirements.txt", "bsdeps-one==1.0\n")
+    spec = _user_file(env, "requirements.txt",
+                      f"--index-url {sources['index']}\nbsdeps-one==1.0\n")
     env.write_site(indexes=[sources["index"]])
     # An earlier job builds the environment (as its user) and publishes it into the store.
     prefix = f"{home}/envs/train"
@@ -233,11 +238,13 @@ def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
     shutil.rmtree(env.users / str(env.user.pw_uid))
     # The training job: image, environment (restored from the store), checkpoint.
     job, out = env.run(f"bootseer image={sources['tree']} deps={spec} prefix={prefix} "
-                       f"ckpt={sources['ckpt']}", TRAIN.format(bootseer=env.bootseer, prefix=prefix))
+                       f"ckpt={sources['ckpt']}", TRAIN.format(bootseer=env.bootseer, prefix=prefix, spec=spec,
+                                    ckpt=sources["ckpt"]))
     log = env.log_of(job["id"])
-    assert job["JobState"] == "COMPLETED", (job, out, log, env.cluster.logs())
+    assert job["JobState"] == "COMPLETED", out + log
     assert "bootseer prolog: image: done" in out and "(as root)" in out, out
     assert "bootseer prolog: ckpt: done" in out and "X 1" in out, out
+    assert "ckpt ['model.pt']" in out and "deps: warm" in out, out   # bootseer run, as the user
     assert f"restored sha256:" in env.log.read_text(), env.log.read_text()
     assert os.stat(prefix).st_uid == env.user.pw_uid
     # The image's chunks in the node cache (root's); the checkpoint in the user's area.
@@ -262,7 +269,8 @@ def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
     events = [json.loads(line) for p in (env.traces / job["id"]).rglob("*.jsonl")
               for line in p.read_text().splitlines()]
     phases = {e["phase"]: e for e in events}
-    assert {"prolog.image", "prolog.deps", "prolog.ckpt", "train"} <= set(phases), phases
+    assert {"prolog.image", "prolog.deps", "prolog.ckpt", "ckpt.staged", "job.run"} <= \
+        set(phases), sorted(phases)
     assert phases["prolog.image"]["attrs"]["as"] == "root"
     assert phases["prolog.ckpt"]["attrs"]["as"] == "user"
     # The epilog: the node cache's gc as root, the user's area as the user; notes removed.
