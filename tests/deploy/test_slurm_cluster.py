@@ -52,20 +52,21 @@ class Env:
                     "keep": "1G", "trace": str(self.traces), **overrides}
         self.site.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
 
-    def sbatch(self, comment: str, script: str) -> str:
-        """Submit ``script`` as the test user with ``comment``; the job's id."""
+    def sbatch(self, comment: str | None, script: str) -> str:
+        """Submit ``script`` as the test user with ``comment`` (None: the script's own
+        #SBATCH --comment); the job's id."""
         home = Path(self.user.pw_dir)
         path = home / f"job-{time.monotonic_ns()}.sbatch"
         path.write_text(script)
         os.chown(path, self.user.pw_uid, self.user.pw_gid)
-        r = subprocess.run(["runuser", "-u", USER, "--", "sbatch", "--parsable", "--comment",
-                            comment, "-o", f"{home}/out-%j.txt", "-D", str(home), str(path)],
+        given = ["--comment", comment] if comment is not None else []
+        r = subprocess.run(["runuser", "-u", USER, "--", "sbatch", "--parsable", *given, "-o", f"{home}/out-%j.txt", "-D", str(home), str(path)],
                            capture_output=True, text=True, timeout=30,
                            env={"PATH": os.environ["PATH"], **self.cluster.env})
         assert r.returncode == 0, r.stderr
         return r.stdout.strip().split(";")[0]
 
-    def run(self, comment: str, script: str = "#!/bin/bash\necho ran\n") -> tuple[dict, str]:
+    def run(self, comment: str | None, script: str = "#!/bin/bash\necho ran\n") -> tuple[dict, str]:
         return self.finish(self.sbatch(comment, script))
 
     def finish(self, job: str) -> tuple[dict, str]:
@@ -210,11 +211,11 @@ TRAIN = """#!/usr/bin/env bash
 #SBATCH --job-name=train
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
+#SBATCH --comment="bootseer image={tree} deps={spec} prefix={prefix} ckpt={ckpt}"
 set -euo pipefail
 echo "cache=$BOOTSEER_CACHE_DIR trace=$BOOTSEER_TRACE_LOCATION job=$BOOTSEER_TRACE_JOB_ID"
 srun --kill-on-bad-exit=1 bash -c '
 exec {bootseer} run --deps {spec} --prefix {prefix} --ckpt {ckpt} \\
-    --ckpt-target "$HOME/ckpt-$SLURM_JOB_ID" --trace "$BOOTSEER_TRACE_LOCATION" \\
     --job-id "$SLURM_JOB_ID" --node "$(hostname)" \\
     -- {prefix}/bin/python -c "import bsdeps_one, os; print(\\"X\\", bsdeps_one.X); print(\\"ckpt\\", os.listdir(os.environ[\\"BOOTSEER_CKPT_DIR\\"]))"
 '
@@ -237,9 +238,8 @@ def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
     shutil.rmtree(prefix)
     shutil.rmtree(env.users / str(env.user.pw_uid))
     # The training job: image, environment (restored from the store), checkpoint.
-    job, out = env.run(f"bootseer image={sources['tree']} deps={spec} prefix={prefix} "
-                       f"ckpt={sources['ckpt']}", TRAIN.format(bootseer=env.bootseer, prefix=prefix, spec=spec,
-                                    ckpt=sources["ckpt"]))
+    job, out = env.run(None, TRAIN.format(bootseer=env.bootseer, prefix=prefix, spec=spec,
+                                          ckpt=sources["ckpt"], tree=sources["tree"]))
     log = env.log_of(job["id"])
     assert job["JobState"] == "COMPLETED", out + log
     assert "bootseer prolog: image: done" in out and "(as root)" in out, out
