@@ -109,11 +109,10 @@ class Cluster:
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = open(self.root / "log" / f"{name}.out", "ab")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=env,
-                                            start_new_session=True)
-        log.close()
+        with open(self.root / "log" / f"{name}.out", "ab") as log:
+            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=env,
+                                                start_new_session=True)
 
     def start(self) -> None:
         r = self.root
@@ -147,7 +146,7 @@ class Cluster:
         return "\n".join(out)
 
     def scontrol(self, *args: str) -> str:
-        r = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=20,
+        r = subprocess.run(["scontrol", *args], check=False, capture_output=True, text=True, timeout=20,
                            env={**os.environ, **self.env})
         return r.stdout + r.stderr
 

@@ -16,7 +16,6 @@ import pwd
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -60,8 +59,9 @@ class Env:
         path.write_text(script)
         os.chown(path, self.user.pw_uid, self.user.pw_gid)
         given = ["--comment", comment] if comment is not None else []
-        r = subprocess.run(["runuser", "-u", USER, "--", "sbatch", "--parsable", *given, "-o", f"{home}/out-%j.txt", "-D", str(home), str(path)],
-                           capture_output=True, text=True, timeout=30,
+        r = subprocess.run(["runuser", "-u", USER, "--", "sbatch", "--parsable", *given,
+                            "-o", f"{home}/out-%j.txt", "-D", str(home), str(path)],
+                           check=False, capture_output=True, text=True, timeout=30,
                            env={"PATH": os.environ["PATH"], **self.cluster.env})
         assert r.returncode == 0, r.stderr
         return r.stdout.strip().split(";")[0]
@@ -82,7 +82,7 @@ class Env:
 
 
 def _make_user(home: Path) -> pwd.struct_passwd:
-    subprocess.run(["userdel", USER], capture_output=True)   # one a killed run left
+    subprocess.run(["userdel", USER], check=False, capture_output=True)   # one a killed run left
     subprocess.run(["useradd", "-M", "-d", str(home), "-s", "/bin/bash", USER], check=True,
                    capture_output=True)
     user = pwd.getpwnam(USER)
@@ -98,11 +98,12 @@ def _make_venv(dest: Path) -> str | None:
     py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else None
     if uv is None or py is None:
         return "no uv or /usr/bin/python3 to make an interpreter the job's user can run"
-    r = subprocess.run([uv, "venv", "-q", "-p", py, str(dest)], capture_output=True, text=True)
+    r = subprocess.run([uv, "venv", "-q", "-p", py, str(dest)], check=False, capture_output=True,
+                       text=True)
     if r.returncode == 0:
         r = subprocess.run([uv, "pip", "install", "-q", "--offline", "--python",
                             str(dest / "bin/python"), "fsspec", "zstandard", "mfusepy", "tqdm",
-                            "aiohttp", "uv"], capture_output=True, text=True)
+                            "aiohttp", "uv"], check=False, capture_output=True, text=True)
     return None if r.returncode == 0 else f"cannot make the user's interpreter: {r.stderr[-300:]}"
 
 
@@ -147,7 +148,7 @@ def slurm():
     finally:
         if cluster is not None:
             cluster.stop()
-        subprocess.run(["userdel", USER], capture_output=True)
+        subprocess.run(["userdel", USER], check=False, capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -155,10 +156,10 @@ def slurm():
 def sources(slurm):
     """An image converted into the store with its hot-block profile, a package index, a
     checkpoint served over http: what a site's users would name."""
+    from bootseer.demo.assets import write_simple_index
     from bootseer.image.convert import convert
     from bootseer.store import open_store
     from bootseer.testing import servers
-    from bootseer.demo.assets import write_simple_index
     from tests.image.test_image import oci_layout, tar_layer
     from tests.run.test_baseline import make_wheel
     base = slurm.base
@@ -232,7 +233,7 @@ def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
     first, out = env.run(f"bootseer deps={spec} prefix={prefix}")
     assert first["JobState"] == "COMPLETED", (first, out, env.log_of(first["id"]))
     assert "bootseer prolog: deps: done" in out and f"(as {USER})" in out, out
-    assert f"built sha256:" in env.log.read_text()
+    assert "built sha256:" in env.log.read_text()
 
     # Another node: neither the environment nor this node's record of it.
     shutil.rmtree(prefix)
@@ -245,7 +246,7 @@ def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
     assert "bootseer prolog: image: done" in out and "(as root)" in out, out
     assert "bootseer prolog: ckpt: done" in out and "X 1" in out, out
     assert "ckpt ['model.pt']" in out and "deps: warm" in out, out   # bootseer run, as the user
-    assert f"restored sha256:" in env.log.read_text(), env.log.read_text()
+    assert "restored sha256:" in env.log.read_text(), env.log.read_text()
     assert os.stat(prefix).st_uid == env.user.pw_uid
     # The image's chunks in the node cache (root's); the checkpoint in the user's area.
     from bootseer.config import BootseerConfig

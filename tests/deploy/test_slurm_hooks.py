@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bootseer.slurm import policy
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy/slurm"
 BOOTSEER = str(Path(sys.executable).parent / "bootseer")
@@ -33,7 +33,8 @@ def hook(name: str, env: dict, tmp_path, site: dict | None = None) -> tuple[int,
                 "users": str(tmp_path / "users"), "bootseer": BOOTSEER,
                 "path": f"{Path(sys.executable).parent}:/usr/bin:/bin", **(site or {})}
     conf.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
-    r = subprocess.run(["bash", str(DEPLOY / name)], capture_output=True, text=True, timeout=300,
+    r = subprocess.run(["bash", str(DEPLOY / name)], check=False, capture_output=True, text=True,
+                       timeout=300,
                        env={"BOOTSEER": BOOTSEER, "BOOTSEER_SLURM_CONFIG": str(conf),
                             "PYTHONPATH": SRC, "SLURM_JOB_ID": "4242", **env})
     notes = tmp_path / "state/4242/task-prolog"

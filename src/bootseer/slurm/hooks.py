@@ -38,6 +38,7 @@ from pathlib import Path
 from bootseer.node import proc
 from bootseer.slurm import policy
 from bootseer.slurm.policy import Request, Site, User, shown
+from bootseer.trace.record import Recorder
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Job:
     settings: str | None
 
     @classmethod
-    def from_env(cls, env) -> "Job":
+    def from_env(cls, env) -> Job:
         job_id = env.get("SLURM_JOB_ID", "")
         if not job_id.isdigit():
             raise policy.SlurmSettingsError(f"SLURM_JOB_ID={shown(job_id)!r} is not a job id "
@@ -253,7 +254,7 @@ class Hooks:
             planned.append(("ckpt", True, self.as_user_argv(
                 user, [bs, "ckpt", "prefetch", "-q", "--", request.ckpt]),
                 self.user_env(user, area)))
-        running = []
+        running: list[tuple[str, bool, float, subprocess.Popen | None]] = []
         for name, as_user, argv, env in planned:
             start = time.time()
             try:
@@ -267,18 +268,18 @@ class Hooks:
             running.append((name, as_user, start, p))
         deadline = time.monotonic() + self.site.timeout
         steps = []
-        for name, as_user, start, p in running:
-            if p is None:
+        for name, as_user, start, child in running:
+            if child is None:
                 steps.append(Step(name, as_user, start, time.time(), 127))
                 continue
             try:
-                code: int | None = p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                code: int | None = child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)   # the step's group, by its leader's pid
+                    os.killpg(child.pid, signal.SIGKILL)   # the step's group, by its leader's pid
                 except ProcessLookupError:
                     pass
-                p.wait()
+                child.wait()
                 code = None
             steps.append(Step(name, as_user, start, time.time(), code))
         return steps
@@ -335,7 +336,7 @@ class Hooks:
 
     def _gc(self, what: str, argv: list[str], env: dict, who: str) -> None:
         try:
-            code = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL,
+            code = subprocess.run(argv, check=False, env=env, cwd="/", stdin=subprocess.DEVNULL,
                                   stdout=self.log_fd(), stderr=self.log_fd(),
                                   timeout=self.site.timeout).returncode
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -365,7 +366,6 @@ def _spec_report(path: str, indexes: list[str]) -> dict:
 def _record(location: str, job: str, attempt: int, node: str, steps: list) -> bool:
     """The prolog's steps as phases of the job's trace (``prolog.image``...), written by the
     user into the trace location (a directory root never writes into for a user)."""
-    from bootseer.trace.record import Recorder
     r = Recorder(location, job, attempt, node, None, 0)
     now_wall, now_mono = time.time(), time.monotonic()
     for name, start, end, code, as_user in steps:

@@ -68,7 +68,7 @@ class Site:
     deps: str = "user"             # "user": built or restored as the job's user; "off"
 
     @classmethod
-    def load(cls, path: str, *, default_bootseer: str) -> "Site":
+    def load(cls, path: str, *, default_bootseer: str) -> Site:
         """The settings in ``path`` (every key optional); a missing file means the
         defaults; an unreadable or malformed one raises :class:`SlurmSettingsError`."""
         try:
@@ -153,8 +153,8 @@ def parse(settings: str, site: Site, user: User) -> Request:
     refused: list[str] = []
     ignored: list[str] = []
     if not _PRINTABLE.fullmatch(settings):
-        return Request(refused=("the settings hold control or non-ASCII characters: "
-                                "all refused",))
+        refusal = "the settings hold control or non-ASCII characters: all refused"
+        return Request(refused=(refusal,))
     for word in settings.split():
         key, eq, value = word.partition("=")
         if not eq or key not in KEYS:
@@ -312,7 +312,7 @@ def _direct(req: str, indexes: tuple[str, ...]) -> str | None:
         url = req.split("@", 1)[1].strip()
         if url.startswith(_VCS):
             return f"{shown(req)}: a VCS source (built from its tree)"
-        if url.startswith("file:") or url.startswith(("/", ".", "~")):
+        if url.startswith(("file:", "/", ".", "~")):
             return f"{shown(req)}: a local source"
         if not _index_allowed(url, indexes):
             return f"{shown(req)}: a direct URL outside the allowed indexes"
