@@ -339,3 +339,33 @@ def _uid(p: Path) -> int | None:
         return p.stat().st_uid
     except OSError:
         return None
+
+
+def test_a_node_fault_drains_the_node(slurm):
+    """The one case the prolog fails on purpose: the site's file is broken. Slurm drains
+    the node (as it should: every job would start cold) and holds the job; fixed and
+    resumed, the node runs jobs again."""
+    env = slurm
+    env.site.write_text("timeout = \"soon\"\n")
+    job = ""
+    try:
+        job = env.sbatch("bootseer image=x", "#!/bin/bash\necho ran\n")
+        deadline = time.time() + 30
+        # drained, and the failed start over (its epilog run, with the same broken file)
+        while time.time() < deadline and ("DRAIN" not in slurm.cluster.node_state() or
+                                          "COMPLETING" in slurm.cluster.node_state() or
+                                          slurm.cluster.job(job).get("JobState") != "PENDING"):
+            time.sleep(0.3)
+        assert "DRAIN" in slurm.cluster.node_state(), slurm.cluster.scontrol("show", "node")
+        assert "Prolog error" in slurm.cluster.scontrol("show", "node")
+    finally:
+        env.write_site()
+        subprocess.run(["scancel", job], check=False, capture_output=True,
+                       env={"PATH": os.environ["PATH"], **slurm.cluster.env})
+        slurm.cluster.scontrol("update", f"NodeName={slurm.cluster.node}", "State=RESUME")
+    deadline = time.time() + 30
+    while slurm.cluster.node_state() != "IDLE" and time.time() < deadline:
+        time.sleep(0.3)
+    assert slurm.cluster.node_state() == "IDLE", slurm.cluster.scontrol("show", "node")
+    job, out = env.run("bootseer image=sha256:" + "0" * 64)
+    assert job["JobState"] == "COMPLETED" and "ran" in out, (job, out)
