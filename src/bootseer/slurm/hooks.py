@@ -91,6 +91,12 @@ class Hooks:
         self.site, self.job, self.store, self.cache = site, job, store, cache
         self.notes: list[str] = []
         self._log_fd: int | None = None
+        # one limit for the whole prolog, not per step: slurmd's PrologEpilogTimeout bounds
+        # the whole script
+        self.deadline = time.monotonic() + site.timeout
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
 
     # -- the node's log (root's) ----------------------------------------------------------
 
@@ -210,15 +216,15 @@ class Hooks:
                 self.say(f"{user.name}'s area is unusable ({e}): deps= and ckpt= skipped",
                          tell_job=True)
                 request = Request(image=request.image)
-        indexes = site.indexes
         if request.deps:
-            report = self.as_user_call(user, _spec_report, request.deps, list(site.indexes))
+            report = self.as_user_call(user, _spec_report, request.deps, list(site.indexes),
+                                       timeout=min(30.0, self.left()))
             problems = report["problems"] if report else ["could not be read as the job's user"]
             if problems:
                 for p in problems[:10]:
                     self.say(f"deps={shown(request.deps)} refused: {p}", tell_job=True)
                 request = Request(image=request.image, ckpt=request.ckpt)
-        steps = self.run_steps(request, user, area, indexes)
+        steps = self.run_steps(request, user, area)
         for s in steps:
             who = user.name if s.as_user else "root"
             if s.ok:
@@ -232,13 +238,13 @@ class Hooks:
                          f"{job.node})", tell_job=True)
         if steps and site.trace:
             self.as_user_call(user, _record, site.trace, job.id, job.attempt, job.node,
-                              [[s.name, s.start, s.end, s.code, s.as_user] for s in steps])
+                              [[s.name, s.start, s.end, s.code, s.as_user] for s in steps],
+                              timeout=10.0)
         self.write_notes(user, area)
 
-    def run_steps(self, request: Request, user: User, area: Path | None,
-                  indexes: tuple[str, ...]) -> list[Step]:
-        """The steps, in parallel, each bounded by the site's timeout (its whole process
-        group killed when it overruns)."""
+    def run_steps(self, request: Request, user: User, area: Path | None) -> list[Step]:
+        """The steps, in parallel, bounded by what is left of the site's timeout (a step's
+        whole process group is killed when it overruns)."""
         bs = self.site.bootseer
         planned: list[tuple[str, bool, list[str], dict]] = []
         if request.image:
@@ -246,7 +252,7 @@ class Hooks:
                             self.root_env()))
         if request.deps and request.prefix and area is not None:
             argv = [bs, "deps", "ensure", "-q", "--copy", "--prefix", request.prefix]
-            for url in indexes:
+            for url in self.site.indexes:
                 argv += ["--index-url", url]
             planned.append(("deps", True, self.as_user_argv(user, [*argv, "--", request.deps]),
                             self.user_env(user, area)))
@@ -266,14 +272,13 @@ class Hooks:
                 running.append((name, as_user, start, None))
                 continue
             running.append((name, as_user, start, p))
-        deadline = time.monotonic() + self.site.timeout
         steps = []
         for name, as_user, start, child in running:
             if child is None:
                 steps.append(Step(name, as_user, start, time.time(), 127))
                 continue
             try:
-                code: int | None = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+                code: int | None = child.wait(timeout=self.left())
             except subprocess.TimeoutExpired:
                 try:
                     os.killpg(child.pid, signal.SIGKILL)   # the step's group, by its leader's pid

@@ -59,7 +59,7 @@ class Site:
     users: str                     # per-user areas: USERS/UID, owned by that user, 0700
     state: str                     # per-job notes for the task prolog: STATE/JOBID
     log: str
-    timeout: float                 # seconds per step; keep below PrologEpilogTimeout
+    timeout: float                 # the prolog's seconds in all; keep below PrologEpilogTimeout
     keep: str                      # epilog: node cache and each user's area kept under this
     trace: str | None              # where the prolog's steps are recorded (the job's trace)
     prefixes: tuple[str, ...] = ()   # allowed environment roots ({user}, {uid}, {home})
