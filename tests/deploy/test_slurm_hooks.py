@@ -141,6 +141,7 @@ ALICE = policy.User("alice", 1000, 1000, "/home/alice")
     ("image=--store=/tmp/x", "an image is a tree digest"),
     ("image=$(id)", "an image is a tree digest"),
     ("image=a`id`", "an image is a tree digest"),
+    ("image=sha256:../../x", "a digest is sha256: and 64"),
     ("ckpt=http://u:p@h/c/", "credentials in the URL"),
     ("ckpt=http://h/c/?X-Amz-Signature=s", "no query"),
     ("ckpt=ftp://h/c/", "scheme ftp:// is not allowed"),

@@ -35,9 +35,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.image.convert import ref_name
 from bootseer.node import proc
 from bootseer.slurm import policy
 from bootseer.slurm.policy import Request, Site, User, shown
+from bootseer.store import open_store
 from bootseer.trace.record import Recorder
 
 
@@ -224,6 +226,14 @@ class Hooks:
                 for p in problems[:10]:
                     self.say(f"deps={shown(request.deps)} refused: {p}", tell_job=True)
                 request = Request(image=request.image, ckpt=request.ckpt)
+        if request.image:
+            tree = self.image_tree(request.image)
+            if tree is None:
+                self.say(f"image={shown(request.image)} skipped: not in this site's store (the "
+                         "prolog prefetches converted images only: bootseer image convert)",
+                         tell_job=True)
+            request = Request(image=tree, deps=request.deps, prefix=request.prefix,
+                              ckpt=request.ckpt)
         steps = self.run_steps(request, user, area)
         for s in steps:
             who = user.name if s.as_user else "root"
@@ -241,6 +251,22 @@ class Hooks:
                               [[s.name, s.start, s.end, s.code, s.as_user] for s in steps],
                               timeout=10.0)
         self.write_notes(user, area)
+
+    def image_tree(self, ref: str) -> str | None:
+        """The tree digest ``ref`` names in the site's store: a digest, a store ref, or the
+        ref a converted image was published under. Only the store is asked (never a
+        registry the job named: root contacts no host a user chose)."""
+        if ref.startswith("sha256:"):
+            return ref
+        store = open_store(self.store)
+        for name in (ref, ref_name(ref)):
+            try:
+                digest = store.get_ref(name)
+            except Exception:  # noqa: BLE001 - not a valid ref name: try the next form
+                digest = None
+            if digest:
+                return str(digest)
+        return None
 
     def run_steps(self, request: Request, user: User, area: Path | None) -> list[Step]:
         """The steps, in parallel, bounded by what is left of the site's timeout (a step's

@@ -193,6 +193,8 @@ def parse(settings: str, site: Site, user: User) -> Request:
 
 
 def _check_image(value: str) -> str | None:
+    if value.startswith("sha256:") and not re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+        return "a digest is sha256: and 64 lowercase hex digits"
     if not _IMAGE.fullmatch(value) or ".." in value.split("/"):
         return "an image is a tree digest, a store ref or an image reference " \
                "(letters, digits and . _ : / @ + = -)"
