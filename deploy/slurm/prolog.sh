@@ -12,5 +12,9 @@
 # non-zero (Slurm drains the node) only for a node fault, such as a broken
 # /etc/bootseer/slurm.toml. Keep the site's `timeout` below PrologEpilogTimeout.
 set -u
+# Not a bootseer job: done, without starting Python (the prolog runs for every job).
+case "${SLURM_JOB_EXTRA:-}" in "bootseer "*) ;; *)
+    case "${SLURM_JOB_COMMENT:-}" in "bootseer "*) ;; *) exit 0 ;; esac ;;
+esac
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 exec "${BOOTSEER:-bootseer}" slurm prolog
