@@ -292,7 +292,11 @@ def test_hostile_settings_are_refused_and_the_node_stays_up(slurm, sources):
     foreign = _user_file(env, "foreign.txt", "--index-url http://evil.example/simple\nx\n")
     env.write_site(indexes=[sources["index"]], prefixes=["{home}/envs"])
     spec = _user_file(env, "requirements.txt", "bsdeps-one==1.0\n")
+    secret = env.base / "root-only.txt"     # root can read it; the job's user cannot
+    secret.write_text("bsdeps-one==1.0\n")
+    secret.chmod(0o600)
     cases = {
+        f"bootseer deps={secret} prefix={home}/envs/s": "Permission denied",
         f"bootseer deps={spec} prefix=/etc/bs-evil": "prefix=/etc/bs-evil refused",
         f"bootseer deps={spec} prefix={home}/elsewhere": "not under a directory this site allows",
         f"bootseer deps={local} prefix={home}/envs/l": "an editable install",
@@ -315,7 +319,7 @@ def test_hostile_settings_are_refused_and_the_node_stays_up(slurm, sources):
         assert ": done in" not in log and "failed" not in log, (comment, log)
     assert slurm.cluster.node_state() == "IDLE", slurm.cluster.scontrol("show", "node")
     assert not marker.exists() and not os.path.exists("/etc/bs-evil")
-    assert not any(Path(home, "envs", name).exists() for name in ("l", "f", "p"))
+    assert not any(Path(home, "envs", name).exists() for name in ("l", "f", "p", "s"))
 
 def test_a_step_past_the_limit_leaves_the_node_usable(slurm):
     env = slurm
