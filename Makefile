@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Both set up everything first.
 # Benchmarks (one command each, see the README's results table): make bench-<name>.
-.PHONY: setup demo test check bench-fetch bench-store bench-trace bench-image bench-deps bench-ckpt bench-e2e bench-scale
+.PHONY: setup demo test check lint types contracts fast bench-fetch bench-store bench-trace bench-image bench-deps bench-ckpt bench-e2e bench-scale
 
 setup:
 	@bash scripts/setup.sh
@@ -11,8 +11,23 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest -q
 
+# The rules tools check, then the fast tier of the tests (marked `unit` by tests/conftest.py:
+# no root, FUSE, netns, servers or torch, nothing slow). Each part runs even when an
+# earlier one fails (-k), so one run reports them all; check fails if any part failed.
 check: setup
-	.venv/bin/python -m pytest -q -x tests/unit
+	@$(MAKE) --no-print-directory -k lint types contracts fast
+
+lint:
+	.venv/bin/ruff check .
+
+types:
+	.venv/bin/mypy
+
+contracts:
+	.venv/bin/lint-imports
+
+fast:
+	.venv/bin/python -m pytest -q -m unit --timeout=60
 
 bench-fetch: setup
 	.venv/bin/python bench/fetch/run.py

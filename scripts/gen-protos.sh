@@ -24,11 +24,12 @@ rm -f src/$PKG/mount_pb2_grpc.py   # mount.proto has no service
 echo "generated src/$PKG (containerd $(dpkg-query -W -f='${Version}' golang-github-containerd-containerd-dev))"
 
 # The CRI client the snapshotter's tests and bench/image drive containerd with (as the
-# kubelet does): k8s.io/cri-api's runtime.v1 api.proto, given as CRI_API_PROTO=path.
+# kubelet does): k8s.io/cri-api's runtime.v1 api.proto, given as CRI_API_PROTO=path (no
+# Debian package ships it). Test-only: generated into tests/support, outside the wheel.
 if [ -n "${CRI_API_PROTO:-}" ]; then
-    CRI=bootseer/testing/cri
+    CRI=tests/support/cri
     mkdir -p "$tmp/$CRI"
     cp "$CRI_API_PROTO" "$tmp/$CRI/api.proto"
-    .venv/bin/python -m grpc_tools.protoc -I"$tmp" --python_out=src --grpc_python_out=src "$tmp/$CRI/api.proto"
-    echo "generated src/$CRI from $CRI_API_PROTO"
+    .venv/bin/python -m grpc_tools.protoc -I"$tmp" --python_out=. --grpc_python_out=. "$tmp/$CRI/api.proto"
+    echo "generated $CRI from $CRI_API_PROTO"
 fi

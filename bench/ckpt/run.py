@@ -270,21 +270,22 @@ def inner(args) -> int:
         """A fresh mount (and staging) of the checkpoint served by ``backend``: ``None``
         is the server ``bootseer ckpt mount`` picks here (devfuse where the kernel has
         passthrough, else mfusepy)."""
-        from bootseer.ckpt.mount import mount_backend
+        from bootseer.mount.choose import What, choose
+        from bootseer.mount.serve import serve_files
         c = cfg if backend is None else dataclasses.replace(
             cfg, ckpt=dataclasses.replace(cfg.ckpt, fuse=backend))
-        server_module = mount_backend(c)
+        chosen = choose(c, What.FILES).value
         tag = label.split()[0]
         mp = scratch / f"mnt-{tag}"
         mp.mkdir()
         report = scratch / f"stats-{tag}.json"
         staging = scratch / f"staging-{tag}"
         build = functools.partial(remote_view, server.url, cfg, mode, str(report), str(staging))
-        with server_module.mount(build, str(mp), name=f"ckpt-{tag}") as h:
+        with serve_files(c, build, str(mp), name=f"ckpt-{tag}") as h:
             load(label, lambda out: dcp.load(out, checkpoint_id=str(mp)), h.pid)
         shutil.rmtree(staging, ignore_errors=True)
         s = json.loads(report.read_text())
-        rows[-1].update(fuse="devfuse" if "devfuse" in server_module.__name__ else "mfusepy",
+        rows[-1].update(fuse=chosen,
                         stripe_mem_peak_MB=round(s["memory_peak_bytes"] / 1e6),
                         budget_MB=round(s["memory_budget_bytes"] / 1e6),
                         fetched_over_consumed=round(s["bytes_fetched"] /

@@ -235,7 +235,7 @@ class Bench:
     def umount(self, node: Node) -> dict:
         """Stop the lazy mount (publishing the profile); its time is not the start's.
         Returns its recording figures; its server's log goes into deps.log."""
-        from bootseer.deps.mounted import state_dir
+        from bootseer.deps.prefix import state_dir
         state = shlex.quote(state_dir(PREFIX))
         return parse_figures(self.run(
             node, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}; rc=$?; "

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from bootseer.testing.containerd import Node, push_pause
-from bootseer.testing.cri.pods import CriClient
+from tests.support.cri.pods import CriClient
 
 READY_FILE = "/tmp/bootseer-ready"
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(1, str(ROOT))   # tests.support.cri: the CRI client (test-only, not in the wheel)
 
 from bootseer.demo import assets as A  # noqa: E402
 from bootseer.demo.main import DEFAULT_ASSETS, scratch_tmpfs, shaped_link  # noqa: E402

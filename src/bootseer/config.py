@@ -9,6 +9,11 @@ The environment is read only here, in :meth:`BootseerConfig.from_env`:
 
 Precedence: explicit overrides > environment > TOML file > defaults. Every variable is
 listed in docs/configuration.md. Sizes accept suffixes (``64MiB``, ``10G``).
+
+This module is the one reader of ``BOOTSEER_*`` variables: the few that are not settings
+(a start's id, the ready file, the restart count) have an accessor below. Those a job's own
+processes read live in :mod:`bootseer.jobenv`, which the trace capture ships into images
+without bootseer; this module builds on it.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from bootseer import jobenv
 from bootseer.errors import ConfigError
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
@@ -142,12 +149,11 @@ class TraceConfig:
     """GPUs on this node (used for GPU-seconds lost)."""
 
     def __post_init__(self) -> None:
-        # a store URL location is checked by opening it (bootseer run, report/remote.py)
-        from bootseer.trace.record import id_problem
+        # a store URL location is checked by opening it (bootseer run, report/remote.py);
         # ids name trace files: no '/', '..'
         for name, value in (("job_id", self.job_id),   # {rank}-style node templates allowed
                             ("node", re.sub(r"\{\w*\}", "0", self.node or ""))):
-            problem = value and id_problem(value)
+            problem = value and jobenv.id_problem(value)
             if problem:
                 raise ConfigError(f"trace.{name} (BOOTSEER_TRACE_{name.upper()})", problem)
 
@@ -267,10 +273,10 @@ class BootseerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
-                 overrides: Mapping[str, Mapping[str, Any]] | None = None) -> "BootseerConfig":
+                 overrides: Mapping[str, Mapping[str, Any]] | None = None) -> BootseerConfig:
         env = os.environ if env is None else env
         layered: dict[str, dict[str, Any]] = {}
-        path = env.get("BOOTSEER_CONFIG")
+        path = env.get(jobenv.CONFIG_FILE)
         if path is None:
             xdg = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
             candidate = Path(xdg) / "bootseer" / "config.toml"
@@ -280,7 +286,7 @@ class BootseerConfig:
                 with open(path, "rb") as f:
                     data = tomllib.load(f)
             except (OSError, tomllib.TOMLDecodeError) as e:
-                raise ConfigError("BOOTSEER_CONFIG", f"cannot read {path}: {e}") from e
+                raise ConfigError(jobenv.CONFIG_FILE, f"cannot read {path}: {e}") from e
             for section, values in data.items():
                 if not isinstance(values, dict):
                     raise ConfigError(section, f"expected a [{section}] table in {path}")
@@ -288,7 +294,7 @@ class BootseerConfig:
         for f in dataclasses.fields(cls):
             sub = typing.get_type_hints(cls)[f.name]
             for sf in dataclasses.fields(sub):
-                var = f"BOOTSEER_{f.name.upper()}_{sf.name.upper()}"
+                var = setting_var(f.name, sf.name)
                 if var in env:
                     layered.setdefault(f.name, {})[sf.name] = env[var]
         for section, values in (overrides or {}).items():
@@ -297,7 +303,7 @@ class BootseerConfig:
         return cls.from_dict(layered)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> "BootseerConfig":
+    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> BootseerConfig:
         hints = typing.get_type_hints(cls)
         known = {f.name for f in dataclasses.fields(cls)}
         for section in data:
@@ -309,7 +315,7 @@ class BootseerConfig:
             kwargs[name] = _build(sub, name, data.get(name, {}))
         return cls(**kwargs)
 
-    def replace(self, **sections: Any) -> "BootseerConfig":
+    def replace(self, **sections: Any) -> BootseerConfig:
         """A copy with whole sections or ``section={"field": value}`` dicts replaced."""
         new = {}
         for name, value in sections.items():
@@ -353,3 +359,124 @@ def _coerce(raw: Any, typ: Any, name: str) -> Any:
     except ValueError as e:
         raise ConfigError(name, f"{raw!r} is not a valid {typ.__name__}") from e
     return raw
+
+
+# -- the environment ---------------------------------------------------------------------------
+
+def setting_var(section: str, name: str) -> str:
+    """``("fetch", "retries")`` -> ``BOOTSEER_FETCH_RETRIES``."""
+    return f"BOOTSEER_{section.upper()}_{name.upper()}"
+
+
+OTHER_VARIABLES = frozenset({
+    jobenv.CONFIG_FILE,                    # the settings TOML file
+    # set by `bootseer run` for the command and its processes (docs/configuration.md)
+    "BOOTSEER_ENV_PREFIX", "BOOTSEER_CKPT_DIR", jobenv.READY_FILE,
+    "BOOTSEER_RESTART_COUNT", jobenv.TRACE_START, jobenv.TRACE_AUTO,
+    # read by the deployment hooks and manifests in deploy/
+    "BOOTSEER_SLURM_CONFIG", "BOOTSEER_SLURM_STATE",
+    "BOOTSEER_IMAGE", "BOOTSEER_CKPT",
+    # a Kubernetes Indexed Job's spec.completions, for peers (bootseer.peers.job)
+    "BOOTSEER_JOB_COMPLETIONS",
+})
+"""``BOOTSEER_*`` variables that are not ``<SECTION>_<FIELD>`` settings."""
+
+_OTHER_PREFIXES = ("BOOTSEER_TEST_",)   # the test suite's own switches
+
+
+def known_variables() -> frozenset[str]:
+    hints = typing.get_type_hints(BootseerConfig)
+    fields = {setting_var(f.name, sf.name) for f in dataclasses.fields(BootseerConfig)
+              for sf in dataclasses.fields(hints[f.name])}
+    return frozenset(fields | OTHER_VARIABLES)
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``BOOTSEER_*`` names in ``env`` that nothing reads (a typo silently ignored would
+    leave the default in force), each with the closest known name, if one is close."""
+    import difflib
+    env = os.environ if env is None else env
+    known = known_variables()
+    unknown = sorted(n for n in env if n.startswith("BOOTSEER_") and n not in known
+                     and not n.startswith(_OTHER_PREFIXES))
+    return [(n, next(iter(difflib.get_close_matches(n, known, n=1, cutoff=0.8)), None))
+            for n in unknown]
+
+
+def section_key(section: str, env: Mapping[str, str] | None = None) -> tuple:
+    """The variables a section's settings depend on, with their values: a cache of what
+    was built from them is valid while this is unchanged."""
+    env = os.environ if env is None else env
+    hints = typing.get_type_hints(BootseerConfig)
+    names = [setting_var(section, f.name) for f in dataclasses.fields(hints[section])]
+    return tuple((n, env.get(n)) for n in (*names, jobenv.CONFIG_FILE, "XDG_CONFIG_HOME"))
+
+
+def trace_settings(env: Mapping[str, str] | None = None) -> jobenv.TraceSettings:
+    """The recorder's settings: ``[trace]`` of the settings object, and this start's id."""
+    env = os.environ if env is None else env
+    try:
+        c = BootseerConfig.from_env(env).trace
+    except Exception:  # a bad setting elsewhere must not fail the traced job: raw variables
+        return jobenv.trace_settings(env)
+    return jobenv.TraceSettings(location=c.location, job_id=c.job_id, attempt=c.attempt,
+                                node=c.node, gpus=c.gpus, start=jobenv.trace_start(env))
+
+
+def section_env(section: str, **values: Any) -> dict[str, str]:
+    """Settings as the variables that give them to a process this one starts (it inherits
+    the environment); a value that is None is left out."""
+    return {setting_var(section, name): str(value) for name, value in values.items()
+            if value is not None}
+
+
+def trace_env(trace: TraceConfig, **values: Any) -> dict[str, str]:
+    """``trace`` (with ``values`` in place of its fields) as variables: what a process
+    started with them records under."""
+    return section_env("trace", **{name: values.get(name, getattr(trace, name))
+                                   for name in jobenv.TRACE_FIELDS})
+
+
+def start_env(start: str) -> dict[str, str]:
+    """This start's id as the variable its processes name their trace files with."""
+    return {jobenv.TRACE_START: start}
+
+
+def trace_start(env: Mapping[str, str] | None = None) -> str | None:
+    """This start's id, when ``bootseer run`` gave it one (read as the job reads it)."""
+    return jobenv.trace_start(env)
+
+
+def trace_capture(env: Mapping[str, str] | None = None) -> str:
+    """``BOOTSEER_TRACE_AUTO`` as given (``1``, the default: the job's Python processes
+    record their start-up)."""
+    return (os.environ if env is None else env).get(jobenv.TRACE_AUTO, "1")
+
+
+def store_url_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """The store URL the environment names, if it names one (not the file's, not the
+    default)."""
+    return (os.environ if env is None else env).get(setting_var("store", "url"))
+
+
+def job_completions(env: Mapping[str, str] | None = None) -> str | None:
+    """``BOOTSEER_JOB_COMPLETIONS``: a Kubernetes Indexed Job's ``spec.completions`` (its
+    node count, for peers), as the pod template passes it."""
+    return (os.environ if env is None else env).get("BOOTSEER_JOB_COMPLETIONS")
+
+
+RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+                      "BOOTSEER_RESTART_COUNT")
+
+
+def attempt_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """The attempt the environment gives, (number, variable), or None: the trace setting
+    ``BOOTSEER_TRACE_ATTEMPT``, else the restart count a scheduler gives (Slurm's requeue
+    count, torchelastic's restart count, a Kubernetes restart count passed by the downward
+    API as ``BOOTSEER_RESTART_COUNT``)."""
+    env = os.environ if env is None else env
+    for name in (jobenv.trace_var("attempt"), *RESTART_COUNT_VARS):
+        value = (env.get(name) or "").strip()
+        if value.isdigit():
+            return int(value), name
+    return None

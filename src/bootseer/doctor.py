@@ -10,8 +10,8 @@ import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from bootseer.config import BootseerConfig
 from bootseer.node import tools
@@ -201,6 +201,7 @@ def check_cache_dir(config: BootseerConfig) -> Check:
 
 def check_gpus() -> Check:
     import glob
+
     from bootseer.run.devices import load_cdi_specs
     gpus = sorted(p for p in glob.glob("/dev/nvidia[0-9]*"))
     try:

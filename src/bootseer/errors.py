@@ -1,7 +1,12 @@
-"""The whole exception tree of bootseer.
+"""The whole exception tree of bootseer: the roots are here, each leaf lives beside the code
+that raises it (named by its module under ``bootseer.``). tests/unit/test_errors_tree.py
+checks that every exception class of the package descends from BootseerError and is
+listed below.
 
     BootseerError
+    ├── UsageError(ValueError)              arguments that cannot work together
     ├── ConfigError(ValueError)             a setting is invalid; names the field
+    │   └── ckpt.budget.BudgetError         the checkpoint's memory budget cannot hold a stripe
     ├── StoreError(OSError)                 anything the store layer raises
     │   ├── BlobNotFound(FileNotFoundError) unknown digest (or ref)
     │   ├── DigestMismatch                  bytes do not hash to their digest
@@ -10,9 +15,39 @@
     │   ├── WrongRange                      a 206 for another range than the one asked
     │   ├── FetchError                      the source failed after retries/deadline
     │   ├── ReadOnlyStore                   write to a read-only backend (http)
-    │   └── CacheError                      node cache unusable (budget, disk full)
+    │   ├── CacheError                      node cache unusable (budget, disk full)
+    │   ├── ckpt.plan.PlanError             a checkpoint's read plan cannot be made
+    │   ├── ckpt.replicas.ReplicaMismatch   a mirror's file differs from the origin's
+    │   ├── ckpt.source.ReadCancelled       a read given up by its caller (a hedge lost)
+    │   └── ckpt.source.FileChanged         a checkpoint file changed while being read
     ├── MountError(OSError)                 a tree or file cannot be served (mount(2), FUSE)
-    └── TraceError                          a trace location cannot be read/written
+    │   ├── mount.erofs.kernel.ErofsMountError   the kernel refused the EROFS mount
+    │   ├── mount.erofs.writer.ImageError(ValueError)   a tree EROFS cannot represent
+    │   ├── mount.overlay.OverlayError      the writable overlay cannot be mounted
+    │   ├── mount.devfuse.server.ServerError     bootseer's /dev/fuse server failed
+    │   └── deps.mounts.KernelMountError    an environment's kernel mount failed
+    ├── TraceError(OSError)                 a trace location cannot be read/written
+    ├── report.load.NotFinite(ValueError)   a trace line holds NaN or Infinity (rejected)
+    ├── node.outputs.OutputError(OSError)   a file the user named cannot be written
+    ├── node.tools.MissingTool              a program bootseer runs is not installed
+    ├── tree.build.TreeBuildError           a directory cannot become a tree
+    ├── tree.toc.TreeFormatError(ValueError)      a TOC that is not one
+    ├── tree.profile.ProfileError(ValueError)     a hot-block profile that is not one
+    ├── image.convert.ConvertError          an image cannot be converted
+    ├── deps.resolve.DepsError              an environment cannot be resolved or made
+    ├── ckpt.listing.PathOutsideRoot(PermissionError)   a path leaving the checkpoint
+    ├── ckpt.named_files.NotCheckpointMetadata(ValueError)  metadata that is not what
+    │                                       its name says (DCP, safetensors index)
+    ├── store.logins.CredentialHelperError  a registry credential helper failed
+    ├── run.pipeline.FallbackPossible       the fast path failed; the conventional may work
+    ├── run.baseline.BaselineError          the conventional path failed
+    ├── run.container.ContainerError        the command's container cannot run
+    ├── run.devices.DeviceError             GPUs asked for cannot be passed in
+    ├── run.node.RunError                   a node's start failed
+    ├── snapshotter.metadata.SnapshotError  a containerd snapshot request cannot be met
+    ├── demo.assets.AssetError              the demo's images, environment or checkpoint
+    ├── testing.netns.NetnsError(RuntimeError)    a test network namespace failed
+    └── testing.servers.ServerError(RuntimeError) a test server did not start
 
 Leaves also inherit the builtins callers already catch (OSError, FileNotFoundError,
 ValueError). Errors carry fields (digest, url, offset) and say what to check.
@@ -20,7 +55,7 @@ ValueError). Errors carry fields (digest, url, offset) and say what to check.
 
 from __future__ import annotations
 
-from bootseer import redact   # errors are shown and logged: no URL credentials
+from bootseer import redact  # errors are shown and logged: no URL credentials
 
 
 class BootseerError(Exception):

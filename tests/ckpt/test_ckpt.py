@@ -84,9 +84,9 @@ def test_prefetch_then_local_reads_and_budget(served, tmp_path):
         assert again.statistics().bytes_fetched == 0             # second load: local disk
 
 
-def test_server_down_is_an_error(served, tmp_path):
+def test_server_down_is_an_error(served, nginx_factory, tmp_path):
     from bootseer.errors import FetchError
-    d, server = served
+    server = nginx_factory(served[0], own=True)   # killed below
     with make_engine(tmp_path / "st") as e:
         src = RemoteDir(server.url).source("big.bin")
         server.kill()
@@ -109,6 +109,7 @@ def test_fsspec_boundary_memory_filesystem(tmp_path):
         assert e.file(RemoteDir("memory:///ck").source("a.bin")).read(600_000, 10) == b"x" * 10
 
 
+@pytest.mark.torch
 def test_dcp_checkpoint_through_the_mount(need_fuse, tmp_path, nginx_factory):
     torch = pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
@@ -129,6 +130,7 @@ def test_dcp_checkpoint_through_the_mount(need_fuse, tmp_path, nginx_factory):
         assert not os.path.ismount(mp)
 
 
+@pytest.mark.root
 def test_full_staging_disk_fails_the_read_instead_of_hanging(served, tmp_path):
     import subprocess as sp
     from bootseer.errors import CacheError

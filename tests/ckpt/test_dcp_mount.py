@@ -95,7 +95,7 @@ def test_mount_faults_become_errno(need_fuse, nginx_factory, www, tmp_path):
     (www / "a.bin").write_bytes(os.urandom(600 * KiB))
     (www / "gone.bin").write_bytes(b"x" * 1000)
     (www / "short.bin").write_bytes(b"y" * 300 * KiB)
-    server = nginx_factory(www)
+    server = nginx_factory(www, own=True)   # killed below
     mp = tmp_path / "mnt"
     mp.mkdir()
     with mount(factory(server.url), str(mp)):

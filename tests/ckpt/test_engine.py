@@ -130,6 +130,7 @@ def test_budget_smaller_than_one_stripe_is_a_clear_error():
         engine(memory_budget_bytes=32 * KiB)
 
 
+@pytest.mark.torch
 def test_torch_load_through_open(nginx, www):
     torch = pytest.importorskip("torch")
     sd = {"w": torch.randn(300, 200), "b": torch.arange(1000)}
@@ -195,7 +196,8 @@ def test_404_after_listing(nginx, www, data):
 
 
 @pytest.mark.timeout(60)
-def test_server_killed_mid_load_retries_then_fails_with_url_and_offset(nginx, data):
+def test_server_killed_mid_load_retries_then_fails_with_url_and_offset(nginx_factory, www, data):
+    nginx = nginx_factory(www, own=True)   # killed below
     e = engine(readahead_max_bytes=64 * KiB)
     try:
         f = api.open(f"{nginx.url}/model.bin", engine=e)

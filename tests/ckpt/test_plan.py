@@ -29,6 +29,7 @@ def write_safetensors(path, tensors: dict[str, bytes]) -> dict:
     return header
 
 
+@pytest.mark.torch
 def test_dcp_plan_covers_every_byte_the_load_reads(nginx_factory, tmp_path):
     torch = pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp

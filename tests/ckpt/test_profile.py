@@ -97,6 +97,7 @@ def test_mount_load_records_a_profile_that_the_next_prefetch_follows(
     assert out["plan"] == "files" and "file list" in said
 
 
+@pytest.mark.torch
 def test_dcp_reader_load_records_a_profile(nginx_factory, tmp_path):
     torch = pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp

@@ -132,7 +132,7 @@ def test_every_variable_bootseer_names_is_known():
     import re
     from pathlib import Path
 
-    from bootseer.cli._variables import known_variables
+    from bootseer.config import known_variables
     root = Path(__file__).parents[2]
     named = set()
     for base in ("src", "deploy"):

@@ -59,9 +59,9 @@ def hot_image(world):
     tree = r.stdout.split()[-1]
     with Fetcher() as f:
         toc = load_toc(open_store(str(world.store)), tree, f)
-    chunks = [c for e in toc["entries"] for c in e.get("chunks") or ()]
+    chunks = [c for e in toc.entries for c in e.chunks or ()]
     profile = {"v": 1, "kind": "bootseer.profile", "tree": tree, "runs": 1,
-               "chunks": [[c[0], i, 1, "/data", c[4], 1] for i, c in enumerate(chunks)]}
+               "chunks": [[c.digest, i, 1, "/data", c.size, 1] for i, c in enumerate(chunks)]}
     (world.root / "profile.json").write_text(json.dumps(profile))
     assert world.run("image", "profile", "push", "profile.json").returncode == 0
     return tree, len(chunks)

@@ -20,9 +20,9 @@ def _image_store(world):
     assert r.returncode == 0, r.stderr
     tree = r.stdout.strip()
     store = open_store(str(world.store))
-    toc_chunks = [c for c in _toc(store, tree)["entries"] if c["type"] == "f"]
+    toc_chunks = list(_toc(store, tree).files())
     profile = {"kind": "bootseer.profile", "tree": tree, "runs": 1,
-               "chunks": [[e["chunks"][0][0], 0, 1, e["path"], e["chunks"][0][4]]
+               "chunks": [[e.chunks[0].digest, 0, 1, e.path, e.chunks[0].size]
                           for e in toc_chunks]}
     (world.root / "profile.json").write_text(json.dumps(profile))
     r = world.run("image", "profile", "push", "profile.json")
@@ -53,7 +53,7 @@ def test_gc_removes_only_unreferenced_blobs(world):
     assert set(store.list()) == before - {DIGEST_OF_HI}
     # what is left is whole: the tree reads, every pack it names is there
     toc = _toc(store, tree)
-    assert all(store.exists(p) for p in toc["packs"])
+    assert all(store.exists(p) for p in toc.packs)
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.reader import TreeReader
     with Fetcher() as f:

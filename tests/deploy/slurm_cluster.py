@@ -22,7 +22,8 @@ def available() -> str | None:
     """Why a cluster cannot be started here (None: it can)."""
     missing = [d for d in DAEMONS if shutil.which(d) is None]
     if missing:
-        return f"slurm-wlm/munge not installed (no {', '.join(missing)}; scripts/setup.sh installs them)"
+        return (f"slurm-wlm/munge not installed (no {', '.join(missing)}; scripts/setup.sh "
+                "installs them)")
     if os.geteuid() != 0:
         return "slurmd runs jobs as their users, so it must run as root"
     return None
@@ -146,8 +147,8 @@ class Cluster:
         return "\n".join(out)
 
     def scontrol(self, *args: str) -> str:
-        r = subprocess.run(["scontrol", *args], check=False, capture_output=True, text=True, timeout=20,
-                           env={**os.environ, **self.env})
+        r = subprocess.run(["scontrol", *args], check=False, capture_output=True, text=True,
+                           timeout=20, env={**os.environ, **self.env})
         return r.stdout + r.stderr
 
     def node_state(self) -> str:

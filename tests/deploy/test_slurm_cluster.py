@@ -28,7 +28,8 @@ from tests.deploy import slurm_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 USER = "bs-slurm-test"
-pytestmark = pytest.mark.timeout(300)
+# root (slurmd, useradd), servers (munged, slurmctld, slurmd, nginx)
+pytestmark = [pytest.mark.root, pytest.mark.servers, pytest.mark.timeout(300)]
 
 
 @dataclass
@@ -132,8 +133,9 @@ def slurm():
                 f"exec {REPO}/deploy/slurm/%s\n")
         prolog = _script(base / "bin/prolog", hook % "prolog.sh")
         epilog = _script(base / "bin/epilog", hook % "epilog.sh")
-        task = _script(base / "bin/task-prolog", f"#!/bin/sh\nexport BOOTSEER_SLURM_STATE="
-                                                 f"{base}/state\nexec {REPO}/deploy/slurm/task-prolog.sh\n")
+        task = _script(base / "bin/task-prolog",
+                       f"#!/bin/sh\nexport BOOTSEER_SLURM_STATE={base}/state\n"
+                       f"exec {REPO}/deploy/slurm/task-prolog.sh\n")
         for d in ("store", "traces"):   # shared: every user publishes and records there
             (base / d).mkdir(mode=0o777)
             (base / d).chmod(0o1777)
@@ -195,9 +197,9 @@ def _push_profile(store, tree: str, env: Env) -> None:
                                                 "cache": {"dir": str(env.base / "scratch")}})
     with Fetcher(config.fetch) as f:
         chunks = TreeReader(store, tree, f, NodeCache(config.cache)).all_chunks()
+    hot = [[c.digest, 0.1 * i, 1, "app/weights.bin", c.size] for i, c in enumerate(chunks)]
     prof.push(store, {"v": 1, "kind": "bootseer.profile", "tree": tree, "runs": 1,
-                      "closed_by": "api", "chunks": [[c[0], 0.1 * i, 1, "app/weights.bin", c[4]]
-                                                     for i, c in enumerate(chunks)]})
+                      "closed_by": "api", "chunks": hot})
     shutil.rmtree(env.base / "scratch")
 
 
@@ -218,7 +220,8 @@ echo "cache=$BOOTSEER_CACHE_DIR trace=$BOOTSEER_TRACE_LOCATION job=$BOOTSEER_TRA
 srun --kill-on-bad-exit=1 bash -c '
 exec {bootseer} run --deps {spec} --prefix {prefix} --ckpt {ckpt} \\
     --job-id "$SLURM_JOB_ID" --node "$(hostname)" \\
-    -- {prefix}/bin/python -c "import bsdeps_one, os; print(\\"X\\", bsdeps_one.X); print(\\"ckpt\\", os.listdir(os.environ[\\"BOOTSEER_CKPT_DIR\\"]))"
+    -- {prefix}/bin/python -c "import bsdeps_one, os; print(\\"X\\", bsdeps_one.X); \\
+print(\\"ckpt\\", os.listdir(os.environ[\\"BOOTSEER_CKPT_DIR\\"]))"
 '
 """
 
@@ -260,7 +263,7 @@ def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
         chunks = TreeReader(open_store(str(env.store)), sources["tree"], f,
                             NodeCache(config.cache)).all_chunks()
     cache = NodeCache(config.cache)
-    assert chunks and all(cache.contains(c[0]) for c in chunks)
+    assert chunks and all(cache.contains(c.digest) for c in chunks)
     area = env.users / str(env.user.pw_uid)
     assert f"cache={area}/cache" in out
     staged = [p for p in area.rglob("*") if p.is_file() and p.stat().st_size == 2 << 20]

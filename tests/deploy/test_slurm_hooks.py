@@ -50,6 +50,7 @@ def node_env(tmp_path):
 ROOT_JOB = {"SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root"}
 
 
+@pytest.mark.root
 def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_factory):
     need(is_root(), "Slurm runs its prolog as root")
     from bootseer.config import BootseerConfig
@@ -61,7 +62,8 @@ def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_fac
     from tests.image.test_image import oci_layout, tar_layer
     store = open_store(node_env["store"])
     layout = tmp_path / "layout"
-    oci_layout(layout, [tar_layer([("app", None, "d"), ("app/weights.bin", os.urandom(3 << 20), "f"),
+    oci_layout(layout, [tar_layer([("app", None, "d"),
+                                   ("app/weights.bin", os.urandom(3 << 20), "f"),
                                    ("app/run.py", b"print(1)\n", "f")])])
     from bootseer.image.convert import convert
     tree = convert(str(layout), store)
@@ -70,9 +72,9 @@ def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_fac
                                                 "cache": {"dir": node_env["cache"]}})
     with Fetcher(config.fetch) as f:
         chunks = TreeReader(store, tree, f, NodeCache(config.cache)).all_chunks()
+    hot = [[c.digest, 0.1 * i, 1, "app/weights.bin", c.size] for i, c in enumerate(chunks)]
     prof.push(store, {"v": 1, "kind": "bootseer.profile", "tree": tree, "runs": 1,
-                      "closed_by": "api", "chunks": [[c[0], 0.1 * i, 1, "app/weights.bin", c[4]]
-                                                     for i, c in enumerate(chunks)]})
+                      "closed_by": "api", "chunks": hot})
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "model.pt").write_bytes(os.urandom(2 << 20))
@@ -88,7 +90,7 @@ def test_prolog_warms_the_image_and_the_checkpoint(tmp_path, node_env, nginx_fac
     assert "print bootseer prolog: image: done" in notes and "refused" in notes, notes
     assert f"export BOOTSEER_CACHE_DIR={tmp_path}/users/0/cache" in notes
     cache = NodeCache(config.cache)
-    assert all(cache.contains(c[0]) for c in chunks)
+    assert all(cache.contains(c.digest) for c in chunks)
     # a root job's checkpoint is staged in root's own area, like any user's
     staged = [p for p in (tmp_path / "users/0").rglob("*") if p.is_file()
               and p.stat().st_size == 2 << 20]
@@ -208,7 +210,8 @@ def test_specs_from_the_allowed_index_pass(tmp_path):
     assert policy.check_spec(str(spec), allowed).problems == ()
     lock = tmp_path / "uv.lock"
     lock.write_text('[[package]]\nname = "p"\nsource = { virtual = "." }\n'
-                    '[[package]]\nname = "x"\nsource = { registry = "https://pypi.example/simple" }\n')
+                    '[[package]]\nname = "x"\n'
+                    'source = { registry = "https://pypi.example/simple" }\n')
     assert policy.check_spec(str(lock), allowed).problems == ()
     fifo = tmp_path / "fifo.txt"
     os.mkfifo(fifo)

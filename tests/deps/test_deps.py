@@ -15,7 +15,7 @@ import pytest
 from bootseer.config import BootseerConfig
 from bootseer.demo.assets import write_simple_index
 from bootseer.deps import ensure as E
-from bootseer.deps.snapshot import rmtree
+from bootseer.deps.prefix import rmtree
 from bootseer.deps.resolve import DepsError
 from tests.run.test_baseline import make_wheel
 
@@ -59,7 +59,8 @@ def imports(prefix) -> str:
 def wipe(prefix: str) -> None:
     """Take the environment at ``prefix`` away (unmounted first when it is a mount), as a
     fresh node would not have it."""
-    from bootseer.deps.mounted import sidecar, unmount
+    from bootseer.deps.mounts import unmount
+    from bootseer.deps.prefix import sidecar
     if os.path.exists(sidecar(prefix)):
         unmount(prefix)
     rmtree(prefix)
@@ -208,6 +209,7 @@ def test_expired_lease_is_taken_over(index, tmp_path):
     assert r.how == "built"
 
 
+@pytest.mark.root
 def test_four_node_processes_one_builds_three_restore(index, registry, tmp_path):
     """Four processes, each a fresh node (own mount namespace, own cache, the same prefix
     path), start the same environment at once against the real index and a registry

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.deps import ensure as E, kernel_restore
-from bootseer.deps.mounted import mounted_info, sidecar, state_dir, unmount
+from bootseer.deps import ensure as E
+from bootseer.deps.mounts import unmount
+from bootseer.deps.prefix import mounted_info, sidecar, state_dir
 from bootseer.deps.resolve import DepsError
-from bootseer.deps.snapshot import rmtree
+from bootseer.deps.prefix import rmtree
 from bootseer.node import mounts as points
 from tests.deps.test_deps import cfg, serve_index
 
@@ -193,9 +194,10 @@ def test_umount_while_a_process_holds_a_file_open_is_lazy_and_leaves_nothing(pub
 def test_a_kernel_without_file_backed_erofs_extracts_and_says_so_once(published, tmp_path,
                                                                       monkeypatch, caplog):
     urls, spec, prefix, key = published
+    from bootseer.mount import choose
     from bootseer.mount.erofs import kernel
     monkeypatch.setattr(kernel, "availability", lambda: "the kernel has no EROFS (test)")
-    monkeypatch.setattr(kernel_restore, "_fallback_said", False)
+    monkeypatch.setattr(choose, "_said", set())
     with caplog.at_level(logging.WARNING):
         r1 = restore(published, tmp_path, "n1")
         rmtree(prefix)
@@ -251,7 +253,7 @@ def test_copy_and_read_only(published, tmp_path):
 
 
 def test_gc_unmounts_an_unused_mounted_environment_and_drops_its_blob(published, tmp_path):
-    from bootseer.deps.node import environments, gc
+    from bootseer.deps.gc import environments, gc
     urls, spec, prefix, key = published
     restore(published, tmp_path, "n1")
     config = cfg(tmp_path, "n1")
@@ -498,3 +500,35 @@ def test_a_lazy_image_making_room_for_its_blob_never_removes_an_environment_blob
     r = restore(published, tmp_path, "n1", config=dead)
     assert (r.how, r.form) == ("restored", "mount")
     assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+
+
+def test_files_deleted_through_the_overlay_are_not_warm(published, tmp_path, caplog):
+    """A job's ``rm -rf`` through the writable overlay leaves whiteouts over the published
+    files: the next ensure is not "warm" with an empty environment; it mounts the
+    environment again as published, drops the overlay's changes and says so."""
+    urls, spec, prefix, key = published
+    assert restore(published, tmp_path, "n1").how == "restored"
+    site = f"{prefix}/lib/python3.11/site-packages"
+    subprocess.run(["rm", "-rf", f"{site}/bskern_one", f"{prefix}/bin"], check=True)
+    assert not os.path.exists(f"{prefix}/{MODULE}")
+    with caplog.at_level("WARNING", logger="bootseer.deps.ensure"):
+        r = restore(published, tmp_path, "n1")
+    assert r.how == "restored"
+    said = [x.getMessage() for x in caplog.records if "deleted through its overlay" in x.getMessage()]
+    assert len(said) == 1 and "/lib/python3.11/site-packages/bskern_one" in said[0]
+    assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
+    assert restore(published, tmp_path, "n1").how == "warm"
+
+
+def test_a_ref_naming_another_keys_manifest_is_refused(published, tmp_path, index):
+    """deps/env/<A> set to B's manifest: the manifest's own key is compared, and the
+    restore refused (the node then builds A itself), never B restored as A."""
+    from bootseer.deps.snapshot import env_ref, load_manifest
+    from bootseer.store import open_store
+    urls, spec, prefix, key = published
+    store = open_store(str(tmp_path / "store"))
+    other = "sha256:" + "b" * 64
+    store.set_ref(env_ref(other), store.get_ref(env_ref(key)))   # A's ref -> B's manifest
+    with pytest.raises(DepsError, match="names the manifest of environment"):
+        load_manifest(store, store.get_ref(env_ref(other)), other)
+    assert load_manifest(store, store.get_ref(env_ref(key)), key)["key"] == key

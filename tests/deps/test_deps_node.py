@@ -13,9 +13,10 @@ import time
 import pytest
 
 from bootseer.deps import compat, ensure as E, relocate
-from bootseer.deps.mounted import mounted_info, sidecar, unmount
+from bootseer.deps.mounts import unmount
+from bootseer.deps.prefix import mounted_info, rmtree, sidecar
 from bootseer.deps.resolve import DepsError
-from bootseer.deps.snapshot import env_ref, load_manifest, portable_ref, publish_manifest, rmtree
+from bootseer.deps.snapshot import env_ref, load_manifest, publish_manifest
 from tests.deps.test_deps import cfg, serve_index, wipe
 
 pytestmark = pytest.mark.timeout(240)
@@ -198,12 +199,12 @@ def test_lazy_mount_outlives_the_command_records_and_prefetches(index, tmp_path)
         assert not os.path.exists(sidecar(prefix))
         assert run_py(prefix, "import bsnode_one; print(bsnode_one.X)") == "1"
     finally:
-        from bootseer.deps.mounted import unmount
+        from bootseer.deps.mounts import unmount
         unmount(prefix)
 
 
 def test_mount_with_a_dead_store_fails_clearly(index, tmp_path):
-    from bootseer.deps.mounted import mount_env
+    from bootseer.deps.mounts import mount_env
     prefix = str(tmp_path / "env")
     with pytest.raises(DepsError, match="cannot mount the environment"):
         mount_env(cfg(tmp_path, "n1"), "sha256:" + "1" * 64, prefix, "sha256:" + "2" * 64,
@@ -217,7 +218,7 @@ def test_gc_removes_least_recently_used_never_one_in_use(index, tmp_path):
     old, busy, new = (str(tmp_path / f"envs/{n}") for n in ("old", "busy", "new"))
     for p in (old, busy, new):
         E.ensure(spec, p, python=PY, index_urls=urls, config=config)
-    from bootseer.deps.node import environments, gc, records_dir
+    from bootseer.deps.gc import environments, gc, records_dir
     # make the ages explicit: busy is the oldest, then old, then new
     for p, age in ((busy, 300), (old, 200), (new, 100)):
         for rec in records_dir(config).glob("*.json"):

@@ -38,8 +38,8 @@ def restored(tmp_path):
     shutil.copytree(src, prefix)
     write_marker(str(prefix), "sha256:" + "0" * 64, tree)
     toc = fmt.decode(store.read(tree))
-    [entry] = [e for e in toc["entries"] if e["path"] == "/lib/big.so"]
-    return prefix, str(tmp_path / "store"), toc["chunk_size"], entry
+    [entry] = [e for e in toc.entries if e.path == "/lib/big.so"]
+    return prefix, str(tmp_path / "store"), toc.chunk_size, entry
 
 
 def _verify(prefix, store, capsys) -> dict:
@@ -52,15 +52,16 @@ def _verify(prefix, store, capsys) -> dict:
 def test_streamed_digests_equal_the_whole_files(restored):
     from bootseer.deps.verify import BLOCK, file_matches
     prefix, _, chunk_size, entry = restored
-    assert chunk_size > BLOCK and entry["size"] > 2 * chunk_size
+    assert chunk_size > BLOCK and entry.size > 2 * chunk_size
     data = (prefix / "lib/big.so").read_bytes()
     whole = ["sha256:" + hashlib.sha256(data[i:i + chunk_size]).hexdigest()
              for i in range(0, len(data), chunk_size)]
-    assert whole == [c[0] for c in entry["chunks"]]
-    assert file_matches(str(prefix / "lib/big.so"), entry["chunks"], chunk_size, BIG)
-    assert not file_matches(str(prefix / "lib/big.so"), entry["chunks"], chunk_size, BIG + 1)
+    assert whole == [c.digest for c in entry.chunks]
+    assert file_matches(str(prefix / "lib/big.so"), entry.chunks, chunk_size, BIG)
+    assert not file_matches(str(prefix / "lib/big.so"), entry.chunks, chunk_size, BIG + 1)
 
 
+@pytest.mark.slow
 def test_a_byte_changed_past_the_first_block_is_found(restored, capsys):
     prefix, store, _, _ = restored
     assert _verify(prefix, store, capsys)["ok"] is True

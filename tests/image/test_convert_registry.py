@@ -195,6 +195,7 @@ def test_platform_picks_the_manifest_of_an_index(registry, tmp_path):
     assert bad.returncode == 2 and "os/arch" in one_error_line(bad)
 
 
+@pytest.mark.root
 def test_transports_users_type(tmp_path):
     """``oci:DIR:TAG`` and ``containers-storage:`` go to skopeo as typed (here a private
     containers-storage, never the node's own)."""

@@ -78,8 +78,8 @@ def test_flatten_whiteouts_opaque_links(tmp_path):
     r = TreeReader(store, digest, Fetcher())
     assert "/etc/a" not in r.entries and r.read("/etc/b", 10, 0) == b"B2"
     assert "/opt/old" not in r.entries and r.read("/opt/new", 10, 0) == b"N"
-    assert r.entries["/bin/sh"]["target"] == "tool" and r.entries["/bin/hard"]["type"] == "h"
-    assert r.toc["meta"]["env"] == ["PATH=/bin"]
+    assert r.entries["/bin/sh"].target == "tool" and r.entries["/bin/hard"].type == "h"
+    assert r.toc.meta["env"] == ["PATH=/bin"]
     assert convert.resolve(str(layout), store) == digest
 
 
@@ -231,13 +231,13 @@ def test_corrupt_chunk_is_eio_in_the_container(need_fuse, busybox_image, tmp_pat
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.reader import TreeReader
     r = TreeReader(store, tree, Fetcher())
-    ref = r.entries["/data/payload.bin"]["chunks"][0]
-    pack = store.path(r.packs[ref[1]])
+    ref = r.entries["/data/payload.bin"].chunks[0]
+    pack = store.path(r.packs[ref.pack])
     os.chmod(pack, 0o644)
     with open(pack, "r+b") as f:
-        f.seek(ref[2] + 5)
+        f.seek(ref.offset + 5)
         b = f.read(1)
-        f.seek(ref[2] + 5)
+        f.seek(ref.offset + 5)
         f.write(bytes([b[0] ^ 0xFF]))
     res = bootseer("run", "--image", tree, "--", "sh", "-c",
                    "cat /data/payload.bin > /dev/null && exit 0 || exit 5",

@@ -84,6 +84,7 @@ def test_the_files_are_read_in_podmans_order(home, tmp_path, monkeypatch):
     assert logins.find("other:1") is None
 
 
+@pytest.mark.slow
 def test_docker_config_helpers_before_inline_auths(home):
     helper(home, "pass", {"r:5000": ("from-pass", "p1")})
     helper(home, "desktop", {"r:5000": ("from-desktop", "p2"), "s:1": ("s-user", "p3")})

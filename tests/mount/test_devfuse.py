@@ -219,9 +219,9 @@ def test_unmount_with_files_held_open(need_fuse, tmp_path, backing):
     streaming = os.open(mp / "f1", os.O_RDONLY)
     assert os.pread(staged, 10, 0) == want[:10]
     assert os.pread(streaming, 10, 0) == DATA["/f1"][:10]
-    started = time.monotonic()
     h.unmount()
-    assert time.monotonic() - started < 10   # detached, not waiting for the holders
+    # detached, not waiting for the holders (closed below): a server that waited would be
+    # killed at unmount's timeout, not exit 0
     assert not os.path.ismount(mp)
     assert h.proc.exitcode == 0
     # the staged file's reads never needed the server; the streaming one's do
@@ -258,7 +258,7 @@ def test_stop_while_a_read_is_in_the_view(need_fuse, tmp_path, backing):
 
     class Gated(StagedView):
         def read(self, path, size, offset):
-            gate.wait(20)
+            gate.wait(120)   # longer than the test may run: only gate.set() lets it go
             return super().read(path, size, offset)
 
     mp = tmp_path / "mnt"
@@ -270,10 +270,9 @@ def test_stop_while_a_read_is_in_the_view(need_fuse, tmp_path, backing):
     reader = threading.Thread(target=lambda: got.append(os.pread(fd, 100, 0)))
     reader.start()
     time.sleep(0.3)
-    started = time.monotonic()
     server.stop(timeout=0.5)
-    assert time.monotonic() - started < 5 and not os.path.ismount(mp)
-    assert server._live == 1   # that worker, still in the view
+    assert not os.path.ismount(mp)
+    assert server._live == 1   # that worker, still in the view: stop did not wait for it
     gate.set()
     reader.join(10)
     assert got == [DATA["/f2"][:100]]   # the detached mount still answered it
@@ -320,9 +319,9 @@ def test_stop_with_every_worker_idle_and_a_file_held_open(need_fuse, tmp_path, b
     fd = os.open(mp / "f1", os.O_RDONLY)
     assert os.pread(fd, 10, 0) == DATA["/f1"][:10]
     time.sleep(0.3)   # every worker back in its wait
-    started = time.monotonic()
     server.stop(timeout=10)
-    assert time.monotonic() - started < 3 and not os.path.ismount(mp)
+    assert not os.path.ismount(mp)
+    # the stop woke them: idle workers the kernel never wakes would outlive its timeout
     assert server._live == 0 and not any(t.is_alive() for t in server._workers)
     with pytest.raises(OSError) as e:   # the connection went with the device
         os.pread(fd, 10, MiB)
@@ -377,23 +376,28 @@ def test_a_root_that_never_answers_leaves_no_mount(need_fuse, tmp_path, backing)
 
 # -- the backend choice ------------------------------------------------------------------------
 def test_backend_choice_and_fallback_said_once(passthrough, monkeypatch, caplog):
-    import bootseer.mount as seam
-    assert seam.ckpt_backend("mfusepy") == "mfusepy"
-    assert seam.ckpt_backend("auto") == "devfuse"
+    from bootseer.config import BootseerConfig, CkptConfig
+    from bootseer.mount import choose as seam
+
+    def ckpt_backend(wanted: str) -> str:
+        return seam.choose(BootseerConfig(ckpt=CkptConfig(fuse=wanted)), seam.What.FILES).value
+    assert ckpt_backend("mfusepy") == "mfusepy"
+    assert ckpt_backend("auto") == "devfuse"
     monkeypatch.setattr(probe, "passthrough_unavailable", lambda: "no CAP_SYS_ADMIN")
-    monkeypatch.setattr(seam, "_ckpt_fallback_said", False)
+    monkeypatch.setattr(seam, "_said", set())
     with caplog.at_level(logging.WARNING, logger="bootseer.mount"):
-        assert seam.ckpt_backend("auto") == "mfusepy"
-        assert seam.ckpt_backend("auto") == "mfusepy"
+        assert ckpt_backend("auto") == "mfusepy"
+        assert ckpt_backend("auto") == "mfusepy"
     said = [r for r in caplog.records if "passthrough unavailable" in r.getMessage()]
     assert len(said) == 1 and "no CAP_SYS_ADMIN" in said[0].getMessage()
     with pytest.raises(MountError, match="BOOTSEER_CKPT_FUSE=devfuse but .*no CAP_SYS_ADMIN"):
-        seam.ckpt_backend("devfuse")
+        ckpt_backend("devfuse")
 
 
 def test_no_cap_sys_admin_is_found_by_the_probe_and_doctor(passthrough):
-    code = ("import bootseer.mount as seam; from bootseer.doctor import check_fuse_passthrough"
-            " as c; print(seam.ckpt_backend('auto'), c().ok, c().detail)")
+    code = ("from bootseer.config import BootseerConfig; from bootseer.mount import choose as seam;"
+            " from bootseer.doctor import check_fuse_passthrough as c;"
+            " print(seam.choose(BootseerConfig(), seam.What.FILES).value, c().ok, c().detail)")
     # setpriv (util-linux) drops the capability for one command
     r = subprocess.run(["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin",
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=30)

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from bootseer.config import BootseerConfig, CacheConfig, MountConfig, StoreConfig
-from bootseer.mount.fuse import MountHandle
+from bootseer.mount.handle import MountHandle
 from bootseer.store import open_store
 from bootseer.tree import format as fmt
 from bootseer.tree.blob import BlobLayout
@@ -144,12 +144,12 @@ def test_erofs_on_fuse_blob_serves_the_tree_and_records_chunks(tmp_path, src, tr
     assert not os.path.ismount(mp) and not handle.proc.is_alive()
     profile = json.loads((state / "profile.json").read_text())
     toc = fmt.decode(store.read(digest))
-    chunks = {c[0] for e in toc["entries"] for c in e.get("chunks", ())}
+    chunks = {c.digest for e in toc.entries for c in e.chunks or ()}
     recorded = {row[0] for row in profile["chunks"]}
     assert recorded and recorded <= chunks   # profiles stay per chunk digest
     # a hot-first blob from that profile: the hot chunks lead, the image still matches
     lay = BlobLayout(toc, [row[0] for row in profile["chunks"]])
-    assert [c[0] for c in lay.refs[:len(recorded)]] == [row[0] for row in profile["chunks"]]
+    assert [c.digest for c in lay.refs[:len(recorded)]] == [row[0] for row in profile["chunks"]]
     from bootseer.tree import profile as prof
     from bootseer.tree.blob_mount import PREREAD
     prof.push(store, profile)
@@ -384,12 +384,12 @@ def test_a_killed_blob_builds_temporaries_go_at_the_next_mount_a_live_ones_stay(
 def test_corrupt_chunk_in_the_store_is_eio_for_its_range_only(tmp_path, src, tree):
     store, digest, b = tree
     toc = fmt.decode(store.read(digest))
-    big = next(e for e in toc["entries"] if e["path"].startswith("/pkg/big") and e.get("chunks"))
-    ref = big["chunks"][1]
-    pack = store.path(b.packs[ref[1]])
+    big = next(e for e in toc.entries if e.path.startswith("/pkg/big") and e.chunks)
+    ref = big.chunks[1]
+    pack = store.path(b.packs[ref.pack])
     os.chmod(pack, 0o644)
     data = bytearray(pack.read_bytes())
-    data[ref[2] + ref[3] // 2] ^= 0xFF
+    data[ref.offset + ref.stored // 2] ^= 0xFF
     pack.write_bytes(bytes(data))
     handle, mp, _ = _mount(_config(tmp_path), digest, tmp_path)
     want = (src / "pkg/big.bin").read_bytes()
@@ -430,7 +430,7 @@ def test_unmount_while_a_file_is_open_detaches_lazily(tmp_path, src, tree, local
 
 def test_backend_fuse_or_no_kernel_support_uses_the_fuse_tree_view(tmp_path, src, tree,
                                                                     monkeypatch, caplog):
-    import bootseer.mount as m
+    from bootseer.mount import choose as m
     from bootseer.mount.erofs import kernel
     from bootseer.mount.erofs.kernel import ErofsMountError
     store, digest, _ = tree
@@ -441,14 +441,17 @@ def test_backend_fuse_or_no_kernel_support_uses_the_fuse_tree_view(tmp_path, src
     finally:
         handle.unmount()
     monkeypatch.setattr(kernel, "availability", lambda: "the kernel has no EROFS (test)")
-    monkeypatch.setattr(m, "_fallback_said", False)
+    monkeypatch.setattr(m, "_said", set())
+
+    def tree_backend(config) -> str:
+        return m.choose(config, m.What.TREE).value
     with caplog.at_level(logging.INFO, logger="bootseer.mount"):
-        assert m.tree_backend(_config(tmp_path, backend="auto")) == "fuse"
-        assert m.tree_backend(_config(tmp_path, backend="auto")) == "fuse"
+        assert tree_backend(_config(tmp_path, backend="auto")) == "fuse"
+        assert tree_backend(_config(tmp_path, backend="auto")) == "fuse"
     said = [r for r in caplog.records if "EROFS path unavailable" in r.getMessage()]
     assert len(said) == 1 and "test" in said[0].getMessage()
     with pytest.raises(ErofsMountError, match="BOOTSEER_MOUNT_BACKEND=erofs"):
-        m.tree_backend(_config(tmp_path, backend="erofs"))
+        tree_backend(_config(tmp_path, backend="erofs"))
 
 
 def test_store_killed_while_the_blob_server_answers_is_eio_not_a_hang(need_fuse, nginx_factory,

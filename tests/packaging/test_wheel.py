@@ -87,6 +87,17 @@ def test_wheel_declares_what_runs(wheel):
     assert {"s3", "gcs", "hdfs", "webhdfs", "containerd", "p2p"} <= extras
 
 
+def test_wheel_holds_no_test_only_code(wheel):
+    """The CRI stubs drive containerd like a kubelet in tests only: they stay out of the
+    wheel, while the snapshotter's own gRPC stubs (the service it runs) ship."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    assert not [n for n in names if n.startswith("tests/") or "/cri/" in n]
+    assert not [n for n in names if "api_pb2" in n]
+    assert {"bootseer/snapshotter/proto/snapshots_pb2.py",
+            "bootseer/snapshotter/proto/snapshots_pb2_grpc.py"} <= set(names)
+
+
 def test_fresh_venv_runs_doctor_from_the_wheel(venv, tmp_path):
     py = venv / "bin/python"
     where = run([py, "-c", "import bootseer, s3fs; print(bootseer.__file__)"], cwd=tmp_path)

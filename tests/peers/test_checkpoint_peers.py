@@ -41,7 +41,7 @@ def checkpoint(tmp_path, nginx_factory):
 
 class Node:
     def __init__(self, tmp_path, url: str, n: int, *, job: str = "job-ckpt", attempt: int = 0,
-                 nodes: int = 2, stall_s: float = 3.0):
+                 nodes: int = 2, stall_s: float = 3.0, wait_s: float = 30.0):
         self.name, self.url = f"node{n}", url
         root = tmp_path / job / str(attempt) / self.name
         self.config = BootseerConfig.from_env({}, overrides={
@@ -51,7 +51,7 @@ class Node:
             "trace": {"job_id": job, "node": self.name, "attempt": attempt},
             "peers": {"mode": "on", "nodes": nodes, "interface": f"127.0.0.{n + 1}",
                       "port_min": 22000 + 10 * n, "port_max": 22009 + 10 * n,
-                      "stall_s": stall_s, "wait_s": 30.0}})
+                      "stall_s": stall_s, "wait_s": wait_s}})
         self.staging = node_staging_dir(self.config)
         self.engine = Engine(self.config.ckpt, self.config.fetch, staging=str(self.staging),
                              store_url=self.config.store.url)
@@ -263,7 +263,9 @@ def test_a_maker_gone_mid_fetch_frees_the_others_long_before_wait_s(nodes, check
     """The maker claimed the files and died: its peer port refuses, so the others stop
     waiting for its manifest within seconds (not wait_s) and load from the origin."""
     _, data = checkpoint
-    node = nodes(1, nodes=3)   # three nodes, one never came: the claim decides the maker
+    # three nodes, one never came: the claim decides the maker; wait_s beyond the test's
+    # timeout: a node that waited for it fails, however loaded the machine is
+    node = nodes(1, nodes=3, wait_s=600.0)
     remote = RemoteDir(node.url)
     large = [s for s in remote.walk().values() if s.size > (1 << 20)]
     key = ckpt_peers.manifest_key(large, STRIPE)
@@ -276,8 +278,6 @@ def test_a_maker_gone_mid_fetch_frees_the_others_long_before_wait_s(nodes, check
     store.write(sha256_digest(blob), blob)
     assert store.set_ref(f"peers/job-ckpt-ckpt/ckpt-maker/0/{key}", sha256_digest(blob),
                          exclusive=True)
-    t0 = time.monotonic()
     figures = node.run().wait()
     assert figures["peers_role"] == "origin"
-    assert time.monotonic() - t0 < 15   # wait_s is 30
     assert node.staged() == data

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from bootseer.config import BootseerConfig
-from bootseer.deps import snapshot
+from bootseer.deps import restore, snapshot
 from bootseer.peers import _shares
 from bootseer.store import open_store
 from bootseer.tree import peers as tree_peers
@@ -51,8 +51,8 @@ def test_second_node_restores_the_snapshot_from_the_first(tmp_path, monkeypatch)
         for n in (1, 2):
             prefix = tmp_path / f"n{n}" / "env"
             prefix.parent.mkdir(parents=True, exist_ok=True)
-            snapshot.restore(store, manifest, str(prefix), node_config(tmp_path, store, n),
-                             manifest["key"])
+            restore.extract(store, manifest, str(prefix), node_config(tmp_path, store, n),
+                            manifest["key"])
             assert tree_files(prefix) == tree_files(env)
         assert figures[0]["peers_role"] == "maker" and figures[0]["peer_bytes"] == 0
         assert figures[1]["peers_role"] == "peer", figures[1]

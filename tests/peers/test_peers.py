@@ -31,6 +31,7 @@ from bootseer.tree.build import TreeBuilder, add_directory
 from bootseer.tree.peer_source import TreeChunks, set_items
 from bootseer.tree.prefetch import Prefetcher
 from bootseer.tree.reader import TreeReader
+from bootseer.tree.toc import ChunkRef
 
 pytestmark = pytest.mark.timeout(120)
 JOB = "job-p2p"
@@ -76,8 +77,8 @@ def tree(tmp_path, request):
     add_directory(b, root)
     digest = b.finish()
     r = TreeReader(store, digest, Fetcher(FetchConfig(max_inflight=4)))
-    profile = {"chunks": [[c[0]] for c in r.all_chunks()]}
-    set_bytes = sum(c[3] for c in r.all_chunks())
+    profile = {"chunks": [[c.digest] for c in r.all_chunks()]}
+    set_bytes = sum(c.stored for c in r.all_chunks())
     return SharedLink(store), digest, profile, set_bytes
 
 
@@ -120,7 +121,7 @@ class Node:
 
     def has_all(self) -> bool:
         """Every chunk is in this node's cache, and right (the cache re-verifies)."""
-        return all(self.cache.get(c[0], c[4]) is not None for c in self.reader.all_chunks())
+        return all(self.cache.get(c.digest, c.size) is not None for c in self.reader.all_chunks())
 
     def close(self) -> None:
         if self.share is not None:
@@ -167,7 +168,7 @@ def test_torrent_is_the_same_on_every_node_and_checked(tmp_path):
     for i, size in enumerate((40000, 200, 3000, 70000, 9000)):
         data = os.urandom(size)
         data_of[sha256_digest(data)] = data
-        refs.append([sha256_digest(data), 0, i * 100000, size, size])
+        refs.append(ChunkRef(sha256_digest(data), 0, i * 100000, size, size))
     items = set_items(refs)
     assert set_items(refs[::-1]) == items   # pack order, whatever the refs' order
     out = []
@@ -239,9 +240,9 @@ def test_chunks_in_the_node_cache_are_seeded_not_fetched(tree, nodes, tmp_path):
     half = nodes(2, nodes=3)
     refs = full.reader.all_chunks()
     for ref in refs:
-        full.cache.put(ref[0], full.reader.chunk(ref))
+        full.cache.put(ref.digest, full.reader.chunk(ref))
     for ref in refs[::2]:
-        half.cache.put(ref[0], full.reader.chunk(ref))
+        half.cache.put(ref.digest, full.reader.chunk(ref))
     sent0 = store.sent
     full.run()
     half.run()
@@ -425,13 +426,13 @@ def test_no_peer_reachable_is_a_pure_origin_fetch(tree, nodes):
     first = nodes(1).run()
     first.wait()
     first.close()                                  # announced, published, now unreachable
-    t0 = time.monotonic()
-    alone = nodes(2, stall_s=1.0).run()
+    # wait_s beyond the test's timeout: a node that waited for it fails, however loaded
+    # the machine is
+    alone = nodes(2, stall_s=1.0, wait_s=600.0).run()
     stats = alone.wait()
     assert alone.has_all()
     assert stats["peer_bytes"] == 0
     assert stats["origin_bytes"] >= set_bytes
-    assert time.monotonic() - t0 < 15
 
 
 def test_share_for_follows_the_settings(tmp_path):
@@ -472,7 +473,7 @@ def test_tree_session_prefetch_uses_peers_and_traces_the_bytes(tree, tmp_path):
                             window_timeout_s=60)
             sessions.append(s)
             s.prefetcher.wait(60)
-        attrs = [window_attrs(s.figures()) for s in sessions]
+        attrs = [window_attrs(s.figures().doc()) for s in sessions]
         assert attrs[0]["prefetch_peers_role"] == "maker"
         assert attrs[0]["prefetch_origin_bytes"] >= set_bytes
         assert attrs[1]["prefetch_peers_role"] == "peer"
@@ -629,7 +630,7 @@ def test_a_maker_gone_frees_the_others_long_before_wait_s(tree, nodes):
     import json
     import socket
     store, _, _, set_bytes = tree
-    node = nodes(1, wait_s=30.0)
+    node = nodes(1, wait_s=600.0)   # beyond the test's timeout: waiting for it fails
     chunks = TreeChunks(node.reader, node.prefetcher.plan)
     transfer = node.share.open_set(chunks.items, chunks)
     with socket.socket() as s:   # a port nobody listens on any more
@@ -638,8 +639,6 @@ def test_a_maker_gone_frees_the_others_long_before_wait_s(tree, nodes):
     blob = json.dumps({"node": "gone", "addr": dead}).encode()
     store.write(sha256_digest(blob), blob)
     assert store.set_ref(transfer._maker_ref(), sha256_digest(blob), exclusive=True)
-    t0 = time.monotonic()
     stats = node.run().wait()
-    assert time.monotonic() - t0 < 15
     assert stats["peers_role"] == "origin"
     assert node.has_all() and stats["origin_bytes"] >= set_bytes

@@ -14,7 +14,7 @@ import pytest
 from bootseer.demo.assets import write_simple_index
 from bootseer.run import baseline
 from bootseer.run import container as C
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 
 pytestmark = pytest.mark.timeout(240)
 

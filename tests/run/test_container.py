@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import stat
-import subprocess
-import threading
 import time
 
 import pytest
 
 from bootseer.run import container as C
 from bootseer.run import devices as D
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 
 pytestmark = pytest.mark.timeout(240)
 

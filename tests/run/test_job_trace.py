@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from bootseer.config import TraceConfig
+from bootseer.report import load
+from bootseer.report.views import attempts
 from bootseer.run import container as C
 from bootseer.run import tracing
-from bootseer.report import analysis
-from bootseer.report import load
 from tests.conftest import BUSYBOX, is_root, make_busybox_rootfs, need
 
 TRAIN = Path(__file__).parents[1] / "trace" / "torch_train.py"
@@ -174,7 +174,7 @@ def test_starts_without_attempt_are_attempts_0_and_1(tmp_path):
     assert {e["attempt"] for e in readies} == {0, 1}
     files = sorted(p.name for p in (tmp_path / "trace" / "j").rglob("*.jsonl"))
     assert len({name.split("-")[1] for name in files}) == 2    # two start ids
-    assert [v.attempt for v in analysis.attempts(t.events)] == [0, 1]
+    assert [v.attempt for v in attempts(t.events)] == [0, 1]
     rep = subprocess.run([sys.executable, "-m", "bootseer", "report",
                           str(tmp_path / "trace" / "j")], capture_output=True, text=True)
     assert rep.returncode == 0, rep.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bootseer.demo.assets import write_simple_index
-from tests.conftest import need, is_root
+from tests.conftest import is_root, need
 from tests.run.test_baseline import make_wheel
 
 pytestmark = pytest.mark.timeout(240)
@@ -68,6 +68,7 @@ def test_host_mode_all_conventional_pipelines(index, ckpt_dir, nginx_factory, tm
     assert data["ready_s"] is not None and data["phases"]["ckpt.fetch"]["bytes"] == 300_004
 
 
+@pytest.mark.slow
 def test_exit_status_and_missing_command_on_host():
     assert bootseer("run", "--", sys.executable, "-c", "raise SystemExit(9)").returncode == 9
     r = bootseer("run", "--", "no-such-command-bootseer")
@@ -76,6 +77,7 @@ def test_exit_status_and_missing_command_on_host():
     assert r.returncode == 2 and "no command given" in r.stderr   # usage (docs/cli.md)
 
 
+@pytest.mark.slow
 def test_ready_at_the_first_output_line_matching_the_regex(tmp_path):
     """--ready-regex: the job is ready at the matching line (a job that cannot create the
     ready file); every line still reaches our stdout/stderr, in order, and the status
@@ -130,6 +132,7 @@ def test_sigterm_during_startup_leaves_nothing(nginx_factory, tmp_path):
     assert children.stdout.strip() == ""
 
 
+@pytest.mark.root
 def test_pulled_image_run_passes_status_and_127(registry, busybox_rootfs, tmp_path):
     need(is_root(), "containers need root")
     from tests.run.test_baseline import push_busybox
@@ -142,6 +145,7 @@ def test_pulled_image_run_passes_status_and_127(registry, busybox_rootfs, tmp_pa
     assert "'python3' not found in image" in r.stderr
 
 
+@pytest.mark.fuse
 def test_checkpoint_staged_before_the_command_is_read_locally(index, ckpt_dir, nginx_factory,
                                                               tmp_path):
     """Striped checkpoint + snapshot pipelines: the checkpoint's prefetch finishes while the
@@ -165,6 +169,7 @@ def test_checkpoint_staged_before_the_command_is_read_locally(index, ckpt_dir, n
     assert not list((tmp_path / "node" / "ckpt").glob("mirror-*")), "mirror left behind"
 
 
+@pytest.mark.fuse
 def test_checkpoint_mirror_is_passed_to_the_striped_pipeline(index, ckpt_dir, nginx_factory,
                                                              tmp_path):
     """--ckpt-mirror reaches the checkpoint mount: an exact copy serves the load; a copy

@@ -14,7 +14,7 @@ def test_preload_imports_what_the_pipelines_import_lazily_and_no_torch():
                          check=True).stdout
     loaded = set(json.loads(out))
     for name in ("bootseer.run.lazy", "bootseer.tree.session", "bootseer.tree.blob_mount",
-                 "bootseer.tree.preread", "bootseer.deps.ensure", "bootseer.deps.mounted",
+                 "bootseer.tree.preread", "bootseer.deps.ensure", "bootseer.deps.mounts",
                  "bootseer.ckpt.mount", "bootseer.ckpt.engine", "bootseer.store.digest",
                  "bootseer.mount.erofs.kernel", "bootseer.mount.devfuse.server",
                  "bootseer.peers.share"):

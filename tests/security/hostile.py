@@ -8,7 +8,6 @@ import json
 import zstandard
 
 from bootseer.store.digest import sha256_digest
-from bootseer.tree import format as fmt
 from bootseer.tree.build import TreeBuilder
 
 
@@ -19,7 +18,9 @@ def raw_toc(store, digest: str) -> dict:
 
 
 def put_toc(store, toc: dict) -> str:
-    blob = fmt.encode(toc)
+    """Store a TOC document as the builder would encode it, unchecked."""
+    blob = zstandard.ZstdCompressor(level=9).compress(
+        json.dumps(toc, separators=(",", ":"), sort_keys=True).encode())
     digest = sha256_digest(blob)
     store.write(digest, blob)
     return digest

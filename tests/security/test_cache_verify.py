@@ -42,7 +42,7 @@ def fill(store, digest, tmp_path) -> list:
     """Read the whole file once (every chunk cached); return its chunk refs."""
     r = reader(store, digest, tmp_path)
     assert r.read("/lib/data.bin", len(DATA), 0) == DATA
-    return r.entries["/lib/data.bin"]["chunks"]
+    return r.entries["/lib/data.bin"].chunks
 
 
 def damage(path, how: str) -> None:
@@ -59,7 +59,7 @@ def damage(path, how: str) -> None:
 def test_damaged_cached_chunk_is_refetched_not_served(tmp_path, tree, how, caplog):
     store, digest = tree
     refs = fill(store, digest, tmp_path)
-    entry = cache_of(tmp_path).path(refs[1][0])
+    entry = cache_of(tmp_path).path(refs[1].digest)
     damage(entry, how)
     caplog.set_level(logging.WARNING, logger="bootseer.store.cache")
     r = reader(store, digest, tmp_path)
@@ -68,7 +68,7 @@ def test_damaged_cached_chunk_is_refetched_not_served(tmp_path, tree, how, caplo
     assert r.read("/lib/data.bin", len(DATA), 0) == DATA
     assert entry.read_bytes() == DATA[CHUNK:2 * CHUNK]          # refetched and cached again
     assert r.counters["chunks_fetched"] == 1
-    assert any("corrupt on disk" in m and refs[1][0] in m for m in caplog.messages)
+    assert any("corrupt on disk" in m and refs[1].digest in m for m in caplog.messages)
 
 
 def test_damaged_cached_toc_is_refetched(tmp_path, tree, caplog):
@@ -95,7 +95,7 @@ def test_through_a_real_mount(need_fuse, tmp_path, tree, how, capfd):
     store, digest = tree
     refs = fill(store, digest, tmp_path)
     for ref in refs[:2]:
-        damage(cache_of(tmp_path).path(ref[0]), how)
+        damage(cache_of(tmp_path).path(ref.digest), how)
     damage(cache_of(tmp_path).path(digest), how)   # and the TOC
     mp = tmp_path / "mnt"
     mp.mkdir()
@@ -103,7 +103,7 @@ def test_through_a_real_mount(need_fuse, tmp_path, tree, how, capfd):
         assert os.path.getsize(mp / "lib/data.bin") == len(DATA)
         assert (mp / "lib/data.bin").read_bytes() == DATA
     cache = cache_of(tmp_path)
-    assert [cache.path(r[0]).read_bytes() for r in refs[:2]] == [DATA[:CHUNK],
+    assert [cache.path(r.digest).read_bytes() for r in refs[:2]] == [DATA[:CHUNK],
                                                                   DATA[CHUNK:2 * CHUNK]]
     err = capfd.readouterr().err   # the server's log lines (its stderr is ours)
     assert err.count("corrupt on disk") == 3, err
@@ -113,8 +113,8 @@ def test_through_an_environment_restore(tmp_path, tree, caplog):
     from tests.security.test_hostile_tree import restore
     store, digest = tree
     refs = fill(store, digest, tmp_path)
-    damage(cache_of(tmp_path).path(refs[0][0]), "flip")
-    damage(cache_of(tmp_path).path(refs[2][0]), "truncate")
+    damage(cache_of(tmp_path).path(refs[0].digest), "flip")
+    damage(cache_of(tmp_path).path(refs[2].digest), "truncate")
     caplog.set_level(logging.WARNING, logger="bootseer.store.cache")
     restore(tmp_path, store, digest, tmp_path / "env")
     assert (tmp_path / "env/lib/data.bin").read_bytes() == DATA

@@ -16,7 +16,7 @@ import pytest
 
 from bootseer.deps import ensure as E
 from bootseer.deps.lease import LEASE_TTL_S
-from bootseer.deps.snapshot import read_marker
+from bootseer.deps.prefix import read_marker
 from tests.deps.test_deps import cfg, serve_index
 
 pytestmark = pytest.mark.timeout(240)

@@ -15,10 +15,9 @@ import time
 import pytest
 
 from bootseer.deps import ensure as E
-from bootseer.deps.mounted import sidecar
-from bootseer.deps.node import gc, records_dir
+from bootseer.deps.gc import gc, records_dir
+from bootseer.deps.prefix import read_marker, sidecar
 from bootseer.deps.resolve import DepsError
-from bootseer.deps.snapshot import read_marker
 from tests.deps.test_deps import cfg, serve_index
 
 pytestmark = pytest.mark.timeout(240)

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from bootseer.deps import ensure as E
-from bootseer.deps.snapshot import read_marker, rmtree
+from bootseer.deps.prefix import read_marker, rmtree
 from tests.deps.test_deps import cfg, serve_index
 
 pytestmark = pytest.mark.timeout(240)

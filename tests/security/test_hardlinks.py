@@ -55,7 +55,7 @@ def test_replacing_the_first_name_leaves_the_link_its_content(tmp_path):
 
 def test_untouched_links_stay_one_file(tmp_path):
     r, _ = tree_of(tmp_path, BASE, [("etc", None, "d"), ("etc/x", b"x", "f")])
-    assert r.entries["/sbin/hard"]["type"] == "h"
+    assert r.entries["/sbin/hard"].type == "h"
     out = restored(tmp_path, r)
     assert os.stat(out / "sbin/hard").st_ino == os.stat(out / "bin/tool").st_ino
 
@@ -110,7 +110,7 @@ def test_restore_links_a_name_that_sorts_before_its_first_name(tmp_path):
     store = open_store(str(tmp_path / "store"))
     b = TreeBuilder(store)
     add_directory(b, src)
-    assert b.entries["/a/b/x"]["type"] == "h"
+    assert b.entries["/a/b/x"].type == "h"
     r = TreeReader(store, b.finish(), Fetcher())
     out = restored(tmp_path, r)
     assert (out / "a/b/x").read_bytes() == b"same"

@@ -65,7 +65,7 @@ def config(tmp_path, store_url: str) -> BootseerConfig:
 
 def restore(tmp_path, store, tree: str, prefix) -> None:
     """The real environment restore (deps ensure's path) of ``tree`` at ``prefix``."""
-    from bootseer.deps.snapshot import restore as deps_restore
+    from bootseer.deps.restore import extract as deps_restore
     deps_restore(store, {"prefix": str(prefix), "tree": tree}, str(prefix),
                  config(tmp_path, store.url), key="k" * 64)
 

@@ -38,7 +38,7 @@ def converted(registry, busybox_rootfs, tmp_path):
 def test_a_pod_on_a_converted_image_starts_lazily_and_the_next_node_prefetches(
         nodes, converted, registry, tmp_path):
     from bootseer.store import open_store
-    from bootseer.testing.cri.pods import CriClient
+    from tests.support.cri.pods import CriClient
     from bootseer.tree import profile as prof
     image, pause, store, tree = converted
     host = f"127.0.0.1:{registry.port}"
@@ -99,11 +99,11 @@ def _tree_meta(store: str, tree: str) -> dict:
     from bootseer.tree.reader import load_toc
     config = BootseerConfig.from_env(overrides={"store": {"url": store}})
     with Fetcher(config.fetch) as f:
-        return load_toc(open_store(store), tree, f, NodeCache(config.cache))["meta"]
+        return load_toc(open_store(store), tree, f, NodeCache(config.cache)).meta
 
 
 def test_an_unreachable_store_falls_back_to_a_normal_pull(nodes, converted, registry, tmp_path):
-    from bootseer.testing.cri.pods import CriClient
+    from tests.support.cri.pods import CriClient
     image, pause, _, _ = converted
     n = nodes("u", snapshotter_args=["--store", "http://127.0.0.1:9/none"],
               env={"BOOTSEER_FETCH_RETRIES": "0"}, cri=(pause, f"127.0.0.1:{registry.port}"))
@@ -126,7 +126,7 @@ def test_a_restarted_snapshotter_fails_running_containers_loudly_and_serves_new_
     pod runs."""
     import signal
     import threading
-    from bootseer.testing.cri.pods import CriClient
+    from tests.support.cri.pods import CriClient
     image, pause, store, _ = converted
     n = nodes("r", snapshotter_args=["--store", store], cri=(pause, f"127.0.0.1:{registry.port}"),
               env={"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")})

@@ -145,6 +145,7 @@ def test_a_second_server_on_the_same_socket_is_refused(client, tmp_path):
         SnapshotterServer(str(regular), str(tmp_path / "other"))
 
 
+@pytest.mark.root
 def test_an_active_snapshot_in_use_is_not_removed(client, tmp_path):
     need(is_root(), "mounting the snapshot needs root")
     prepare(client, "a")

@@ -75,6 +75,7 @@ def _fill_in_process(cache_dir, counter_path, digest, data, start_evt):
     assert c.get_or_fill(digest, fill) == data
 
 
+@pytest.mark.slow
 def test_single_flight_across_threads_and_processes(tmp_path):
     d, b = blob(5, 100_000)
     counter = tmp_path / "fills"
@@ -124,6 +125,7 @@ def _fill(dir_: str, start: int, n: int) -> None:
         c.put(*blob(i))
 
 
+@pytest.mark.slow
 def test_budget_holds_across_processes_and_recovers_from_hand_deletion(tmp_path):
     """The bytes in use are shared through the lock file: two processes filling one cache
     never exceed the budget; an entry removed by hand only makes the figure err high,

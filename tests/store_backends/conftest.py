@@ -3,6 +3,7 @@ nginx, docker-registry) or at the fsspec boundary (memory://, a fake hdfs://).""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,10 @@ import pytest
 from bootseer.store import open_store
 from tests.store_backends.fakes import register_fake_hdfs
 
-KINDS = ["local", "http", "oci", "memory", "hdfs"]
+# http and oci need their server (the fixture asks for it only then): marked, so the
+# others stay in the fast tier.
+KINDS = ["local", pytest.param("http", marks=pytest.mark.servers),
+         pytest.param("oci", marks=pytest.mark.servers), "memory", "hdfs"]
 
 
 @dataclass
@@ -25,18 +29,20 @@ class Store:
 
 
 @pytest.fixture(params=KINDS)
-def store(request, tmp_path, nginx_factory, registry_factory):
+def store(request, tmp_path):
     kind = request.param
     if kind == "local":
         b = open_store(str(tmp_path / "store"))
         yield Store(kind, b, b)
     elif kind == "http":
         w = open_store(str(tmp_path / "store"))
-        server = nginx_factory(tmp_path / "store")
+        server = request.getfixturevalue("nginx_factory")(tmp_path / "store")
         yield Store(kind, w, open_store(server.url), server)
     elif kind == "oci":
-        server = registry_factory()
-        b = open_store(f"oci://127.0.0.1:{server.port}/bootseer/conformance")
+        # the session's registry, a repository of this test's own
+        server = request.getfixturevalue("shared_registry")
+        repo = re.sub(r"[^a-z0-9]+", "-", tmp_path.name.lower()).strip("-")
+        b = open_store(f"oci://{server.host}:{server.port}/conformance/{repo}")
         yield Store(kind, b, b, server)
     elif kind == "memory":
         b = open_store(f"memory://conf-{tmp_path.name}")

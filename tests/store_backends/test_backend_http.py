@@ -93,7 +93,7 @@ def test_corrupted_file_served_is_detected_by_verify(served, tmp_path):
 
 
 def test_server_down(tmp_path, nginx_factory):
-    server = nginx_factory(tmp_path)
+    server = nginx_factory(tmp_path, own=True)   # stopped below
     r = open_store(server.url)
     server.stop()
     with pytest.raises(FetchError, match="refused|reachable") as e:
@@ -173,7 +173,7 @@ def test_read_only(served):
 
 def test_stale_pooled_connections_reconnect(tmp_path, nginx_factory):
     open_store(str(tmp_path / "s")).write(DIGEST, DATA)
-    server = nginx_factory(tmp_path / "s")
+    server = nginx_factory(tmp_path / "s", own=True)   # stopped and restarted below
     r = open_store(server.url)
     results = []
     threads = [threading.Thread(target=lambda: results.append(r.read(DIGEST, 0, 100)))

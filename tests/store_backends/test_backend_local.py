@@ -22,6 +22,7 @@ def _race(root, i, barrier, results):
     results.put((i, b.set_ref("leases/build", d, exclusive=True)))
 
 
+@pytest.mark.slow
 def test_exclusive_ref_is_atomic_across_processes(tmp_path):
     b = LocalBackend(tmp_path / "s")
     for i in range(6):

@@ -49,6 +49,7 @@ def test_round_trip_local_and_http(tmp_path, nginx_factory):
     assert r.returncode == 1 and b"read-only" in r.stderr
 
 
+@pytest.mark.slow
 def test_errors(tmp_path):
     store = str(tmp_path / "s")
     (tmp_path / "f").write_bytes(b"x")

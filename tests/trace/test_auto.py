@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.trace import auto
-from bootseer.report import analysis
 from bootseer.report import load
+from bootseer.report.summary import summarize
+from bootseer.report.views import attempts
+from bootseer.trace import auto
 
 HERE = Path(__file__).parent
 
@@ -35,12 +36,12 @@ def test_torchrun_four_ranks_report_names_phases_and_gating_node(tmp_path):
     assert (tmp_path / "ready").exists()   # the first optimizer step said so, no code change
     t = load.load(tmp_path / "trace" / "tiny")
     assert t.skipped_lines == 0
-    (v,) = analysis.attempts(t.events)
-    s = analysis.summarize(v)
+    (v,) = attempts(t.events)
+    s = summarize(v)
     assert [n.node for n in v.nodes] == ["n0", "n1", "n2", "n3"]
     for name in ("python.start", "import.torch", "dist.init", "dist.first_collective",
                  "ckpt.load", "train.first_step"):
-        assert s.phases[name]["n"] == 4, name
+        assert s.phases[name].n == 4, name
     firsts = [e for e in t.events if e["phase"] == "dist.first_collective"]
     assert {e["attrs"]["op"] for e in firsts} == {"gather_object"}   # dcp.save gathers plans
     assert len([e for e in t.events if e["phase"] == "rendezvous"]) == 4

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from bootseer.report import cluster
-from bootseer.report import simulate
+from bootseer.report import cluster, simulate
 
 BOOTSEER = [sys.executable, "-m", "bootseer"]
 
@@ -22,6 +21,7 @@ def sims(tmp_path_factory):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_default_calibration_reproduces_the_figures(sims):
     recs, notes = cluster.read_attempts(sims / "base")
     c = cluster.characterize(recs)
@@ -33,6 +33,7 @@ def test_default_calibration_reproduces_the_figures(sims):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_techniques_cut_startup_in_every_bin(sims, tmp_path):
     base = cluster.characterize(cluster.read_attempts(sims / "base")[0])
     new = cluster.characterize(cluster.read_attempts(sims / "all")[0])

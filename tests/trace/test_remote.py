@@ -7,12 +7,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from bootseer.store import open_store
 from bootseer.report import remote
+from bootseer.store import open_store
 
 pytestmark = pytest.mark.timeout(120)
 

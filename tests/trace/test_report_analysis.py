@@ -8,17 +8,18 @@ import sys
 
 import pytest
 
-from bootseer.report import analysis
 from bootseer.report import load
+from bootseer.report.summary import summarize
+from bootseer.report.views import attempts
 from tests.trace.report_traces import NodeTrace, demo_node
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _summary(root, attempt=0):
-    views = analysis.attempts(load.load(root / "job").events)
+    views = attempts(load.load(root / "job").events)
     view = next(v for v in views if v.attempt == attempt)
-    return view, analysis.summarize(view)
+    return view, summarize(view)
 
 
 def test_wall_clock_step_during_a_phase_keeps_the_monotonic_durations(tmp_path):
@@ -36,7 +37,7 @@ def test_wall_clock_step_during_a_phase_keeps_the_monotonic_durations(tmp_path):
     t.write()
     view, s = _summary(tmp_path)
     assert s.time_to_ready == pytest.approx(40.0)
-    assert s.phases["image.pull"]["max"] == pytest.approx(30.0)
+    assert s.phases["image.pull"].max == pytest.approx(30.0)
     assert s.gating_phase == "image.pull"
     assert any("wall clock stepped" in p for p in s.problems)
     assert not any("clamped" in p for p in load.load(tmp_path / "job").problems)
@@ -54,7 +55,7 @@ def test_a_forward_step_does_not_stretch_a_phase(tmp_path):
     later["end"] += 600
     t.write()
     _, s = _summary(tmp_path)
-    assert s.phases["image.pull"]["max"] == pytest.approx(5.0)
+    assert s.phases["image.pull"].max == pytest.approx(5.0)
     assert s.time_to_ready == pytest.approx(6.0)
 
 
@@ -95,16 +96,16 @@ def test_critical_path_is_the_chain_that_gated_not_summed_medians(tmp_path):
     _, s = _summary(tmp_path)
     # all ranks leave the rendezvous together: whichever node was ready last, its path
     # crosses at the rendezvous to n2, the last to arrive
-    phases = [x["phase"] for x in s.critical_path if x["seconds"] > 0.015]
-    assert {x["node"] for x in s.critical_path[:2]} == {"n2"}
+    phases = [x.phase for x in s.critical_path if x.seconds > 0.015]
+    assert {x.node for x in s.critical_path[:2]} == {"n2"}
     # startup.prepare wraps the pipelines: on the path only for its own 50 ms after them
     assert phases[:3] == ["image.lazy", "startup.prepare", "job.run"]
-    assert [x["seconds"] for x in s.critical_path if x["phase"] == "startup.prepare"] == \
+    assert [x.seconds for x in s.critical_path if x.phase == "startup.prepare"] == \
         [pytest.approx(0.05, abs=1e-3)]
     assert "deps.restore" not in phases
     assert phases.index("import.torch") < phases.index("dist.init") < phases.index("ckpt.load") \
         < phases.index("train.first_step")
-    total = sum(x["seconds"] for x in s.critical_path)
+    total = sum(x.seconds for x in s.critical_path)
     assert total == pytest.approx(s.time_to_ready, abs=0.01)
     assert s.path_shares["image"] == pytest.approx(6.0, abs=0.01)
     assert sum(s.path_shares.values()) == pytest.approx(s.time_to_ready, abs=0.01)
@@ -140,8 +141,8 @@ def test_the_first_collective_is_where_ranks_wait(tmp_path):
     assert waits["n1"] == pytest.approx(0.0, abs=1e-6)
     assert waits["n0"] == pytest.approx(5.0, abs=0.01)
     assert all(r["dist.init"] == pytest.approx(0.3) for r in s.ranks)
-    long = [x for x in s.critical_path if x["seconds"] > 0.1]
-    assert [x["node"] for x in long if x["phase"] == "import.torch"] == ["n1"]
+    long = [x for x in s.critical_path if x.seconds > 0.1]
+    assert [x.node for x in long if x.phase == "import.torch"] == ["n1"]
     assert s.gating_node == "n1" and s.gating_phase == "import.torch"
 
 
@@ -156,7 +157,7 @@ def test_a_pipeline_thread_waited_on_the_launcher_not_on_its_siblings(tmp_path):
     t.mark("ready", 10.0)
     t.write()
     _, s = _summary(tmp_path)
-    assert [x["phase"] for x in s.critical_path if x["seconds"] > 0.015] == [
+    assert [x.phase for x in s.critical_path if x.seconds > 0.015] == [
         "startup.prepare", "deps.restore", "startup.prepare", "job.run"]
     assert s.path_shares["deps"] == pytest.approx(5.98) and "image" not in s.path_shares
     assert s.gating_phase == "deps.restore"

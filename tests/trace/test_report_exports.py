@@ -68,6 +68,7 @@ def test_chrome_export_has_a_named_nested_track_per_pipeline(two_attempts, tmp_p
     assert path[0] == "image.lazy" and "train.first_step" in path
 
 
+@pytest.mark.slow
 def test_otlp_json_file_and_a_receiver(two_attempts, tmp_path):
     r = _report(two_attempts, "--otlp", tmp_path / "spans.json")
     assert r.returncode == 0, r.stderr
@@ -119,8 +120,7 @@ def _otlp_decode(data: bytes):
     import base64
 
     from google.protobuf import json_format
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest)
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     def ids_as_base64(x):
         if isinstance(x, dict):
@@ -132,8 +132,7 @@ def _otlp_decode(data: bytes):
 
 def _otlp_response() -> bytes:
     from google.protobuf import json_format
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceResponse)
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
     return json_format.MessageToJson(ExportTraceServiceResponse()).encode()
 
 
@@ -268,6 +267,7 @@ def test_prometheus_bytes_by_source_per_node_and_pipeline(tmp_path):
         ("image", "origin"): 64 * MiB, ("ckpt", "origin"): 100 * MiB}
 
 
+@pytest.mark.slow
 def test_trace_from_a_url(two_attempts, tmp_path):
     r = _report(f"file://{two_attempts}")
     assert r.returncode == 0, r.stderr
@@ -276,6 +276,7 @@ def test_trace_from_a_url(two_attempts, tmp_path):
     assert r.returncode == 1 and "holds no trace files" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_url_as_trace_location_is_never_a_local_directory(tmp_path):
     """Recording appends to local files: ``--trace s3://bucket/t`` used to create ./s3:.
     bootseer run uploads to a store it can write (tests/trace/test_remote.py), else fails."""

@@ -71,6 +71,7 @@ def _geometry(dom: str, chart: str) -> dict:
     return json.loads(html.unescape(attr.group(1)))
 
 
+@pytest.mark.slow
 def test_report_renders_in_a_browser(report, tmp_path):
     exe = _chromium()
     page, stdout = report
@@ -120,6 +121,7 @@ def test_report_renders_in_a_browser(report, tmp_path):
     print(f"screenshot: {shot}")
 
 
+@pytest.mark.slow
 def test_bytes_by_source_in_the_page(tmp_path):
     """The job's bytes from the origin and from peers per pipeline, the lanes' nodes' in a
     table and in the tooltip of each node's row."""

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from bootseer.report import analysis
 from bootseer.report import load
+from bootseer.report.summary import summarize
+from bootseer.report.views import attempts
 from tests.trace.report_traces import NodeTrace
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,9 +49,9 @@ def _node(root, name, *, image=None, deps=None, kernel_deps=None, ckpt=(), ready
 
 
 def _summary(root, attempt=0):
-    (view,) = [v for v in analysis.attempts(load.load(root / "job").events)
+    (view,) = [v for v in attempts(load.load(root / "job").events)
                if v.attempt == attempt]
-    return analysis.summarize(view)
+    return summarize(view)
 
 
 def _peers_job(root, attempt=0):

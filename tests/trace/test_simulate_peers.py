@@ -3,8 +3,7 @@ once whatever its size, and each node receives it from its peers at its NIC's ra
 
 import pytest
 
-from bootseer.report import cluster
-from bootseer.report import simulate
+from bootseer.report import cluster, simulate
 
 LAZY = ("image", "deps", "ckpt", "overlap")
 
@@ -14,10 +13,10 @@ def test_peers_cut_the_registry_load_and_the_image_phase_at_scale(gpus):
     without = simulate.project(simulate.SimParams(techniques=LAZY), gpus)
     with_peers = simulate.project(simulate.SimParams(techniques=LAZY + ("peers",)), gpus)
     hot_gb = 0.15 * simulate.SimParams().image_gb
-    assert without["registry_gb"] == pytest.approx(without["nodes"] * hot_gb)
-    assert with_peers["registry_gb"] == pytest.approx(1.03 * hot_gb)
-    assert with_peers["phases"]["image.pull"] < without["phases"]["image.pull"]
-    assert with_peers["ready_s"] <= without["ready_s"]
+    assert without.registry_gb == pytest.approx(without.nodes * hot_gb)
+    assert with_peers.registry_gb == pytest.approx(1.03 * hot_gb)
+    assert with_peers.phases["image.pull"] < without.phases["image.pull"]
+    assert with_peers.ready_s <= without.ready_s
 
 
 def test_one_node_has_no_peers():
@@ -35,6 +34,7 @@ def test_the_set_fetch_model():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_simulated_cluster_with_peers_starts_large_jobs_faster(tmp_path):
     runs = {}
     for name, tech in (("lazy", ("image",)), ("peers", ("image", "peers"))):
@@ -50,14 +50,14 @@ def test_peers_share_the_checkpoint_among_replicas(gpus):
     lazy = simulate.project(simulate.SimParams(techniques=LAZY, ckpt_shared_by=8), gpus)
     peers = simulate.project(simulate.SimParams(techniques=LAZY + ("peers",),
                                                 ckpt_shared_by=8), gpus)
-    assert peers["storage_gb"] == pytest.approx(lazy["storage_gb"] / 8 * 1.03)
-    assert peers["phases"]["ckpt.load"] < lazy["phases"]["ckpt.load"]
-    assert peers["ready_s"] < lazy["ready_s"]
+    assert peers.storage_gb == pytest.approx(lazy.storage_gb / 8 * 1.03)
+    assert peers.phases["ckpt.load"] < lazy.phases["ckpt.load"]
+    assert peers.ready_s < lazy.ready_s
     # every node its own shard: nothing to share, nothing changes
     own = [simulate.project(simulate.SimParams(techniques=t), gpus)
            for t in (LAZY, LAZY + ("peers",))]
-    assert own[0]["phases"]["ckpt.load"] == own[1]["phases"]["ckpt.load"]
-    assert own[0]["storage_gb"] == own[1]["storage_gb"]
+    assert own[0].phases["ckpt.load"] == own[1].phases["ckpt.load"]
+    assert own[0].storage_gb == own[1].storage_gb
 
 
 def test_the_checkpoint_fetch_model():

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from bootseer.report import analysis
 from bootseer.report import load
+from bootseer.report.summary import summarize
+from bootseer.report.views import UNTRACED, attempts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,8 +86,8 @@ def test_gating_phase_of_nodes_in_step_is_the_longest_innermost(tmp_path):
                                        ("image.pull", 0.05, 40 + i * 0.01),
                                        ("deps.install", 0, 5 + (0.5 if i == 3 else 0)),
                                        ("job.run", 40, 50 + i * 0.01)], 50 + i * 0.01)
-    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
-    s = analysis.summarize(v)
+    (v,) = attempts(load.load(tmp_path / "job").events)
+    s = summarize(v)
     assert s.stragglers == [] and s.gating_node == "n3"
     assert s.gating_phase == "image.pull"
 
@@ -100,8 +101,8 @@ def test_report_names_gating_node_stragglers_and_killed(tmp_path):
     write_node(tmp_path, "n9", [("image.pull", 0, 3)], None)   # killed during startup
     t = load.load(tmp_path / "job")
     assert t.skipped_lines == 1
-    (v,) = analysis.attempts(t.events)
-    s = analysis.summarize(v)
+    (v,) = attempts(t.events)
+    s = summarize(v)
     assert s.time_to_ready is None and s.not_ready == ["n9"]
     assert s.gating_node == "n4" and s.gating_phase == "image.pull" and s.stragglers == ["n4"]
     assert s.what_if == pytest.approx(12.5, abs=0.6)
@@ -121,8 +122,8 @@ def test_report_names_gating_node_stragglers_and_killed(tmp_path):
 def test_clock_alignment_on_rendezvous(tmp_path):
     write_node(tmp_path, "a", [("x", 0, 5)], 6, rdzv=2)
     write_node(tmp_path, "b", [("x", 0, 5)], 6, rdzv=2, skew=100.0)  # clock 100 s ahead
-    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
-    s = analysis.summarize(v)
+    (v,) = attempts(load.load(tmp_path / "job").events)
+    s = summarize(v)
     assert s.alignment == "rendezvous marks" and s.time_to_ready == pytest.approx(6.0)
 
 
@@ -213,17 +214,17 @@ def test_rank_missing_ready_makes_node_not_ready(tmp_path):
     (d / "h-1.jsonl").write_text("\n".join(json.dumps(x) for x in [
         ev(1, 0, "span", "ckpt.load", 0), ev(1, 0, "mark", "ready", 2),
         ev(2, 1, "span", "ckpt.load", 0), ev(2, 1, "mark", "ready", 3)]) + "\n")
-    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
+    (v,) = attempts(load.load(tmp_path / "job").events)
     assert v.nodes[0].ready == pytest.approx(3.0) and v.nodes[0].last_rank == 1
     # ckpt.load covers [0, 1] on both ranks; the rest of the 3 s before ready is untraced
-    assert v.nodes[0].phases[analysis.UNTRACED] == pytest.approx(2.0)
+    assert v.nodes[0].phases[UNTRACED] == pytest.approx(2.0)
     with open(d / "h-1.jsonl", "a") as fh:   # a helper of rank 1 (a mount's server, its
         fh.write(json.dumps(ev(4, 1, "span", "ckpt.load", 0)) + "\n")  # env's RANK=1)
-    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
+    (v,) = attempts(load.load(tmp_path / "job").events)
     assert v.nodes[0].ready == pytest.approx(3.0) and not v.nodes[0].missing_ranks
     with open(d / "h-1.jsonl", "a") as fh:   # rank 2 was killed before ready
         fh.write(json.dumps(ev(3, 2, "span", "ckpt.load", 0)) + "\n")
-    (v,) = analysis.attempts(load.load(tmp_path / "job").events)
+    (v,) = attempts(load.load(tmp_path / "job").events)
     assert v.nodes[0].ready is None and v.nodes[0].missing_ranks == [2]
 
 
@@ -256,6 +257,7 @@ def _event_line(node: str, phase: str, at: float, kind: str = "span") -> str:
                        "end": 1000.0 + at + (kind == "span")})
 
 
+@pytest.mark.slow
 def test_a_line_is_one_event_torn_and_blank_lines_cost_nothing_else(tmp_path):
     """A line holding two JSON objects is a bad line, not two events (in a small file read
     at once and in a large one read line by line); a torn last line (a node killed

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bootseer.tree.preread import preread
+from bootseer.tree.preread import HotRange, Preread, preread
 
 KiB = 1 << 10
 
@@ -25,7 +25,8 @@ def _until(condition, timeout: float = 5.0) -> bool:
 def test_preread_follows_the_prefetch_and_skips_what_it_did_not_bring(tmp_path):
     (tmp_path / "a").write_bytes(b"a" * 64 * KiB)
     (tmp_path / "b").write_bytes(b"b" * 16 * KiB)
-    hot = [("d1", "/a", 0, 32 * KiB), ("d2", "/b", 0, 16 * KiB), ("d3", "/a", 32 * KiB, 32 * KiB)]
+    hot = [HotRange("d1", "/a", 0, 32 * KiB), HotRange("d2", "/b", 0, 16 * KiB),
+           HotRange("d3", "/a", 32 * KiB, 32 * KiB)]
     local: set[str] = set()
     asked: list[str] = []
 
@@ -34,8 +35,8 @@ def test_preread_follows_the_prefetch_and_skips_what_it_did_not_bring(tmp_path):
         return digest in local
 
     prefetched, done, stop = tmp_path / "prefetched", tmp_path / "done", threading.Event()
-    result: dict = {}
-    t = threading.Thread(target=lambda: result.update(
+    result: list[Preread] = []
+    t = threading.Thread(target=lambda: result.append(
         preread(str(tmp_path), hot, is_local, prefetched, done, stop)))
     t.start()
     assert _until(lambda: len(asked) >= 3)
@@ -46,20 +47,21 @@ def test_preread_follows_the_prefetch_and_skips_what_it_did_not_bring(tmp_path):
     prefetched.touch()                                   # the prefetch ends without d3
     t.join(5)
     assert done.exists()
-    assert result == {"chunks": 2, "bytes": 48 * KiB, "skipped_chunks": 1,
-                      "skipped_bytes": 32 * KiB}
+    assert result == [Preread(chunks=2, bytes=48 * KiB, skipped_chunks=1,
+                              skipped_bytes=32 * KiB)]
 
 
 def test_preread_stops_when_the_mount_goes_away(tmp_path):
     stop = threading.Event()
     stop.set()
-    got = preread(str(tmp_path), [("d1", "/missing", 0, 4096)], lambda d: False,
+    got = preread(str(tmp_path), [HotRange("d1", "/missing", 0, 4096)], lambda d: False,
                   tmp_path / "prefetched", tmp_path / "done", stop)
-    assert got["chunks"] == 0 and (tmp_path / "done").exists()
+    assert got.chunks == 0 and (tmp_path / "done").exists()
 
 
 def test_preread_of_a_file_it_cannot_open_goes_on(tmp_path):
     (tmp_path / "b").write_bytes(b"b" * 4096)
-    got = preread(str(tmp_path), [("d1", "/missing", 0, 4096), ("d2", "/b", 0, 4096)],
+    got = preread(str(tmp_path), [HotRange("d1", "/missing", 0, 4096),
+                                  HotRange("d2", "/b", 0, 4096)],
                   lambda d: True, tmp_path / "prefetched", tmp_path / "done", threading.Event())
-    assert got["chunks"] == 1 and got["bytes"] == 4096
+    assert got.chunks == 1 and got.bytes == 4096

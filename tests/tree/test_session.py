@@ -40,7 +40,7 @@ def test_figures_while_the_prefetch_still_adds_chunks(tmp_path):
     profile = {"v": 1, "kind": "bootseer.profile", "tree": tree, "runs": 1, "chunks": []}
     session = TreeSession(config, tree, str(tmp_path / "state"), profile=profile)
     session.prefetcher.wait(10)
-    chunks = [c[0] for c in session.reader.all_chunks()]
+    chunks = [c.digest for c in session.reader.all_chunks()]
     session.prefetcher.prefetched = _GrowingWhileIterated(chunks[:2])
     session.reader.chunk(session.reader.all_chunks()[0], "/f0")
     session.finish()

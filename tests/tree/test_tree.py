@@ -52,14 +52,14 @@ def reader(store, digest, tmp_path, **kw):
 def test_roundtrip_read_extract_dedup(tmp_path, src):
     store = open_store(str(tmp_path / "store"))
     digest, b = build(store, src)
-    assert b.stats["dedup_chunks"] == 4 and len(b.packs) >= 2
+    assert b.stats.dedup_chunks == 4 and len(b.packs) >= 2
     r = reader(store, digest, tmp_path)
     big = (src / "usr/lib/libbig.so").read_bytes()
     assert r.read("/usr/lib/libbig.so", 100, 1024 * 1024 - 50) == big[1024 * 1024 - 50:][:100]
     assert r.read("/usr/lib/copy.so", 10**8, 0) == big
     e = r.entry("/usr/bin/tool")
-    assert e["mode"] == 0o4755 and r.entry("/usr/bin/hard")["size"] == e["size"]
-    assert r.entry("/usr/bin/alias")["target"] == "tool"
+    assert e.mode == 0o4755 and r.entry("/usr/bin/hard").size == e.size
+    assert r.entry("/usr/bin/alias").target == "tool"
     out = tmp_path / "out"
     extract(r, out)
     assert (out / "usr/lib/libbig.so").read_bytes() == big
@@ -79,9 +79,9 @@ def test_corrupt_pack_is_detected_never_cached(tmp_path, src):
     data[10] ^= 0xFF
     pack.write_bytes(bytes(data))
     r = reader(store, digest, tmp_path)
-    first = next(e for e in r.toc["entries"] if e.get("chunks"))  # its chunk is at offset 0
+    first = next(e for e in r.toc.entries if e.chunks)  # its chunk is at offset 0
     with pytest.raises(DigestMismatch):
-        r.read(first["path"], 100, 0)
+        r.read(first.path, 100, 0)
     assert r.cache.stats()["entries"] == 1  # only the TOC
 
 
@@ -134,12 +134,12 @@ def test_demand_miss_reads_ahead_the_small_files_beside_it(tmp_path):
     digest = b.finish()
     r = reader(store, digest, tmp_path)
     r.read("/pkg/m0.py", 3000, 0)
-    small = [r.entries[f"/pkg/m{i}.py"]["chunks"][0] for i in range(1, 6)]
+    small = [r.entries[f"/pkg/m{i}.py"].chunks[0] for i in range(1, 6)]
     deadline = time.time() + 10
     while not all(r.has_chunk(c) for c in small) and time.time() < deadline:
         time.sleep(0.02)
     assert all(r.has_chunk(c) for c in small)
-    assert not r.has_chunk(r.entries["/pkg/big.bin"]["chunks"][0])
+    assert not r.has_chunk(r.entries["/pkg/big.bin"].chunks[0])
 
 
 def test_cache_budget_smaller_than_the_tree_evicts_and_serves_right(tmp_path):
@@ -173,7 +173,7 @@ def test_store_killed_mid_run_is_eio_not_a_hang(need_fuse, nginx_factory, tmp_pa
     b.add_file("/a.bin", os.urandom(200_000))
     b.add_file("/sub/b.bin", os.urandom(200_000))
     digest = b.finish()
-    server = nginx_factory(tmp_path / "store")
+    server = nginx_factory(tmp_path / "store", own=True)   # stopped below
     from bootseer.mount.fuse import mount
     mp = tmp_path / "mnt"
     mp.mkdir()
@@ -204,8 +204,8 @@ def test_prefetched_hot_chunks_wait_in_memory_for_their_first_read(tmp_path, src
     store = open_store(str(tmp_path / "store"))
     digest, _ = build(store, src)
     r = reader(store, digest, tmp_path)
-    refs = r.entry("/usr/lib/libbig.so")["chunks"]   # 1 MiB, 1 MiB, 1 MiB, 17 bytes
-    r.keep_fresh([refs[0][0], refs[1][0], refs[3][0]], max_bytes=(1 << 20) + 100)
+    refs = r.entry("/usr/lib/libbig.so").chunks   # 1 MiB, 1 MiB, 1 MiB, 17 bytes
+    r.keep_fresh([refs[0].digest, refs[1].digest, refs[3].digest], max_bytes=(1 << 20) + 100)
     for ref in refs:
         r.store_chunk(ref, r.submit_chunk(ref, Priority.PREFETCH).result())
     gets: list[str] = []
@@ -217,5 +217,5 @@ def test_prefetched_hot_chunks_wait_in_memory_for_their_first_read(tmp_path, src
     assert gets == []
     assert r.chunk(refs[0], "/usr/lib/libbig.so") == big[:1 << 20]   # dropped by the bound
     assert r.chunk(refs[2], "/usr/lib/libbig.so") == big[2 << 20:3 << 20]   # not hot
-    assert gets == [refs[0][0], refs[2][0]]
+    assert gets == [refs[0].digest, refs[2].digest]
     assert not r._fresh and r._fresh_bytes == 0

@@ -22,7 +22,8 @@ def test_held_by_this_process_and_checking_does_not_drop_it(tmp_path):
 
 def test_a_killed_holders_mark_is_dead(tmp_path):
     path = tmp_path / "mark"
-    p = subprocess.Popen([sys.executable, "-c", "import sys, time; from bootseer.node import alive; "
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import sys, time; from bootseer.node import alive; "
                           f"alive.Mark({str(path)!r}); print('held', flush=True); time.sleep(60)"],
                          stdout=subprocess.PIPE, text=True)
     try:

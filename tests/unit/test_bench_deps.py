@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "deps"))
 
-import stacks  # noqa: E402
+import stacks
 
 PREFIX = "/opt/bsbench-deps/env"
 NODE = "/var/tmp/bootseer-x/n3"

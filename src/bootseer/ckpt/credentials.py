@@ -17,6 +17,7 @@ import os
 import urllib.parse
 
 from bootseer import redact
+from bootseer.config import section_key
 
 
 def _basic(user: str, password: str) -> dict[str, str]:
@@ -32,9 +33,7 @@ def _configured(_key) -> tuple[str | None, str | None]:
 
 
 def _settings() -> tuple[str | None, str | None]:
-    env = os.environ
-    return _configured((env.get("BOOTSEER_CKPT_USERNAME"), env.get("BOOTSEER_CKPT_PASSWORD"),
-                        env.get("BOOTSEER_CONFIG"), env.get("XDG_CONFIG_HOME")))
+    return _configured(section_key("ckpt"))
 
 
 def _netrc(host: str) -> tuple[str, str] | None:

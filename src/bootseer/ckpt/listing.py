@@ -28,7 +28,7 @@ from bootseer import redact
 from bootseer.ckpt import credentials, named_files
 from bootseer.ckpt.replicas import Replicas, ReplicaMismatch, check_same
 from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
-from bootseer.errors import BlobNotFound, FetchError, StoreError, UsageError
+from bootseer.errors import BlobNotFound, BootseerError, FetchError, StoreError, UsageError
 from bootseer.mount.view import Attr
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ FILE_MODE = stat.S_IFREG | 0o444
 HIDDEN_PROBED = (".metadata",)  # dot files checkpoints rely on (torch DCP)
 
 
-class PathOutsideRoot(PermissionError):
+class PathOutsideRoot(BootseerError, PermissionError):
     """A path that would leave the checkpoint directory."""
 
 

@@ -19,6 +19,7 @@ from bootseer.ckpt.listing import RemoteDir
 from bootseer.ckpt.staging import StagingArea, node_staging_dir
 from bootseer.ckpt.view import RemoteDirView
 from bootseer.config import BootseerConfig
+from bootseer.mount.serve import serve_files
 
 staging_dir = node_staging_dir
 
@@ -84,15 +85,4 @@ def mount_checkpoint(url: str, mountpoint: str, config: BootseerConfig, *, prefe
                                 mode=mode, prefetch=prefetch, stats_path=stats_path,
                                 start_after=start_after, rank=rank, world=world,
                                 mirrors=tuple(mirrors))
-    return mount_backend(config).mount(factory, mountpoint, name="bootseer-ckpt")
-
-
-def mount_backend(config: BootseerConfig):
-    """The module serving checkpoint mounts here (``mount`` and ``run_foreground``):
-    devfuse, whose staged files are read through kernel passthrough, or mfusepy."""
-    from bootseer.mount import ckpt_backend
-    if ckpt_backend(config.ckpt.fuse) == "devfuse":
-        from bootseer.mount.devfuse import process
-        return process
-    from bootseer.mount import fuse
-    return fuse
+    return serve_files(config, factory, mountpoint, name="bootseer-ckpt")

@@ -17,6 +17,8 @@ import io
 import json
 import pickle
 
+from bootseer.errors import BootseerError
+
 DCP_METADATA = ".metadata"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -26,7 +28,7 @@ PROBED = (DCP_METADATA, SAFETENSORS_INDEX, SAFETENSORS_SINGLE)
 MAX_METADATA_BYTES = 512 << 20
 
 
-class NotCheckpointMetadata(ValueError):
+class NotCheckpointMetadata(BootseerError, ValueError):
     """The metadata file cannot be read as what its name says."""
 
 

@@ -1,4 +1,5 @@
-"""Command line: argument parsing only. Each module here adds one command group."""
+"""Command line: argument parsing only. Each module here adds one command group; the flags
+several share are defined once, in ``_flags``."""
 
 from __future__ import annotations
 
@@ -6,14 +7,7 @@ import argparse
 import json
 import sys
 
-STORE_HELP = ("bootseer store URL: a directory, http(s)://, oci://, s3://... (default: "
-              "BOOTSEER_STORE_URL, else the embedded default directory)")
-IMAGE_REF_HELP = "tree digest, store ref, or the reference of an image converted into the store"
-INDEX_URL_HELP = "package index (repeatable; default: uv's, from its settings)"
-
-JSON_SCHEMA = 1
-"""Version of every ``--json`` document (``"schema": 1``): raised when a field changes
-meaning or goes away; new fields do not raise it."""
+from bootseer.cli._flags import JSON_SCHEMA
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -40,12 +34,6 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kw)
 
 
-def add_json_arg(parser, what: str) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help=f"print {what} as one JSON document (with \"schema\": "
-                             f"{JSON_SCHEMA}) instead of text")
-
-
 def print_json(document: dict) -> None:
     """``document``, with its schema version, on standard output."""
     print(json.dumps({"schema": JSON_SCHEMA, **document}, indent=1))
@@ -62,14 +50,17 @@ def write_output(path: str, text: str) -> None:
     outputs.write_text(path, text)
 
 
-def add_gc_verb(verbs, what: str, func):
-    """``gc [--max-size 50G] [--dry-run]``, the same for every node-local store of things
-    (environments, staged checkpoints): least recently used first, never one in use."""
-    v = verbs.add_parser("gc", help=f"remove this node's least recently used {what} until "
-                                    "the rest fit SIZE (never one in use)")
-    v.add_argument("--max-size", default="50G", metavar="SIZE",
-                   help=f"disk the {what} on this node may use")
-    v.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    v.set_defaults(func=func)
-    return v
-
+def text_stream(outputs: dict[str, str | None]):
+    """Where a verb's text report goes, given the files its flags name (``{"--json":
+    path}``): standard error when one of them is ``-`` (standard output then carries that
+    machine-readable output), else standard output. Each named path is checked now, before
+    the work, not after it; at most one may be ``-``."""
+    from bootseer.errors import UsageError
+    from bootseer.node import outputs as checked
+    paths = [p for p in outputs.values() if p]
+    if paths.count("-") > 1:
+        raise UsageError(f"only one of {', '.join(outputs)} can be - (standard output)")
+    for path in paths:
+        if path != "-":
+            checked.check(path)
+    return sys.stderr if "-" in paths else sys.stdout

@@ -130,7 +130,7 @@ def say(text: str, hint: str | None = None) -> None:
 
 
 def warn_unknown_variables() -> None:
-    from bootseer.cli._variables import unknown_variables
+    from bootseer.config import unknown_variables
     for name, closest in unknown_variables():
         print(f"bootseer: warning: {name} is not a bootseer setting and is ignored"
               + (f" (did you mean {closest}?)" if closest else

@@ -5,7 +5,7 @@ bars. Status goes to standard error: standard output is the command's."""
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 _settings = {"quiet": False, "progress": True}
 
@@ -60,6 +60,14 @@ def on_prepared(name: str, kind: str, attrs: dict, seconds: float) -> None:
     say(pipeline_line(name, kind, attrs, seconds))
 
 
+def run_node(spec, config) -> int:
+    """The node run, saying one status line per pipeline as it becomes ready."""
+    from bootseer.run.node import NodeRun
+    node = NodeRun(spec, config)
+    node.on_prepared = on_prepared
+    return node.run()
+
+
 def follow(desc: str, total: int, done: Callable[[], int], finished: Callable[[float], bool],
            unit: str = "B") -> None:
     """Wait for work running in the background: ``finished(timeout)`` waits at most that
@@ -104,7 +112,7 @@ class StageBars:
             self.bar.close()
             self.bar = None
 
-    def __enter__(self) -> "StageBars":
+    def __enter__(self) -> StageBars:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bootseer.cli._flags import add_json_file_arg
+
 
 def register(sub) -> None:
     p = sub.add_parser("analyze", help="share of GPU time lost to startup, startup by job "
@@ -13,25 +15,16 @@ def register(sub) -> None:
     p.add_argument("--baseline", metavar="DIR", help="compare with this cluster")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (- : "
                                                   "standard output)")
-    p.add_argument("--json", metavar="FILE", help="write a JSON summary (- : standard output)")
+    add_json_file_arg(p)
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     import json
-    import sys
-    from bootseer.node import outputs
-    from bootseer.cli import write_output
-    from bootseer.errors import UsageError
+
+    from bootseer.cli import text_stream, write_output
     from bootseer.report import cluster
-    files = [p for p in (args.json, args.html) if p]
-    if files.count("-") > 1:
-        raise UsageError("only one of --json, --html can be - (standard output)")
-    for path in files:
-        if path != "-":
-            outputs.check(path)   # before the work, not after it
-    # the text goes to stderr when stdout carries the machine-readable output
-    text_out = sys.stderr if "-" in files else sys.stdout
+    text_out = text_stream({"--json": args.json, "--html": args.html})
     recs, notes = cluster.read_attempts(args.dir)
     c = cluster.characterize(recs)
     out = cluster.text(c, notes)

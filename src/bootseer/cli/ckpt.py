@@ -6,9 +6,10 @@ import functools
 import json
 import sys
 
-from bootseer.cli import JSON_SCHEMA, add_gc_verb, add_json_arg, print_json
+from bootseer.cli import print_json
+from bootseer.cli._flags import JSON_SCHEMA, add_gc_verb, add_json_arg, add_store_arg
 
-STORE_HELP = ("bootseer store of the access profiles recorded at each load (default: "
+PROFILE_STORE_HELP = ("bootseer store of the access profiles recorded at each load (default: "
               "BOOTSEER_STORE_URL, else the embedded default directory)")
 
 PLAN_NAMES = {"profile": "access profile recorded at the previous load",
@@ -32,7 +33,7 @@ def register(sub) -> None:
                    help="single: one sequential stream per file (the fuse-dfs baseline)")
     v.add_argument("--no-prefetch", action="store_true", help="do not stream files in at mount")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v, PROFILE_STORE_HELP)
     v.set_defaults(func=_mount)
     v = verbs.add_parser("prefetch", help="stream a checkpoint into this node's staging area")
     v.add_argument("url", help="checkpoint directory (as for mount)")
@@ -42,7 +43,7 @@ def register(sub) -> None:
                         "copy is fetched once, in parallel")
     v.add_argument("--world", type=int, help="number of such processes on this node")
     v.add_argument("--mirror", action="append", default=[], metavar="URL", help=MIRROR_HELP)
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v, PROFILE_STORE_HELP)
     v.set_defaults(func=_prefetch)
     add_json_arg(add_gc_verb(verbs, "staged checkpoint files", _gc),
                  "each staged file (name, bytes, action) and what is kept")
@@ -50,15 +51,18 @@ def register(sub) -> None:
 
 def _mount(args) -> int:
     from bootseer.ckpt.listing import RemoteDir
-    from bootseer.ckpt.mount import build_view, mount_backend
-    from bootseer.config import BootseerConfig
+    from bootseer.ckpt.mount import build_view
     from bootseer.cli._errors import reaching
+    from bootseer.config import BootseerConfig
     config = BootseerConfig.from_env(overrides={"store": {"url": args.store}})
     with reaching(args.url, "checkpoint"):   # a wrong URL or missing driver fails here
         RemoteDir(args.url, mirrors=args.mirror).check_root()
     factory = functools.partial(build_view, args.url, config, mode=args.mode,
                                 prefetch=not args.no_prefetch, mirrors=tuple(args.mirror))
-    return mount_backend(config).run_foreground(factory, args.mountpoint, name="bootseer-ckpt")
+    from bootseer.mount.fuse import run_foreground
+    from bootseer.mount.serve import serve_files
+    return run_foreground(factory, args.mountpoint, name="bootseer-ckpt",
+                          mount_with=functools.partial(serve_files, config))
 
 
 def _prefetch(args) -> int:
@@ -66,9 +70,9 @@ def _prefetch(args) -> int:
     from bootseer.ckpt.listing import RemoteDir
     from bootseer.ckpt.prefetch import start_plan
     from bootseer.ckpt.staging import node_staging_dir
-    from bootseer.config import BootseerConfig
     from bootseer.cli._errors import reaching
     from bootseer.cli._status import follow, say
+    from bootseer.config import BootseerConfig
     from bootseer.errors import UsageError
     if (args.rank is None) != (args.world is None):
         raise UsageError("ckpt prefetch: give --rank and --world together")

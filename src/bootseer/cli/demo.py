@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from bootseer.demo.main import __doc__ as doc, add_arguments
+    from bootseer.demo.main import __doc__ as doc
+    from bootseer.demo.main import add_arguments
     p = sub.add_parser("demo", help="run the end-to-end demo: a real job started three ways",
                        description=doc)
     add_arguments(p)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from bootseer.cli import INDEX_URL_HELP, STORE_HELP, add_gc_verb, add_json_arg, print_json
+from bootseer.cli import print_json
+from bootseer.cli._flags import add_gc_verb, add_index_url_arg, add_json_arg, add_store_arg
 
 
 def register(sub) -> None:
@@ -16,10 +17,9 @@ def register(sub) -> None:
     v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
     v.add_argument("--prefix", required=True, help="where the environment lives (same on every node)")
     v.add_argument("--python", help="interpreter (default: this one)")
-    v.add_argument("--index-url", action="append", default=[], metavar="URL",
-                   help=INDEX_URL_HELP)
+    add_index_url_arg(v)
     v.add_argument("--key", help="key from 'bootseer deps key' (skips resolving on a warm node)")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     v.add_argument("--wait", type=float, default=600.0, help="seconds to wait for another builder")
     v.add_argument("--mount", action="store_true",
                    help="mount the snapshot lazily at PREFIX instead of restoring it (a FUSE "
@@ -46,17 +46,16 @@ def register(sub) -> None:
     v.add_argument("--prefix", required=True,
                    help="where the environment will live (part of the key)")
     v.add_argument("--python", help="interpreter (default: this one)")
-    v.add_argument("--index-url", action="append", default=[], metavar="URL",
-                   help=INDEX_URL_HELP)
+    add_index_url_arg(v)
     v.set_defaults(func=_key)
     v = verbs.add_parser("ls", help="environments published in the store")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     add_json_arg(v, "the environments (key, prefix, tree)")
     v.set_defaults(func=_ls)
     add_gc_verb(verbs, "environments", _gc)
     v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
     v.add_argument("prefix", help="a restored environment")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     add_json_arg(v, "the result (ok, the files checked, each problem: missing or modified "
                     "and its path)")
     v.set_defaults(func=_verify)
@@ -71,6 +70,7 @@ def prefix_arg(path: str | None) -> str | None:
     """``--prefix``: refused when it, or a folder above it, is a file (else the build
     fails halfway with "File exists")."""
     import os
+
     from bootseer.errors import UsageError
     if path is None:
         return None
@@ -119,7 +119,8 @@ def _ensure(args) -> int:
 
 def _umount(args) -> int:
     import os
-    from bootseer.deps.mounted import unmount
+
+    from bootseer.deps.mounts import unmount
     if not unmount(os.path.abspath(args.prefix)):
         print(f"no environment is mounted at {args.prefix}", file=sys.stderr)
         return 1
@@ -128,7 +129,7 @@ def _umount(args) -> int:
 
 def _gc(args) -> int:
     from bootseer.config import parse_size
-    from bootseer.deps.node import gc
+    from bootseer.deps.gc import gc
     report = gc(_config(None), parse_size(args.max_size, "--max-size"), dry_run=args.dry_run)
     for env, action in report:
         print(f"{action}\t{env.bytes / 2**20:.0f} MiB\t{env.prefix}\t{env.key[:19]}")
@@ -139,6 +140,7 @@ def _gc(args) -> int:
 
 def _key(args) -> int:
     import os
+
     from bootseer.deps.resolve import resolve_key
     print(resolve_key(args.spec, os.path.abspath(args.prefix), args.python or sys.executable,
                       args.index_url).key)
@@ -163,8 +165,9 @@ def _ls(args) -> int:
 
 def _verify(args) -> int:
     import os
+
+    from bootseer.deps.prefix import read_marker
     from bootseer.deps.relocate import rewrite_bytes
-    from bootseer.deps.snapshot import read_marker
     from bootseer.deps.verify import bytes_match, file_matches
     from bootseer.errors import BootseerError
     from bootseer.store import open_store
@@ -185,24 +188,22 @@ def _verify(args) -> int:
             print(f"{kind} {path}")
     with Fetcher() as f:
         reader = TreeReader(store, m["tree"], f)
-        cs = reader.toc["chunk_size"]
-        for e in reader.toc["entries"]:
-            if e["type"] != "f":
-                continue
+        cs = reader.toc.chunk_size
+        for e in reader.toc.files():
             files += 1
-            path = os.path.join(args.prefix, e["path"].lstrip("/"))
+            path = os.path.join(args.prefix, e.path.lstrip("/"))
             want = None
-            if e["path"] in rewritten:   # relocated: the snapshot's bytes, rewritten
-                want = rewrite_bytes(reader.read(e["path"], e["size"], 0), moved["from"],
+            if e.path in rewritten:   # relocated: the snapshot's bytes, rewritten
+                want = rewrite_bytes(reader.read(e.path, e.size, 0), moved["from"],
                                      os.path.abspath(args.prefix))
             try:   # read in blocks: a 2 GB library never sits in memory whole
                 ok = (bytes_match(path, want) if want is not None
-                      else file_matches(path, e["chunks"], cs, e["size"]))
+                      else file_matches(path, e.chunks or (), cs, e.size))
             except OSError:
-                problem("missing", e["path"])
+                problem("missing", e.path)
                 continue
             if not ok:
-                problem("modified", e["path"])
+                problem("modified", e.path)
     if args.json:
         print_json({"prefix": args.prefix, "key": m.get("key"), "tree": m["tree"],
                     "ok": not problems,

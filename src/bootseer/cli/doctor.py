@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bootseer.cli import add_json_arg, print_json
+from bootseer.cli import print_json
+from bootseer.cli._flags import add_json_arg
 
 
 def register(sub) -> None:

@@ -6,7 +6,16 @@ import argparse
 import json
 import sys
 
-from bootseer.cli import IMAGE_REF_HELP, STORE_HELP, add_json_arg, print_json
+from bootseer.cli import print_json
+from bootseer.cli._flags import (
+    IMAGE_REF_HELP,
+    JSON_SCHEMA,
+    add_fallback_arg,
+    add_json_arg,
+    add_ready_regex_arg,
+    add_store_arg,
+    ready_regex,
+)
 
 
 def register(sub) -> None:
@@ -17,7 +26,7 @@ def register(sub) -> None:
     v.add_argument("src", help="registry reference (host:port/repo:tag), OCI image layout "
                                "directory, image tar, or a skopeo transport (docker://REF, "
                                "oci:DIR:TAG, containers-storage:REF, oci-archive:TAR, ...)")
-    v.add_argument("--store", metavar="URL", help="store URL (default: settings)")
+    add_store_arg(v, "store URL (default: settings)")
     v.add_argument("--to", dest="store", help=argparse.SUPPRESS)   # its first spelling
     v.add_argument("--chunk-size", default="1MiB", metavar="SIZE",
                    help="bytes per content-addressed chunk of a file")
@@ -25,13 +34,13 @@ def register(sub) -> None:
     add_json_arg(v, "the tree's digest, size (bytes of file data) and chunk count")
     v.set_defaults(func=_convert)
     v = verbs.add_parser("ls", help="images converted into the store (name, tree)")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     add_json_arg(v, "the images (name, tree)")
     v.set_defaults(func=_ls)
     v = verbs.add_parser("inspect", help="a converted image: size, files, chunks, packs, "
                          "source metadata, hot-block profile coverage")
     v.add_argument("ref", help=IMAGE_REF_HELP)
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     add_json_arg(v, "the figures")
     v.set_defaults(func=_inspect)
     v = verbs.add_parser("rm", help="remove converted images from the store: their names "
@@ -39,13 +48,13 @@ def register(sub) -> None:
     v.add_argument("refs", nargs="+", metavar="REF",
                    help="the image as converted (SRC), its name in `image ls`, or a tree "
                         "digest (every name of that tree)")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     add_json_arg(v, "the refs removed")
     v.set_defaults(func=_rm)
     v = verbs.add_parser("mount", help="mount an image read-only and lazily (foreground)")
     v.add_argument("ref", help=IMAGE_REF_HELP)
     v.add_argument("mountpoint", help="empty directory to mount the image's root at")
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     v.add_argument("--record", action="store_true", help="record and push the hot-block profile")
     v.add_argument("--prefetch", nargs="?", const="latest", metavar="PROFILE",
                    help="prefetch the hot blocks (the latest profile, or this profile digest)")
@@ -54,7 +63,7 @@ def register(sub) -> None:
     v = verbs.add_parser("prefetch", help="fetch an image's hot blocks into the node cache "
                          "(before any container exists)")
     v.add_argument("ref", help=IMAGE_REF_HELP)
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     v.add_argument("--profile", metavar="DIGEST", help="profile digest (default: the latest)")
     v.set_defaults(func=_prefetch)
     pr = verbs.add_parser("profile", help="merge, push, show hot-block profiles")
@@ -70,35 +79,26 @@ def register(sub) -> None:
     x = pv.add_parser("push", help="store a profile file; point the tree's profile ref at it")
     x.add_argument("file", help="profile (JSON) from `image profile merge` or a recording; "
                                "- is standard input")
-    x.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(x)
     x.set_defaults(func=_push)
     x = pv.add_parser("show", help="show the latest profile of an image")
     x.add_argument("ref", help=IMAGE_REF_HELP)
-    x.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(x)
     add_json_arg(x, "the profile's tree, hot chunks, bytes and runs")
     x.set_defaults(func=_show)
     v = verbs.add_parser("run", help="mount the image and run CMD in it as the container root")
     v.add_argument("ref", help=IMAGE_REF_HELP)
-    v.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(v)
     only = v.add_mutually_exclusive_group()   # default: both, as under `bootseer run`
     only.add_argument("--record", action="store_true",
                       help="only record this start's hot blocks (no prefetch: a cold start)")
     only.add_argument("--prefetch", action="store_true",
                       help="only prefetch the recorded hot blocks (publish no new profile)")
-    v.add_argument("--ready-regex", metavar="REGEX",
-                   help="close the recording window at the first line of CMD's output "
-                        "matching REGEX (else when CMD creates $BOOTSEER_READY_FILE)")
+    add_ready_regex_arg(v, "close the recording window at the first line of CMD's output "
+                           "matching REGEX (else when CMD creates $BOOTSEER_READY_FILE)")
     add_fallback_arg(v)
     v.add_argument("argv", nargs="+", metavar="-- CMD", help="the command to run in the image")
     v.set_defaults(func=_run)
-
-
-def add_fallback_arg(parser) -> None:
-    parser.add_argument("--fallback", choices=("pull", "never"), default="pull",
-                        help="when the fast path is unavailable (an image never converted, "
-                             "no snapshot in the store): pull takes the conventional one "
-                             "(podman pull, pip install) and says so in one line and in the "
-                             "trace; never fails instead")
 
 
 def _config(url):
@@ -144,18 +144,18 @@ def _convert(args) -> int:
     return 0
 
 
-def _toc(store, tree: str) -> dict:
+def _toc(store, tree: str):
     from bootseer.store.fetch import Fetcher
     from bootseer.tree.reader import load_toc
     with Fetcher() as f:
         return load_toc(store, tree, f)
 
 
-def _tree_figures(store, tree: str, toc: dict | None = None) -> dict:
+def _tree_figures(store, tree: str, toc=None) -> dict:
     """Bytes of file data and chunks of a converted tree, from its table of contents."""
-    files = [e for e in (toc or _toc(store, tree))["entries"] if e["type"] == "f"]
-    return {"size": sum(e["size"] for e in files),
-            "chunks": sum(len(e.get("chunks") or ()) for e in files)}
+    files = list((toc or _toc(store, tree)).files())
+    return {"size": sum(e.size for e in files),
+            "chunks": sum(len(e.chunks or ()) for e in files)}
 
 
 IMAGE_REFS = "images/by-name/"
@@ -221,15 +221,15 @@ def _inspect(args) -> int:
     tree = convert.resolve(args.ref, store)
     toc = _toc(store, tree)
     figures = _tree_figures(store, tree, toc)
-    packed = sum(store.stat(p) for p in toc["packs"])
+    packed = sum(store.stat(p) for p in toc.packs)
     p = prof.latest(store, tree)
     hot = None if p is None else {
         "chunks": len(p["chunks"]), "bytes": sum(r[4] for r in p["chunks"]), "runs": p["runs"],
         "coverage": round(sum(r[4] for r in p["chunks"]) / figures["size"], 4)
         if figures["size"] else 0.0}
-    doc = {"tree": tree, **figures, "files": sum(e["type"] == "f" for e in toc["entries"]),
-           "entries": len(toc["entries"]), "chunk_size": toc["chunk_size"],
-           "packs": len(toc["packs"]), "packed_bytes": packed, "meta": toc.get("meta") or {},
+    doc = {"tree": tree, **figures, "files": sum(1 for _ in toc.files()),
+           "entries": len(toc.entries), "chunk_size": toc.chunk_size,
+           "packs": len(toc.packs), "packed_bytes": packed, "meta": toc.meta,
            "profile": hot}
     if args.json:
         print_json(doc)
@@ -238,7 +238,7 @@ def _inspect(args) -> int:
     print(f"tree        {tree}")
     print(f"data        {size(figures['size'])} in {doc['files']} files "
           f"({doc['entries']} entries), {figures['chunks']} chunks of "
-          f"{toc['chunk_size'] // 1024} KiB")
+          f"{toc.chunk_size // 1024} KiB")
     print(f"stored      {size(packed)} in {doc['packs']} pack(s)")
     for key in ("source", "manifest", "entrypoint", "cmd", "workdir"):
         if doc["meta"].get(key):
@@ -253,8 +253,9 @@ def _mount(args) -> int:
     import os
     import signal
     import time
-    from bootseer.node.alive import StateDir
+
     from bootseer.image.session import mount_image
+    from bootseer.node.alive import StateDir
     from bootseer.tree.session import TRIGGER
     config = _config(args.store)
     state_dir = StateDir("bsimg-")   # swept by the next command if we are SIGKILLed
@@ -283,12 +284,13 @@ def _mount(args) -> int:
 
 def _publish(config, state, record: bool) -> int:
     import os
+
     from bootseer.tree import profile as prof
     figures = os.path.join(state, "figures.json")
     if os.path.exists(figures):
         text = open(figures).read()
         print(text, file=sys.stderr)
-        from bootseer import trace   # the start's figures, when a trace is configured
+        from bootseer import trace  # the start's figures, when a trace is configured
         from bootseer.tree.session import window_attrs
         trace.mark("image.window", **window_attrs(json.loads(text)))
     if record:
@@ -300,11 +302,11 @@ def _publish(config, state, record: bool) -> int:
 
 def _prefetch(args) -> int:
     from bootseer.image import convert
-    from bootseer.tree import profile as prof
-    from bootseer.tree.prefetch import Prefetcher
     from bootseer.store import open_store
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
+    from bootseer.tree import profile as prof
+    from bootseer.tree.prefetch import Prefetcher
     from bootseer.tree.reader import TreeReader
     config = _config(args.store)
     store = open_store(config.store.url, config)
@@ -322,7 +324,6 @@ def _prefetch(args) -> int:
         follow("prefetch", s["planned_chunks"],
                lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],
                _finished(p.wait), unit=" chunks")
-    from bootseer.cli import JSON_SCHEMA
     print(json.dumps({"schema": JSON_SCHEMA, **p.stats}))
     return 0
 
@@ -378,8 +379,8 @@ def _read_profile(path: str) -> dict:
 
 
 def _push(args) -> int:
-    from bootseer.tree import profile as prof
     from bootseer.store import open_store
+    from bootseer.tree import profile as prof
     profile = _read_profile(args.file)
     print(prof.push(open_store(args.store, _config(args.store)), profile))
     return 0
@@ -387,8 +388,8 @@ def _push(args) -> int:
 
 def _show(args) -> int:
     from bootseer.image import convert
-    from bootseer.tree import profile as prof
     from bootseer.store import open_store
+    from bootseer.tree import profile as prof
     store = open_store(args.store, _config(args.store))
     tree = convert.resolve(args.ref, store)
     p = prof.latest(store, tree)
@@ -408,10 +409,10 @@ def _show(args) -> int:
 
 
 def _run(args) -> int:
-    from bootseer.cli.run import ready_regex_arg, run_node
+    from bootseer.cli._status import run_node
     from bootseer.run.node import RunSpec
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
     spec = RunSpec(argv=argv, image=args.ref, image_mode="lazy", prefetch=not args.record,
-                   record=not args.prefetch, ready_regex=ready_regex_arg(args.ready_regex),
+                   record=not args.prefetch, ready_regex=ready_regex(args.ready_regex),
                    fallback=args.fallback)
     return run_node(spec, _config(args.store))

@@ -23,14 +23,15 @@ _ORDER = ["run", "demo", "image", "deps", "ckpt", "trace", "report", "analyze", 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI, or with ``only`` just that command's module (a command's start then
-    costs its own imports, not every command's: a warm ``deps ensure`` is ~0.1 s)."""
+    costs its own imports, not every command's: a warm ``deps ensure`` returns at once)."""
     from bootseer.cli import Parser
+    from bootseer.cli._flags import add_output_flags
     parser = Parser(
         prog="bootseer",
         description="Make large training jobs start fast: trace startup, prefetch hot image "
                     "blocks, restore dependency snapshots, stripe checkpoint reads.")
     parser.add_argument("--version", action="version", version=f"bootseer {bootseer.__version__}")
-    _add_output_flags(parser, default=None)
+    add_output_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     import bootseer.cli as pkg
     names = [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "main"
@@ -43,21 +44,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if hasattr(module, "register"):
             module.register(sub)
     for verb in _leaves(parser):   # -q, -v, --no-progress after the verb too, as uv takes them
-        _add_output_flags(verb, default=argparse.SUPPRESS)
+        add_output_flags(verb, default=argparse.SUPPRESS)
     return parser
-
-
-def _add_output_flags(parser, *, default) -> None:
-    """How much a command says. On a verb the defaults are SUPPRESS, so a flag given
-    before the command is kept when the verb does not repeat it."""
-    def given(value):
-        return value if default is None else argparse.SUPPRESS
-    parser.add_argument("-v", "--verbose", action="count", default=given(0),
-                        help="more logging (-vv for debug)")
-    parser.add_argument("-q", "--quiet", action="store_true", default=given(False),
-                        help="no status lines or progress bars (errors and warnings only)")
-    parser.add_argument("--no-progress", action="store_true", default=given(False),
-                        help="no progress bars (status lines stay)")
 
 
 def _leaves(parser):

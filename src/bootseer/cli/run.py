@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from bootseer.cli._flags import (
+    add_fallback_arg,
+    add_index_url_arg,
+    add_ready_regex_arg,
+    add_store_arg,
+    ready_regex,
+)
+
 EPILOG = """\
 examples:
   # one node of a job: lazy image with hot-block prefetch, snapshot env, striped checkpoint
@@ -47,8 +55,7 @@ def register(sub) -> None:
     g.add_argument("--prefix", metavar="PATH",
                    help="where the environment lives (the same path on every node)")
     g.add_argument("--python", metavar="PY", help="interpreter of the environment")
-    g.add_argument("--index-url", action="append", default=[], metavar="URL",
-                   help="package index (repeatable)")
+    add_index_url_arg(g, "package index (repeatable)")
     g.add_argument("--no-snapshot", action="store_true",
                    help="pip install on this node instead of restoring a snapshot")
     g = p.add_argument_group("checkpoint")
@@ -61,7 +68,6 @@ def register(sub) -> None:
     g.add_argument("--no-stripe", action="store_true",
                    help="read the checkpoint as one sequential stream per file")
     g = p.add_argument_group("job")
-    from bootseer.cli.image import add_fallback_arg
     add_fallback_arg(g)
     g.add_argument("--baseline", action="store_true",
                    help="the conventional start: --pull --no-snapshot --no-stripe")
@@ -77,7 +83,7 @@ def register(sub) -> None:
     g.add_argument("--nodes", metavar="N",
                    help="nodes in the job, for peers (default: torchrun's --nnodes, Slurm, "
                         "WORLD_SIZE/LOCAL_WORLD_SIZE, BOOTSEER_JOB_COMPLETIONS; docs/peers.md)")
-    g.add_argument("--store", metavar="URL", help="bootseer store (default: settings)")
+    add_store_arg(g, "bootseer store (default: settings)")
     g.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:rw]",
                    help="extra bind mount into the container (repeatable)")
     g.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
@@ -95,9 +101,9 @@ def register(sub) -> None:
                    help="a private /dev/shm of SIZE (e.g. 16GiB) instead of the host's IPC")
     g.add_argument("--summary", metavar="FILE",
                    help="write per-phase timings (JSON) here (- : standard output)")
-    g.add_argument("--ready-regex", metavar="REGEX",
-                   help="the job is ready at the first line of CMD's output matching REGEX "
-                        "(e.g. 'step 1 '), for jobs that do not create $BOOTSEER_READY_FILE")
+    add_ready_regex_arg(g, "the job is ready at the first line of CMD's output matching "
+                           "REGEX (e.g. 'step 1 '), for jobs that do not create "
+                           "$BOOTSEER_READY_FILE")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...",
                    help="the command to run")
     p.set_defaults(func=_run)
@@ -142,13 +148,14 @@ def spec_from_args(args):
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
                    runtime=args.runtime, network=args.network, gpus=_gpus_arg(args.gpus),
                    shm_size=_shm_arg(args.shm_size), summary=summary_arg(args.summary),
-                   ready_regex=ready_regex_arg(args.ready_regex), fallback=args.fallback)
+                   ready_regex=ready_regex(args.ready_regex), fallback=args.fallback)
 
 
 def summary_arg(path: str | None) -> str | None:
     """``--summary``: refused now if it can never be written (a directory...), and made
     absolute (the run may change directory before it writes it, in place)."""
     import os
+
     from bootseer.node import outputs
     if path is None or path == "-":   # -: standard output, after the job's own output
         return path
@@ -174,20 +181,11 @@ def _attempt_arg(text: str) -> str:
     return text
 
 
-def ready_regex_arg(text: str | None):
-    import re
-    from bootseer.errors import ConfigError
-    if text is None:
-        return None
-    try:
-        re.compile(text)
-    except re.error as e:
-        raise ConfigError("--ready-regex", f"{text!r} is not a regular expression: {e}") from e
-    return text
-
-
 def _run(args) -> int:
-    from bootseer.config import BootseerConfig
+    from bootseer.cli._status import run_node
+    from bootseer.config import BootseerConfig, trace_start
+    from bootseer.report import remote
+    from bootseer.run import start
     spec = spec_from_args(args)
     asked = _attempt_arg(args.attempt)
     overrides = {"store": {"url": args.store},
@@ -195,24 +193,13 @@ def _run(args) -> int:
                            "attempt": None if asked == "auto" else int(asked),
                            "node": args.node}}
     config = BootseerConfig.from_env(overrides=overrides)
-    config = _with_job(config, spec.argv, _nodes_arg(args.nodes))
+    config = start.with_job(config, spec.argv, _nodes_arg(args.nodes))
     if config.trace.location:
-        config = _with_attempt(config, asked)
-    import os
-    from bootseer.report import remote
+        config = start.with_attempt(config, asked)
     # a store URL: record to a local spool, uploaded while the job runs and at its end
-    with remote.recording(config, os.environ.get("BOOTSEER_TRACE_START") or "run") as config:
-        _export_trace_settings(config)
+    with remote.recording(config, trace_start() or "run") as config:
+        start.export_trace(config)
         return run_node(spec, config)
-
-
-def run_node(spec, config) -> int:
-    """The node run, saying one status line per pipeline as it becomes ready."""
-    from bootseer.cli import _status
-    from bootseer.run.node import NodeRun
-    node = NodeRun(spec, config)
-    node.on_prepared = _status.on_prepared
-    return node.run()
 
 
 def _nodes_arg(text: str | None) -> int | None:
@@ -222,45 +209,3 @@ def _nodes_arg(text: str | None) -> int | None:
     if not text.isdigit() or int(text) < 1:
         raise ConfigError("--nodes", f"{text!r} is not a node count (1 or more)")
     return int(text)
-
-
-def _with_job(config, argv, nodes_flag):
-    """The job's node count and id from the launcher (peers turn on by themselves for
-    N >= 2), also exported for the processes this run starts."""
-    import os
-    from bootseer.peers.job import with_job
-    config = with_job(config, argv, os.environ, nodes_flag)
-    os.environ["BOOTSEER_PEERS_NODES"] = str(config.peers.nodes)
-    if config.peers.job_id:
-        os.environ["BOOTSEER_PEERS_JOB_ID"] = config.peers.job_id
-    return config
-
-
-def _with_attempt(config, asked: str):
-    """This start's attempt number and id: starts are never merged into one attempt."""
-    import logging
-    import os
-    import socket
-    from bootseer.run import tracing
-    trace, log = config.trace, logging.getLogger("bootseer.run")
-    try:
-        attempt, source = tracing.resolve_attempt(
-            asked, os.environ, job=trace.job_id or "job", node=trace.node or socket.gethostname(),
-            store_url=config.store.url, config=config)
-    except OSError as e:   # the store is down: the job still starts, its attempt unknown
-        log.warning("cannot count this start in the store (%s): attempt %s; pass --attempt",
-                    e, trace.attempt)
-        attempt, source = trace.attempt, "default"
-    log.info("attempt %d (from %s)", attempt, source)
-    os.environ["BOOTSEER_TRACE_START"] = tracing.new_start_id()
-    return config.replace(trace={"attempt": attempt})
-
-
-def _export_trace_settings(config) -> None:
-    """The profiler reads its settings from the environment (so that the command's own
-    processes, which inherit it, record into the same trace)."""
-    import os
-    for name in ("location", "job_id", "attempt", "node", "gpus"):
-        value = getattr(config.trace, name)
-        if value is not None:
-            os.environ[f"BOOTSEER_TRACE_{name.upper()}"] = str(value)

@@ -49,5 +49,5 @@ def _run(args) -> int:
                            techniques=parse_techniques(args.techniques),
                            ckpt_shared_by=args.ckpt_shared_by),
                  args.out, events_jobs=args.events)
-    print(f"wrote {r['attempts']} attempts of {r['jobs']} jobs to {r['path']}")
+    print(f"wrote {r.attempts} attempts of {r.jobs} jobs to {r.path}")
     return 0

@@ -16,7 +16,8 @@ import argparse
 import functools
 import sys
 
-from bootseer.cli import STORE_HELP, add_json_arg, print_json
+from bootseer.cli import print_json
+from bootseer.cli._flags import add_json_arg, add_store_arg
 
 DIGEST_HELP = "blob digest, sha256:<64 hex>"
 REF_HELP = "ref name: parts of [A-Za-z0-9._-] joined by '/', e.g. team/train/v3"
@@ -29,7 +30,7 @@ def register(sub) -> None:
     p = sub.add_parser("store", help="put/get/stat/ls/cat blobs and refs of a store",
                        description="Inspect or edit a bootseer store. The store is --store URL, "
                                    "else BOOTSEER_STORE_URL, else the embedded default directory.")
-    p.add_argument("--store", metavar="URL", help=STORE_HELP)
+    add_store_arg(p)
     verbs = _StoreVerbs(p.add_subparsers(dest="verb", metavar="VERB", required=True))
     v = verbs.add_parser("put", help="store a file as a blob; print its digest")
     v.add_argument("file", help="path, or - for standard input")
@@ -91,7 +92,7 @@ class _StoreVerbs:
 
     def add_parser(self, name, **kw):
         v = self.actions.add_parser(name, **kw)
-        v.add_argument("--store", metavar="URL", default=argparse.SUPPRESS, help=STORE_HELP)
+        add_store_arg(v, default=argparse.SUPPRESS)
         v.set_defaults = functools.partial(_set_guarded_defaults, v)
         return v
 
@@ -118,9 +119,10 @@ def _open(args):
     """The store; a directory store is created only by the verbs that write one (a
     mistyped ``--store /typo`` for ``ls`` is an error, not a new empty store)."""
     import os
+
+    from bootseer.cli._errors import with_hint
     from bootseer.config import BootseerConfig
     from bootseer.errors import StoreError
-    from bootseer.cli._errors import with_hint
     from bootseer.store import open_store
     url = args.store or BootseerConfig.from_env().store.url
     local = url.removeprefix("file://") if url and ("://" not in url or
@@ -233,6 +235,7 @@ def _ls(args) -> int:
 
 def _age_arg(text: str) -> float:
     import re
+
     from bootseer.errors import UsageError
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
     if not m:

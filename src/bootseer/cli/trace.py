@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+from bootseer.cli._flags import add_trace_location_arg
 
 
 def register(sub) -> None:
@@ -14,50 +14,23 @@ def register(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("exec", help="run CMD and record it as phase NAME")
     v.add_argument("--phase", required=True, help="phase name, e.g. deps.install")
-    v.add_argument("--trace", "--location", dest="location", metavar="LOCATION",
-                   help="trace location, as for `run --trace`: a directory or a store URL "
-                        "(default BOOTSEER_TRACE_LOCATION)")
+    add_trace_location_arg(v)
     v.add_argument("argv", nargs="+", metavar="-- CMD", help="the command to run and record")
     v.set_defaults(func=_exec)
     v = verbs.add_parser("mark", help="record an instant (e.g. ready, rendezvous)")
     v.add_argument("name", help="what happened, e.g. ready or rendezvous")
-    v.add_argument("--trace", "--location", dest="location", metavar="LOCATION",
-                   help="trace location, as for `run --trace`: a directory or a store URL "
-                        "(default BOOTSEER_TRACE_LOCATION)")
+    add_trace_location_arg(v)
     v.set_defaults(func=_mark)
-
-
-@contextlib.contextmanager
-def _recording(args):
-    """Where this command records: True when somewhere. A store URL becomes a spool
-    directory (exported, so the command's own traced processes record there too) that is
-    uploaded when the block ends, as under ``bootseer run --trace URL``."""
-    import os
-
-    from bootseer.config import BootseerConfig
-    from bootseer.report import remote
-    if args.location:
-        os.environ["BOOTSEER_TRACE_LOCATION"] = args.location
-    config = BootseerConfig.from_env()
-    if not remote.is_url(config.trace.location):
-        yield bool(config.trace.location)
-        return
-    from bootseer.run.tracing import new_start_id
-    # a start id in the file names: two commands of a node never upload to one ref, even
-    # when their pids are the same (each in its own container)
-    start = os.environ.get("BOOTSEER_TRACE_START") or new_start_id()
-    with remote.recording(config, start) as spooled:
-        os.environ["BOOTSEER_TRACE_LOCATION"] = spooled.trace.location
-        os.environ["BOOTSEER_TRACE_START"] = start
-        yield True
 
 
 def _exec(args) -> int:
     import subprocess
     import sys
+
     from bootseer import trace
+    from bootseer.report import remote
     argv = args.argv[1:] if args.argv[0] == "--" else args.argv
-    with _recording(args) as recorded:
+    with remote.command_recording(args.location) as recorded:
         if not recorded:   # the command still runs: tracing never stops a job
             print(f"bootseer: warning: no trace location: phase {args.phase!r} is not "
                   f"recorded; pass --trace DIR|URL or set BOOTSEER_TRACE_LOCATION",
@@ -80,7 +53,8 @@ def _mark(args) -> int:
     from bootseer import trace
     from bootseer.cli._errors import with_hint
     from bootseer.errors import UsageError
-    with _recording(args) as recorded:
+    from bootseer.report import remote
+    with remote.command_recording(args.location) as recorded:
         if not recorded:   # the mark would go nowhere
             raise with_hint(UsageError(f"nowhere to record the mark {args.name!r}: no trace "
                                        f"location"),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.errors import BootseerError
-from bootseer.run.container import unmount_under
+from bootseer.node.mounts import unmount_under
 
 REQUIREMENTS = ["numpy==2.2.6", "safetensors==0.5.3", "tqdm==4.67.1", "PyYAML==6.0.2"]
 IMPORTS = "numpy,safetensors,tqdm,yaml"

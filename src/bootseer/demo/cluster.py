@@ -21,9 +21,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.node.mounts import unmount_under
 from bootseer.node.proc import pid_alive
-from bootseer.run.container import unmount_under
-from bootseer.testing.netns import Host, Network, remove_leftovers as remove_leftover_netns
+from bootseer.testing.netns import Host, Network
+from bootseer.testing.netns import remove_leftovers as remove_leftover_netns
 
 PREFIX = "bsdemo"
 SCRATCH_ROOT = Path("/var/tmp")

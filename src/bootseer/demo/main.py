@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 from bootseer.demo import assets as A
-from bootseer.demo import cluster
+from bootseer.demo import cluster, tables
 from bootseer.demo import scenario as S
-from bootseer.demo import tables
-from bootseer.run.container import unmount_under
+from bootseer.node.mounts import unmount_under
 from bootseer.testing.netns import NetnsError
 from bootseer.testing.servers import ServerError
 

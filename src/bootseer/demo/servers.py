@@ -26,7 +26,7 @@ class DemoServers:
     def _ns(self) -> list[str]:
         return self.storage.enter()
 
-    def __enter__(self) -> "DemoServers":
+    def __enter__(self) -> DemoServers:
         try:
             self._start()
         except BaseException:

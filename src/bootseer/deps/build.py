@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from bootseer.deps import place, relocate
+from bootseer.deps import relocate
+from bootseer.deps.prefix import Sibling
 from bootseer.deps.resolve import DepsError, _run, uv
 
 
@@ -28,7 +29,7 @@ def build(locked: str, prefix: str, python: str, index_urls: list[str] | None = 
         idx += ["--index-url" if i == 0 else "--extra-index-url", u]
     # scratch beside the prefix: uv links from its cache on the same filesystem, and a
     # killed build's cache is swept with its other leftovers
-    with place.Sibling(prefix, "scratch") as scratch:
+    with Sibling(prefix, "scratch") as scratch:
         os.makedirs(scratch.path)
         req = os.path.join(scratch.path, "locked.txt")
         with open(req, "w") as f:

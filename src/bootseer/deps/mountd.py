@@ -13,7 +13,9 @@ import signal
 import sys
 import time
 
-from bootseer.deps.mounted import sidecar
+from bootseer.deps.prefix import sidecar
+from bootseer.tree.profile import publish_recorded
+from bootseer.tree.session import mount_tree
 
 log = logging.getLogger("bootseer.deps.mountd")
 
@@ -24,8 +26,6 @@ def main(argv: list[str]) -> int:
     stop: list[int] = []
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, lambda n, f: stop.append(n))
-    from bootseer.tree.profile import publish_recorded
-    from bootseer.tree.session import mount_tree
     rec = os.path.join(state, "rec")
     try:
         handle, profile, _ = mount_tree(config, tree, prefix, rec, record=True, prefetch=True,

@@ -1,28 +1,19 @@
-"""Snapshots of environments: publish a built prefix as a tree, restore one into place.
-
-A restore extracts into a temporary sibling of the prefix and renames it into place with
-the completion marker written last, so a killed restore leaves nothing half-visible. A
-snapshot made at another prefix is relocated on the way (see ``relocate``).
-"""
+"""Snapshots of environments: a built prefix published as a tree with its manifest (the
+refs that find it by key, by portable key, by pins), and the completion marker a built or
+restored environment gets last. Restoring one is ``restore``'s."""
 
 from __future__ import annotations
 
 import json
-import logging
-import os
 import secrets
 import time
 from pathlib import Path
-from typing import Callable
 
 from bootseer import trace as tracing
-from bootseer.config import BootseerConfig
-from bootseer.deps import compat, place, relocate
-from bootseer.deps.resolve import FORMAT
+from bootseer.deps import compat, relocate
+from bootseer.deps.prefix import MARKER
+from bootseer.deps.resolve import FORMAT, DepsError
 from bootseer.store.digest import sha256_digest
-
-log = logging.getLogger(__name__)
-MARKER = ".bootseer-env.json"
 
 
 def env_ref(key: str) -> str:
@@ -37,15 +28,6 @@ def pins_ref(pins_key: str) -> str:
     return f"deps/pins/{pins_key.removeprefix('sha256:')}"
 
 
-def read_marker(prefix: str) -> dict | None:
-    """The completion marker of a restored or built prefix, or of a live lazy mount."""
-    try:
-        return json.loads((Path(prefix) / MARKER).read_text())
-    except (OSError, ValueError):
-        from bootseer.deps.mounted import mounted_info
-        return mounted_info(prefix)
-
-
 def write_marker(prefix: str, key: str, tree: str | None, **extra) -> None:
     """The completion marker, written last. Its ``id`` is copied into the node's record
     of the environment, so ``deps gc`` can prove the directory it removes is this one."""
@@ -56,62 +38,23 @@ def write_marker(prefix: str, key: str, tree: str | None, **extra) -> None:
     tmp.rename(Path(prefix) / MARKER)
 
 
-def load_manifest(store, digest: str) -> dict:
-    return json.loads(store.read(digest))
+def load_manifest(store, digest: str, key: str | None = None) -> dict:
+    """The manifest ``digest`` (the store verified its bytes). With ``key`` (read through
+    that key's ref), its own key must be ``key``: a ref set to another environment's
+    manifest, by mistake or by a hostile writer, is refused, never restored as this one."""
+    manifest = json.loads(store.read(digest))
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("tree"), str):
+        raise DepsError(f"{digest} is not an environment manifest")
+    if key is not None and manifest.get("key") != key:
+        raise DepsError(f"the store's ref {env_ref(key)} names the manifest of environment "
+                        f"{str(manifest.get('key'))[:19]}, not {key[:19]}: refusing it (was the "
+                        f"ref edited?)")
+    return manifest
 
 
 def check_driver(manifest: dict) -> None:
     compat.check(manifest.get("cuda"), compat.driver_version(),
                  f"the environment {manifest.get('key', '')[:19]}")
-
-
-def restore(store, manifest: dict, prefix: str, config: BootseerConfig, key: str,
-            progress: Callable[[int, int], None] | None = None) -> None:
-    """Fetch and extract the snapshot into a temporary sibling, relocate it if it was
-    made at another prefix, then rename it into place. ``progress(bytes, total)`` is
-    called as chunks arrive."""
-    from bootseer.store.cache import NodeCache
-    from bootseer.store.fetch import Fetcher
-    from bootseer.tree.extract import extract
-    from bootseer.tree.reader import TreeReader
-    made_at = manifest["prefix"]
-    relocate.check(manifest.get("relocations"), made_at, prefix)   # before fetching
-    sweep_leftovers(prefix)
-    with place.Sibling(prefix, "restoring") as tmp:
-        # Fetching and extracting overlap (files are written as their chunks arrive): two
-        # phases, deps.fetch up to the last chunk's arrival, deps.extract until written.
-        t0 = time.time()
-        timing: dict = {}
-        with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
-            reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
-            total = sum(c[4] for c in reader.all_chunks())
-            from bootseer.tree.peers import fetch_tree   # the job's peers first
-            span.set(**(fetch_tree(config, store, reader) or {}))
-            n = extract(reader, tmp.path, readonly=True, timing=timing,
-                        progress=(lambda b: progress(b, total)) if progress else None)
-            span.set(bytes=n)
-            counters = f.counters()
-        tracing.emit("deps.fetch", t0, timing.get("fetched_at", t0),
-                     chunks=timing.get("chunks", 0), bytes=counters["bytes"],
-                     requests=counters["requests"])
-        extra = {}
-        if made_at != prefix:
-            with tracing.phase("deps.relocate") as span:
-                span.set(paths=relocate.rewrite(tmp.path, manifest["relocations"], made_at,
-                                                prefix))
-            extra["relocated"] = {"from": made_at, **manifest["relocations"]}
-        os.chmod(tmp.path, 0o755)
-        write_marker(tmp.path, key, manifest["tree"], **extra)
-        place.put(tmp.path, prefix, key)
-
-
-def sweep_leftovers(prefix: str) -> None:
-    """Remove what a killed build, restore or removal at ``prefix`` left beside it (the
-    prefix itself is only ever renamed into place whole, so it is never partial)."""
-    place.sweep_leftovers(prefix)
-
-
-rmtree = place.rmtree
 
 
 def publish(store, prefix: str, key: str, portable_key: str | None = None, *,

@@ -25,7 +25,7 @@ def file_matches(path: str, chunks: list, chunk_size: int, size: int) -> bool:
                     break   # the file's end: the last chunk is the short one
                 digest.update(view[:n])
                 left -= n
-            if "sha256:" + digest.hexdigest() != chunk[0]:
+            if "sha256:" + digest.hexdigest() != chunk.digest:
                 return False
         # what follows the last chunk (a file that grew since fstat) is not the snapshot's
         return f.read(1) == b""

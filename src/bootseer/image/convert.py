@@ -274,15 +274,15 @@ def _in_root(builder: TreeBuilder, path: str) -> str:
                 done.pop()
             continue
         e = builder.entries.get("/" + "/".join([*done, part]))
-        if e is None or e["type"] != "l":
+        if e is None or e.type != "l" or e.target is None:
             done.append(part)
             continue
         hops += 1
         if hops > MAX_SYMLINK_HOPS:
             raise ConvertError(f"{path}: too many levels of symlinks in the image")
-        if e["target"].startswith("/"):
+        if e.target.startswith("/"):
             done = []
-        todo = e["target"].split("/") + todo
+        todo = e.target.split("/") + todo
     return "/" + "/".join([*done, parts[-1]]) if parts[-1] else "/"
 
 

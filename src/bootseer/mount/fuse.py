@@ -16,23 +16,19 @@ import multiprocessing
 import os
 import pickle
 import signal
-import subprocess
 import time
 from typing import Callable
 
-from bootseer.node import alive
-from bootseer.node import proc as procs
-from bootseer.errors import BootseerError
-from bootseer.node import mounts as points
+from bootseer.errors import MountError
+from bootseer.mount.kinds import Serving
 from bootseer.mount.errno_map import to_errno
+from bootseer.mount.handle import MountHandle
 from bootseer.mount.view import TreeView
+from bootseer.node import alive, mounts
+from bootseer.node import proc as procs
 
 log = logging.getLogger("bootseer.mount")
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-
-
-class MountError(BootseerError):
-    pass
 
 
 def operations(view: TreeView):
@@ -146,10 +142,6 @@ FUSE_MAX_THREADS = 64
 """Worker threads of a FUSE server (libfuse's default is 10; reads block on the network)."""
 
 
-def _lazy_unmount(mountpoint: str) -> None:
-    subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
-
-
 def set_read_ahead(mountpoint: str, kb: int) -> bool:
     dev = os.stat(mountpoint).st_dev
     path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
@@ -162,45 +154,14 @@ def set_read_ahead(mountpoint: str, kb: int) -> bool:
         return False
 
 
-class MountHandle:
-    def __init__(self, proc, mountpoint: str, state: alive.StateDir | None = None):
-        self.proc, self.mountpoint = proc, mountpoint
-        self.state = state   # notes the mount, so a SIGKILLed owner's is undone next time
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def unmount(self, timeout: float = 20) -> None:
-        """Idempotent: unmount, wait for the server, kill it if it hangs."""
-        if os.path.ismount(self.mountpoint):
-            r = subprocess.run(["fusermount3", "-u", self.mountpoint], capture_output=True)
-            if r.returncode != 0:
-                _lazy_unmount(self.mountpoint)
-        self.proc.join(timeout)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        if os.path.ismount(self.mountpoint):
-            _lazy_unmount(self.mountpoint)
-        if self.state is not None:
-            self.state.close()
-            self.state = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.unmount()
-
-
 def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_kb: int = 1024,
           name: str = "bootseer", timeout: float = 30, serve: Callable | None = None,
-          handle: type | None = None) -> MountHandle:
+          serving: Serving = Serving.MFUSEPY, term: bool = False) -> MountHandle:
     """Mount ``view_factory()`` at ``mountpoint`` in a child process; return when it is
     serving. Errors building the view are raised here, before anything is mounted.
     The server dies with this process; what a killed one left is removed first.
-    ``serve``/``handle``: another backend's child entry and handle (mount/devfuse)."""
+    ``serve``/``serving``/``term``: another backend's child entry, its name, and whether
+    its server ends on SIGTERM (mount/devfuse)."""
     alive.sweep_dead()   # a mount left at ``mountpoint`` by a SIGKILLed command goes now
     if not os.path.isdir(mountpoint):
         raise MountError(f"mount point {mountpoint} is not a directory")
@@ -245,14 +206,14 @@ def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_k
         if not proc.is_alive() or time.time() > deadline:
             proc.kill()
             proc.join(5)
-            if points.find(mountpoint) is not None:   # mounted, but its root never answered
-                points.lazy_unmount(mountpoint)
+            if mounts.find(mountpoint) is not None:   # mounted, but its root never answered
+                mounts.lazy_unmount(mountpoint)
             raise MountError(f"FUSE server for {name} did not mount {mountpoint} "
                              f"(exit {proc.exitcode})")
         time.sleep(0.02)
     state = alive.note_mount(mountpoint)
     set_read_ahead(mountpoint, read_ahead_kb)
-    return (handle or MountHandle)(proc, mountpoint, state)
+    return MountHandle(mountpoint, serving, proc=proc, state=state, term=term)
 
 
 def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,

@@ -31,15 +31,13 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from bootseer.node.libc import libc
+
 _PR_SET_PDEATHSIG = 1
 
 # Looked up once here, not in the child: a preexec function runs between fork and exec,
 # where loading a library or importing a module may deadlock on a lock another thread held.
-_libc = ctypes.CDLL(None, use_errno=True)
-_prctl = _libc.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                   ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
+_prctl = libc.prctl
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:

@@ -22,6 +22,8 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
+from bootseer.config import job_completions
+
 log = logging.getLogger(__name__)
 
 COMPLETIONS_VAR = "BOOTSEER_JOB_COMPLETIONS"
@@ -72,7 +74,7 @@ def job_nodes(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str] | 
     world, local = _count(env.get("WORLD_SIZE")), _count(env.get("LOCAL_WORLD_SIZE"))
     if world and local:
         return -(-world // local), "WORLD_SIZE/LOCAL_WORLD_SIZE"
-    n = _count(env.get(COMPLETIONS_VAR))
+    n = _count(job_completions(env))
     if n:
         return n, COMPLETIONS_VAR
     return None

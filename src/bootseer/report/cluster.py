@@ -12,8 +12,14 @@ import math
 import statistics
 from pathlib import Path
 
+from bootseer import redact
 from bootseer.errors import TraceError
+from bootseer.report import load, remote
+from bootseer.report.render import table
 from bootseer.report.simulate import BIN_NAMES, bin_of
+from bootseer.report.summary import summarize
+from bootseer.report.views import attempts
+from bootseer.store import open_store
 
 
 def read_attempts(path: str | Path) -> tuple[list[dict], list[str]]:
@@ -28,7 +34,6 @@ def read_attempts(path: str | Path) -> tuple[list[dict], list[str]]:
                          f"(cluster.jsonl) or a directory of job traces")
     compact = p / "cluster.jsonl" if p.is_dir() else p
     if compact.is_file():
-        from bootseer.report import load   # regular files only, lines capped, numbers finite
         fd = load.open_regular(compact, follow=compact == p)
         if fd is None:
             raise TraceError(f"{compact} is not a regular file")
@@ -55,9 +60,6 @@ def read_attempts(path: str | Path) -> tuple[list[dict], list[str]]:
 def _from_store(url: str, notes: list[str]) -> list[dict]:
     """Every job's traces under the store's ``traces/`` refs, summarized."""
     import tempfile
-    from bootseer import redact
-    from bootseer.store import open_store
-    from bootseer.report import remote
     local = url[len("file://"):] if url.startswith("file://") else None
     if local is not None and not (Path(local) / "refs").is_dir():   # opening would create it
         raise TraceError(f"no store at {url}")
@@ -75,8 +77,6 @@ def _from_store(url: str, notes: list[str]) -> list[dict]:
 
 
 def _from_traces(p: Path, notes: list[str]) -> list[dict]:
-    from bootseer.report import analysis
-    from bootseer.report import load
     t = load.load(p)
     if t.skipped_lines:
         notes.append(f"skipped {t.skipped_lines} unreadable line(s)")
@@ -86,8 +86,8 @@ def _from_traces(p: Path, notes: list[str]) -> list[dict]:
         by_job.setdefault(str(e["job"]), []).append(e)
     recs = []
     for job, evs in sorted(by_job.items()):
-        for v in analysis.attempts(evs):
-            s = analysis.summarize(v)
+        for v in attempts(evs):
+            s = summarize(v)
             if s.time_to_ready is None:
                 notes.append(f"{job} attempt {v.attempt}: nodes never ready "
                              f"({', '.join(s.not_ready[:3])}); counted until their last event")
@@ -97,7 +97,7 @@ def _from_traces(p: Path, notes: list[str]) -> list[dict]:
             recs.append({"job": job, "attempt": v.attempt, "gpus": sum(n.gpus for n in v.nodes),
                          "nodes": s.nodes, "t": v.t0, "ready": wait,
                          "train": (max(ends) - v.t0 - wait) if ends else 0.0,
-                         "phases": {k: [x["median"], x["max"]] for k, x in s.phases.items()},
+                         "phases": {k: [x.median, x.max] for k, x in s.phases.items()},
                          "gating_node": s.gating_node, "gating_phase": s.gating_phase})
     if not any(r["train"] for r in recs):
         notes.append("no train.end marks: training time unknown, GPU-time share not computed")
@@ -173,7 +173,6 @@ def _q(s: list[float], q: float) -> float:
 
 
 def text(c: dict, notes: list[str] = ()) -> str:
-    from bootseer.report.render import table
     out = [f"{c['jobs']} jobs, {c['attempts']} attempts; startup {c['startup_gpu_h']:.0f} GPU-h,"
            f" training {c['train_gpu_h']:.0f} GPU-h"]
     if c["lost_share"] is not None:
@@ -195,7 +194,6 @@ def text(c: dict, notes: list[str] = ()) -> str:
 
 
 def compare(new: dict, base: dict) -> str:
-    from bootseer.report.render import table
     rows = []
     for a, b in zip(new["bins"], base["bins"]):
         if "median" in a and "median" in b:

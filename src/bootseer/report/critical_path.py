@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootseer.report.analysis import (COLLECTIVES, UNTRACED, AttemptView, NodeView,
-                                      pipeline_of)
+from bootseer.report.views import COLLECTIVES, UNTRACED, AttemptView, NodeView, pipeline_of
 
 EPS_S = 1e-3
 WRAPPERS = {"startup"}

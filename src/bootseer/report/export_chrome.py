@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 PID_STRIDE = 100_000   # pid = attempt * stride + node index + 1 (0 is each attempt's own)
 STALL_KEYS = ("stall_s",)
@@ -49,10 +50,10 @@ def events(views: list[AttemptView], summaries: list[Summary] | None = None) -> 
             out.append({"name": "thread_name", "ph": "M", "pid": base, "tid": 1,
                         "args": {"name": "critical path"}})
             for seg in s.critical_path:
-                out.append({"name": seg["phase"], "ph": "X", "pid": base, "tid": 1,
-                            "ts": _us(v.t0 + seg["start"]),
-                            "dur": max(_us(v.t0 + seg["end"]) - _us(v.t0 + seg["start"]), 0),
-                            "args": {"node": seg["node"], "lane": seg["lane"]}})
+                out.append({"name": seg.phase, "ph": "X", "pid": base, "tid": 1,
+                            "ts": _us(v.t0 + seg.start),
+                            "dur": max(_us(v.t0 + seg.end) - _us(v.t0 + seg.start), 0),
+                            "args": {"node": seg.node, "lane": seg.lane}})
     return out
 
 

@@ -21,8 +21,9 @@ import json
 from pathlib import Path
 
 from bootseer.report import sources as src
-from bootseer.report.analysis import AttemptView, Summary, pipeline_of
 from bootseer.report.critical_path import NOT_STARTED
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView, pipeline_of
 
 VENDOR = Path(__file__).with_name("vendor")
 UPLOT_VERSION = "1.6.32"   # vendor/README.md says how to update it
@@ -119,7 +120,7 @@ def _shown_nodes(v: AttemptView, s: Summary) -> list:
 def _attempt_data(v: AttemptView, s: Summary) -> dict:
     shown = _shown_nodes(v, s)
     readies = [n.ready for n in v.nodes if n.ready is not None]
-    ready_end = max(readies + [x["end"] for x in s.critical_path], default=0.0)
+    ready_end = max(readies + [x.end for x in s.critical_path], default=0.0)
     end = ready_end * 1.06 if ready_end else max(
         [x["end"] for n in shown for x in n.spans] + [1e-3])
     nodes = []
@@ -147,8 +148,8 @@ def _attempt_data(v: AttemptView, s: Summary) -> dict:
         cdf[p] = _quantiles([n.phases[p] for n in v.nodes if p in n.phases])
     return {"attempt": v.attempt, "ttr": s.time_to_ready, "end": end,
             "gating_node": s.gating_node, "gating_phase": s.gating_phase,
-            "path": [{k: (round(x[k], 4) if isinstance(x[k], float) else x[k])
-                      for k in ("phase", "node", "lane", "start", "end")}
+            "path": [{"phase": x.phase, "node": x.node, "lane": x.lane,
+                      "start": round(x.start, 4), "end": round(x.end, 4)}
                      for x in s.critical_path],
             "shares": {k: round(x, 4) for k, x in s.path_shares.items()},
             "nodes": nodes, "cdf": cdf}
@@ -251,8 +252,8 @@ def _path_table(s: Summary) -> str:
     if not s.critical_path:
         return '<p class="note">no node got ready: no critical path</p>'
     return _table(["phase", "node", "lane", "from s", "to s", "seconds", "share"],
-                  [[x["phase"], x["node"], x["lane"], _f(x["start"]), _f(x["end"]),
-                    _f(x["seconds"]), f"{100 * x['seconds'] / (s.time_to_ready or 1):.0f} %"]
+                  [[x.phase, x.node, x.lane, _f(x.start), _f(x.end),
+                    _f(x.seconds), f"{100 * x.seconds / (s.time_to_ready or 1):.0f} %"]
                    for x in s.critical_path])
 
 

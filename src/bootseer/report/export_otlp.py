@@ -29,12 +29,13 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from bootseer import __version__
 from bootseer.errors import TraceError, UsageError
-from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 SCOPE = {"name": "bootseer.trace", "version": "1"}
 STATUS_ERROR = 2
@@ -275,7 +276,8 @@ def _proto(body: str):
     try:
         from google.protobuf import json_format
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest)
+            ExportTraceServiceRequest,
+        )
     except ImportError:
         raise UsageError("OTLP over protobuf or gRPC needs the otlp extra (pip install "
                          "'bootseer[otlp]'); hint: OTEL_EXPORTER_OTLP_PROTOCOL=http/json "

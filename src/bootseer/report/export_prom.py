@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import math
 
-from bootseer.report.analysis import AttemptView, Summary
 from bootseer.report.simulate import BIN_NAMES, bin_of
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 READY_BUCKETS_S = (5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
 
@@ -107,9 +108,10 @@ def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
             w.metric(name, "summary", "Seconds per top-level phase over nodes (quantile 1: "
                      "the slowest node).")
             for quantile, stat in (("0.5", "median"), ("0.9", "p90"), ("1", "max")):
-                w.sample(name, {**base, "phase": phase, "quantile": quantile}, st[stat])
-            w.sample(f"{name}_sum", {**base, "phase": phase}, st["sum"])
-            w.sample(f"{name}_count", {**base, "phase": phase}, st["n"])
+                w.sample(name, {**base, "phase": phase, "quantile": quantile},
+                         getattr(st, stat))
+            w.sample(f"{name}_sum", {**base, "phase": phase}, st.sum)
+            w.sample(f"{name}_count", {**base, "phase": phase}, st.n)
         for pipeline, sec in s.path_shares.items():
             w.metric("bootseer_startup_critical_path_seconds", "gauge",
                      "Seconds each pipeline held on the critical path to ready.")

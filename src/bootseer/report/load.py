@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootseer.errors import TraceError
+from bootseer.errors import BootseerError, TraceError
 
 REQUIRED = ("job", "attempt", "node", "phase", "start", "end")
 MAX_LINE = 1 << 20        # bytes: an event is well under 10 KiB
@@ -113,13 +113,13 @@ def numbered_lines(fd: int, max_line: int = MAX_LINE
     return lines, long_at, unterminated
 
 
-class _NotFinite(ValueError):
-    pass
+class NotFinite(BootseerError, ValueError):
+    """A trace line holds NaN or Infinity: the line is rejected, never shown."""
 
 
 def reject_constant(name: str):
     """``json.loads(..., parse_constant=reject_constant)``: NaN and Infinity refused."""
-    raise _NotFinite(f"{name} is not a number")
+    raise NotFinite(f"{name} is not a number")
 
 
 # one decoder for every file (json.loads with an argument builds one per call)
@@ -131,7 +131,7 @@ def _decoded(raw: bytes):
     """One line's event, or None if it is not JSON; _OUT_OF_RANGE for NaN or Infinity."""
     try:
         return json.loads(raw, parse_constant=reject_constant)
-    except _NotFinite:
+    except NotFinite:
         return _OUT_OF_RANGE
     except (ValueError, RecursionError):
         return None

@@ -22,7 +22,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+from bootseer import redact
+from bootseer.config import BootseerConfig, section_env, start_env, trace_start
 from bootseer.errors import TraceError
+from bootseer.store import open_store
+from bootseer.store.digest import sha256_digest
+from bootseer.trace.record import new_start_id
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +59,11 @@ def ref_name(job: str, attempt: str, file: str) -> str:
 
 
 def _redacted(url: str) -> str:
-    from bootseer import redact
     return redact.url(url)
 
 
 def open_writable(url: str, config=None):
     """The store at ``url``, after proving it takes a blob: an error now, not at the end."""
-    from bootseer.store import open_store
-    from bootseer.store.digest import sha256_digest
     store = None
     try:
         store = open_store(url, config)
@@ -70,7 +72,6 @@ def open_writable(url: str, config=None):
     except (OSError, ValueError) as e:
         if store is not None:
             store.close()
-        from bootseer import redact
         raise TraceError(f"cannot record traces to {_redacted(url)}: "
                          f"{redact.text(str(e))}") from None
 
@@ -91,7 +92,6 @@ def spool_dir(config, start_id: str) -> Path:
 
 def upload(store, spool: Path) -> int:
     """Each ``<job>/<attempt>/<file>.jsonl`` under ``spool`` as a blob + ref; files sent."""
-    from bootseer.store.digest import sha256_digest
     sent = 0
     for path in sorted(spool.glob("*/*/*.jsonl")):
         job, attempt = path.parent.parent.name, path.parent.name
@@ -144,6 +144,26 @@ def recording(config, start_id: str):
         if flush():
             shutil.rmtree(spool, ignore_errors=True)
         store.close()
+
+
+@contextlib.contextmanager
+def command_recording(location: str | None):
+    """Where a command (``bootseer trace``) records: True when somewhere. A store URL
+    becomes a spool directory (exported, so the command's own traced processes record
+    there too) that is uploaded when the block ends, as under ``bootseer run --trace URL``."""
+    if location:
+        os.environ.update(section_env("trace", location=location))
+    config = BootseerConfig.from_env()
+    if not is_url(config.trace.location):
+        yield bool(config.trace.location)
+        return
+    # a start id in the file names: two commands of a node never upload to one ref, even
+    # when their pids are the same (each in its own container)
+    start = trace_start() or new_start_id()
+    with recording(config, start) as spooled:
+        os.environ.update({**section_env("trace", location=spooled.trace.location),
+                           **start_env(start)})
+        yield True
 
 
 # -- reading ----------------------------------------------------------------------------------

@@ -8,8 +8,10 @@ import dataclasses
 import json
 import statistics
 
+from bootseer.report import export_chrome, export_html
 from bootseer.report import sources as src
-from bootseer.report.analysis import AttemptView, Summary
+from bootseer.report.summary import Summary
+from bootseer.report.views import AttemptView
 
 
 def _f(v) -> str:
@@ -29,12 +31,12 @@ def _path_line(s: Summary) -> list[str]:
         return []
     chain, node = [], None
     for x in s.critical_path:
-        if x["seconds"] < 0.005:
+        if x.seconds < 0.005:
             continue
-        where = f" @{x['node']}" if x["node"] != node else ""
-        node = x["node"]
-        chain.append(f"{x['phase']} {_f(x['seconds'])}{where}")
-    total = s.time_to_ready or sum(x["seconds"] for x in s.critical_path) or 1.0
+        where = f" @{x.node}" if x.node != node else ""
+        node = x.node
+        chain.append(f"{x.phase} {_f(x.seconds)}{where}")
+    total = s.time_to_ready or sum(x.seconds for x in s.critical_path) or 1.0
     shares = ", ".join(f"{p} {_f(v)} s ({v / total * 100:.0f}%)" for p, v in s.path_shares.items())
     return [f"  critical path: {' -> '.join(chain)}", f"  on the path: {shares}"]
 
@@ -107,8 +109,8 @@ def text(summaries: list[Summary], skipped: int = 0, problems: list[str] = ()) -
         else:
             parts.append(f"  no stragglers (rule: median + {s.k:g}*MAD)")
         parts.append(f"  GPU-seconds lost waiting: {s.gpu_seconds_lost:.0f}")
-        rows = [[p, _f(v["median"]), _f(v["p90"]), _f(v["max"]), v["n"]]
-                for p, v in sorted(s.phases.items(), key=lambda kv: -kv[1]["max"])]
+        rows = [[p, _f(v.median), _f(v.p90), _f(v.max), v.n]
+                for p, v in sorted(s.phases.items(), key=lambda kv: -kv[1].max)]
         parts.append(table(["phase", "median s", "p90 s", "max s", "nodes"], rows))
         parts += _ranks(s)
         parts += sources_table(s)
@@ -143,8 +145,8 @@ def compare(new: list[Summary], base: list[Summary]) -> str:
     a, b = new[-1], base[-1]
     rows = []
     for p in sorted(set(a.phases) | set(b.phases)):
-        x = a.phases.get(p, {}).get("max")
-        y = b.phases.get(p, {}).get("max")
+        x = a.phases[p].max if p in a.phases else None
+        y = b.phases[p].max if p in b.phases else None
         red = f"{(1 - x / y) * 100:.0f}%" if x is not None and y else "-"
         rows.append([p, _f(y), _f(x), red])
     x, y = a.time_to_ready, b.time_to_ready
@@ -176,21 +178,21 @@ def _origin_against(a: Summary, b: Summary) -> str:
 def to_json(summaries: list[Summary]) -> str:
     """One line per field of each summary: readable, and encoded by json's C encoder (an
     ``indent`` selects its pure-Python one; ``dataclasses.asdict`` deep-copies every
-    per-rank row: together most of a 10,000-node report's time)."""
+    per-rank row: together most of a 10,000-node report's time). Its records (a phase's
+    figures, a step of the path) become objects of their fields."""
     out = []
     for s in summaries:
-        fields = ",\n ".join(f"{json.dumps(f.name)}: {json.dumps(getattr(s, f.name))}"
+        fields = ",\n ".join(f"{json.dumps(f.name)}: "
+                             f"{json.dumps(getattr(s, f.name), default=dataclasses.asdict)}"
                              for f in dataclasses.fields(s))
         out.append("{" + fields + "}")
     return "[\n" + ",\n".join(out) + "\n]"
 
 
 def chrome(views: list[AttemptView], summaries: list[Summary] | None = None) -> str:
-    from bootseer.report import export_chrome
     return export_chrome.to_json(views, summaries)
 
 
 def to_html(views: list[AttemptView], summaries: list[Summary], title: str,
             report_text: str, baseline: list[Summary] | None = None) -> str:
-    from bootseer.report import export_html
     return export_html.to_html(views, summaries, title, report_text, baseline)

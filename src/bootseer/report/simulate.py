@@ -134,7 +134,29 @@ def ckpt_fetch_s(p: SimParams, gb: float, nodes: int) -> float:
     return p.peer_join_s + max(origin, gb / node)
 
 
-def project(p: SimParams, gpus: int) -> dict:
+@dataclass(frozen=True)
+class Projection:
+    """One start of a job, noise-free: per-node phase seconds, time to ready, and what the
+    origins serve (GB)."""
+    gpus: int
+    nodes: int
+    phases: dict[str, float]
+    ready_s: float
+    registry_gb: float
+    """The image's bytes the registry serves."""
+    storage_gb: float
+    """The checkpoint's bytes its storage serves."""
+
+
+@dataclass(frozen=True)
+class SimulationRun:
+    """What :func:`simulate` wrote: the attempts file and its counts."""
+    path: str
+    jobs: int
+    attempts: int
+
+
+def project(p: SimParams, gpus: int) -> Projection:
     """Noise-free per-node phase seconds of one start of a job of ``gpus`` GPUs (the
     calibration of its bin applied), its time to ready, and the bytes the registry serves
     for the image (GB); for projecting a technique to a scale (docs/peers.md)."""
@@ -152,8 +174,8 @@ def project(p: SimParams, gpus: int) -> dict:
     ckpt_gb = p.ckpt_gb_per_gpu * min(gpus, p.gpus_per_node) * nodes   # distinct shards...
     group = min(max(1, p.ckpt_shared_by), nodes)
     ckpt_gb = ckpt_gb / group * (p.peer_origin_copies if "peers" in t and group > 1 else group)
-    return {"gpus": gpus, "nodes": nodes, "phases": base, "ready_s": ready,
-            "registry_gb": image_gb * copies, "storage_gb": ckpt_gb}
+    return Projection(gpus=gpus, nodes=nodes, phases=base, ready_s=ready,
+                      registry_gb=image_gb * copies, storage_gb=ckpt_gb)
 
 
 def _attempt(p: SimParams, rnd: random.Random, nodes: int, base: dict):
@@ -177,7 +199,7 @@ def _attempt(p: SimParams, rnd: random.Random, nodes: int, base: dict):
     return totals[gi], per, gi
 
 
-def simulate(p: SimParams, out: str, events_jobs: int = 0) -> dict:
+def simulate(p: SimParams, out: str, events_jobs: int = 0) -> SimulationRun:
     """Write ``<out>/cluster.jsonl`` (and traces for the first ``events_jobs`` jobs)."""
     rnd = random.Random(p.seed)
     os.makedirs(out, exist_ok=True)
@@ -224,7 +246,7 @@ def simulate(p: SimParams, out: str, events_jobs: int = 0) -> dict:
             n_attempts += 1
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    return {"path": path, "jobs": p.jobs, "attempts": n_attempts}
+    return SimulationRun(path=path, jobs=p.jobs, attempts=n_attempts)
 
 
 def _write_events(out, job, attempt, t0, gpus, nodes, per, ready) -> None:

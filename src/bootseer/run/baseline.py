@@ -17,10 +17,10 @@ import sys
 import threading
 from pathlib import Path
 
+from bootseer.errors import BootseerError
 from bootseer.node import proc as procs
 from bootseer.node import tools
-from bootseer.errors import BootseerError
-from bootseer.run.container import unmount_under
+from bootseer.node.mounts import unmount_under
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,16 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from bootseer.node import proc as procs
 from bootseer.errors import BootseerError
-from bootseer.node.mounts import unmount_under  # noqa: F401 - used here and re-exported
+from bootseer.node import proc as procs
+from bootseer.node.mounts import unmount_under
 from bootseer.run import inroot
 from bootseer.run.devices import DevicePlan
+from bootseer.run.devices import plan as devices_plan
 
 log = logging.getLogger(__name__)
 EXIT_NOT_FOUND = 127
@@ -61,7 +62,7 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
     binds: list[Bind] = field(default_factory=list)
     workdir: str = "/"
-    options: "Options" = field(default_factory=lambda: Options())
+    options: Options = field(default_factory=lambda: Options())
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,10 +401,9 @@ def training_options(runtime: str = "auto", *, network: str = "host", gpus: str 
                      shm_size: int | None = None, root: str = "/") -> tuple[str, Options]:
     """Pick the runtime and check everything the container needs (network mode, GPUs),
     before anything is mounted: (runtime, options). Raises ContainerError/DeviceError."""
-    from bootseer.run import devices
     runtime = pick_runtime(runtime)
     check_network(network, runtime)
-    plan = devices.plan(gpus, runtime=runtime, root=root)
+    plan = devices_plan(gpus, runtime=runtime, root=root)
     if plan.nodes or plan.cdi:
         log.info("devices for the container: %s", plan.describe())
     return runtime, Options(network=network, shm_size=shm_size, devices=plan)

@@ -6,13 +6,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
+from bootseer import trace
+from bootseer.ckpt.mount import mount_checkpoint, staged_mirror
 from bootseer.config import BootseerConfig
-from bootseer.errors import StoreError
-from bootseer.run import tracing
-from bootseer.run.pipelines import PREPARED, FallbackPossible, Pipeline, Prepared, PullImage
+from bootseer.deps.ensure import ensure
+from bootseer.errors import MountError, StoreError
+from bootseer.image.session import mount_image, oci_config
+from bootseer.run.conventional import PipInstall, PullImage
+from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
+from bootseer.tree import profile as prof
+from bootseer.tree.session import PREFETCHED, window_attrs
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +37,6 @@ class LazyImage(Pipeline):
         self.published = None
 
     def prepare(self, timeline) -> Prepared:
-        from bootseer.image.session import mount_image, oci_config
         rootfs = self.state / "rootfs"
         rootfs.mkdir(parents=True, exist_ok=True)
         try:
@@ -48,7 +54,6 @@ class LazyImage(Pipeline):
         return PullImage(self.ref, self.state)
 
     def settled(self) -> bool:
-        from bootseer.tree.session import PREFETCHED
         return (self.rec_dir / PREFETCHED).exists()
 
     def on_ready(self) -> None:
@@ -61,13 +66,11 @@ class LazyImage(Pipeline):
             time.sleep(0.05)
         if figures.exists():
             data = json.loads(figures.read_text())
-            from bootseer.tree.session import window_attrs
-            tracing.mark("image.window", **window_attrs(data))
+            trace.mark("image.window", **window_attrs(data))
             (self.state.parent / "image-figures.json").write_text(json.dumps(data))
         self._publish()
 
     def _publish(self) -> None:
-        from bootseer.tree import profile as prof
         if not self.record:
             return
         self.published = prof.publish_recorded(self.config, str(self.rec_dir / "profile.json"))
@@ -86,7 +89,6 @@ class SnapshotDeps(Pipeline):
         self.index_urls, self.config, self.key = index_urls, config, key
 
     def prepare(self, timeline) -> Prepared:
-        from bootseer.deps.ensure import ensure
         try:
             result = ensure(self.spec, self.prefix, python=self.python, key=self.key,
                             index_urls=self.index_urls, config=self.config)
@@ -96,7 +98,6 @@ class SnapshotDeps(Pipeline):
                         attrs={"how": result.how, "key": result.key[:19]})
 
     def fallback(self) -> Pipeline:
-        from bootseer.run.pipelines import PipInstall
         return PipInstall(self.spec, self.prefix, self.python, self.index_urls)
 
 
@@ -108,11 +109,9 @@ class StripedCheckpoint(Pipeline):
         self.url, self.config, self.state, self.target = url, config, state, target
         self.mirrors = mirrors
         self.handle = None
-        self.mirror = None
+        self.mirror: Path | None = None
 
     def prepare(self, timeline) -> Prepared:
-        from bootseer.ckpt.mount import mount_checkpoint
-        from bootseer.mount.fuse import MountError
         mp = self.state / "mnt"
         mp.mkdir(parents=True, exist_ok=True)
         # Large files wait for the node's "prepared" signal (environment restored, image
@@ -143,7 +142,6 @@ class StripedCheckpoint(Pipeline):
         return self._staged(prepared.attrs) or prepared
 
     def _staged(self, attrs: dict) -> Prepared | None:
-        from bootseer.ckpt.mount import staged_mirror
         try:
             self.mirror = staged_mirror(self.url, self.config, f"mirror-{os.getpid()}")
         except (OSError, StoreError) as e:
@@ -151,7 +149,7 @@ class StripedCheckpoint(Pipeline):
             return None
         if self.mirror is None:
             return None
-        tracing.mark("ckpt.staged", path=str(self.mirror))
+        trace.mark("ckpt.staged", path=str(self.mirror))
         return Prepared(path=str(self.mirror), target=self.target, env_var="BOOTSEER_CKPT_DIR",
                         attrs=attrs)
 
@@ -159,6 +157,5 @@ class StripedCheckpoint(Pipeline):
         if self.handle is not None:
             self.handle.unmount()
         if self.mirror is not None:
-            import shutil
             shutil.rmtree(self.mirror, ignore_errors=True)
 

@@ -24,15 +24,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootseer.node import alive
-from bootseer.node import proc as procs
+from bootseer import trace
 from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
-from bootseer.run import baseline
+from bootseer.node import alive, outputs
+from bootseer.node import proc as procs
+from bootseer.run import baseline, inroot, tracing
 from bootseer.run import container as C
-from bootseer.run import inroot
 from bootseer.run import pipelines as P
-from bootseer.run import tracing
+from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,25 @@ class RunSpec:
     state_dir: str | None = None
 
 
+@dataclass(frozen=True)
+class PhaseTime:
+    """One phase of the start in the summary file: seconds from the node's start, and the
+    phase's plain attributes (bytes, how...)."""
+    start: float
+    end: float
+    status: str = "ok"
+    attrs: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"start": self.start, "end": self.end, "status": self.status, **self.attrs}
+
+
 class Timeline:
     """Per-phase wall-clock offsets from the node's start, for the summary file."""
 
     def __init__(self) -> None:
         self.t0 = time.time()
-        self.phases: dict[str, dict] = {}
+        self.phases: dict[str, PhaseTime] = {}
         self.lock = threading.Lock()
 
     def phase(self, name: str, **attrs):
@@ -99,28 +112,27 @@ class Timeline:
         class _Span:
             def __enter__(self_inner):
                 self_inner.start = time.time()
-                self_inner.cm = tracing.phase(name, **attrs)
+                self_inner.cm = trace.phase(name, **attrs)
                 self_inner.span = self_inner.cm.__enter__()
                 return self_inner
 
             def set(self_inner, **more):
                 attrs.update(more)
-                tracing.set_attrs(self_inner.span, **more)
+                self_inner.span.set(**more)
 
             def __exit__(self_inner, et, ev, tb):
                 end = time.time()
                 with timeline.lock:
-                    timeline.phases[name] = {"start": self_inner.start - timeline.t0,
-                                             "end": end - timeline.t0,
-                                             "status": "ok" if et is None else "failed",
-                                             **{k: v for k, v in attrs.items()
-                                                if isinstance(v, (int, float, str, bool))}}
+                    timeline.phases[name] = PhaseTime(
+                        self_inner.start - timeline.t0, end - timeline.t0,
+                        "ok" if et is None else "failed",
+                        {k: v for k, v in attrs.items() if isinstance(v, (int, float, str, bool))})
                 return self_inner.cm.__exit__(et, ev, tb)
 
         return _Span()
 
     def to_json(self) -> dict:
-        return {"t0": self.t0, "phases": self.phases}
+        return {"t0": self.t0, "phases": {n: p.to_json() for n, p in self.phases.items()}}
 
 
 STATE_PREFIX, ALIVE = "bsn-", alive.MARK
@@ -146,7 +158,7 @@ class NodeRun:
         else:
             self.state = Path(spec.state_dir)
         self.state.mkdir(parents=True, exist_ok=True)
-        self.pipelines: list[P.Pipeline] = []
+        self.pipelines: list[Pipeline] = []
         self.ready_at: float | None = None
         self._running: C.Running | None = None
         self._proc = None
@@ -156,7 +168,7 @@ class NodeRun:
         status line)."""
 
     # -- pipelines ---------------------------------------------------------------------------
-    def _make_pipelines(self) -> dict[str, P.Pipeline]:
+    def _make_pipelines(self) -> dict[str, Pipeline]:
         s, made = self.spec, {}
         if s.image:
             made["image"] = P.image_pipeline(s, self.config, self.state / "image")
@@ -168,24 +180,24 @@ class NodeRun:
             self._note_outside(pipeline)
         return made
 
-    def _note_outside(self, pipeline: P.Pipeline) -> None:
+    def _note_outside(self, pipeline: Pipeline) -> None:
         """A pulled image's podman storage lies outside the run's state (podman refuses a
         long path): if this run dies, the next command unmounts and removes it."""
         image = getattr(pipeline, "image", None)
         if isinstance(image, baseline.PulledImage):
             self._note_dir(image.state_dir, image.unmount_all_command())
 
-    def _prepare(self) -> dict[str, P.Prepared]:
+    def _prepare(self) -> dict[str, Prepared]:
         """Run the pipelines at once, each in a daemon thread: on SIGTERM the main thread
         stops waiting, cancels them and cleans up without joining a stuck download."""
         pipelines = self._make_pipelines()
         self.pipelines = list(pipelines.values())
         P.preload_modules()
-        results: dict[str, P.Prepared] = {}
+        results: dict[str, Prepared] = {}
         errors: list[tuple[str, BaseException]] = []
-        self._final: dict[str, P.Pipeline] = {}   # per name, after any fallback
+        self._final: dict[str, Pipeline] = {}   # per name, after any fallback
 
-        def work(name: str, pipeline: P.Pipeline) -> None:
+        def work(name: str, pipeline: Pipeline) -> None:
             try:
                 results[name] = self._prepare_one(name, pipeline)
             except BaseException as e:  # noqa: BLE001 - reported by the main thread
@@ -224,17 +236,17 @@ class NodeRun:
                 break
             time.sleep(0.05)
         try:
-            (self.state / P.PREPARED).touch()
+            (self.state / PREPARED).touch()
         except OSError:  # the node is shutting down
             pass
 
-    def _prepare_one(self, name: str, pipeline: P.Pipeline) -> P.Prepared:
+    def _prepare_one(self, name: str, pipeline: Pipeline) -> Prepared:
         self._final[name] = pipeline
         started = time.monotonic()
         with self.timeline.phase(f"{name}.{pipeline.kind}", mode=pipeline.mode) as span:
             try:
                 prepared = pipeline.prepare(self.timeline)
-            except P.FallbackPossible as e:
+            except FallbackPossible as e:
                 if self.spec.fallback == "never":
                     raise RunError(f"{e}; not falling back (--fallback never)") from e
                 log.warning("%s: %s; falling back to the conventional path", name, e)
@@ -251,7 +263,7 @@ class NodeRun:
             return prepared
 
     # -- the command -------------------------------------------------------------------------
-    def _command_env(self, prepared: dict[str, P.Prepared], ready_file: str,
+    def _command_env(self, prepared: dict[str, Prepared], ready_file: str,
                      in_container: bool) -> dict[str, str]:
         env = {"BOOTSEER_READY_FILE": ready_file}
         for p in prepared.values():
@@ -265,11 +277,10 @@ class NodeRun:
             done = stop.is_set()
             if ready_host_path.exists():
                 self.ready_at = time.time()
-                tracing.mark("ready")
+                trace.mark("ready")
                 with self.timeline.lock:
-                    self.timeline.phases["ready"] = {"start": self.ready_at - self.timeline.t0,
-                                                     "end": self.ready_at - self.timeline.t0,
-                                                     "status": "ok"}
+                    at = self.ready_at - self.timeline.t0
+                    self.timeline.phases["ready"] = PhaseTime(at, at)
                 for p in self.pipelines:
                     try:
                         p.on_ready()
@@ -313,7 +324,7 @@ class NodeRun:
             t.start()
         return threads
 
-    def _launch(self, prepared: dict[str, P.Prepared]) -> int:
+    def _launch(self, prepared: dict[str, Prepared]) -> int:
         s = self.spec
         signal_dir = self.state / "signal"
         signal_dir.mkdir(exist_ok=True)
@@ -417,7 +428,7 @@ class NodeRun:
         if self.spec.summary == "-":
             print(json.dumps(data, indent=1), flush=True)
             return
-        from bootseer.node import outputs   # the user's path: written in place, never renamed over
+        # the user's path: written in place, never renamed over
         outputs.write_text(self.spec.summary, json.dumps(data, indent=1), "summary")
 
 

@@ -1,55 +1,32 @@
-"""The run launcher's view of the profiler: ``phase``/``mark`` that record into
-``bootseer.trace`` when a trace location is configured and do nothing otherwise."""
+"""The trace of a start, as the run launcher sets it up: the job's own trace inside its
+container (the capture shim, its binds and variables), and which attempt a start is."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import dataclasses
+import hashlib
+import importlib.util
+import json
 import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
 
-log = logging.getLogger(__name__)
-
-
-def _api():
-    try:
-        from bootseer import trace
-    except ImportError:  # the profiler is optional for the launcher
-        return None
-    return trace if hasattr(trace, "phase") else None
-
-
-@contextlib.contextmanager
-def phase(name: str, **attrs):
-    api = _api()
-    if api is None:
-        yield attrs
-        return
-    with api.phase(name, **attrs) as span:
-        yield span
-
-
-def mark(name: str, **attrs) -> None:
-    api = _api()
-    if api is not None and hasattr(api, "mark"):
-        api.mark(name, **attrs)
-
-
-def set_attrs(span, **attrs) -> None:
-    """Attach attributes to a span from ``phase`` (a dict when tracing is off)."""
-    if isinstance(span, dict):
-        span.update(attrs)
-    elif hasattr(span, "set"):
-        span.set(**attrs)
-    elif hasattr(span, "attrs"):
-        span.attrs.update(attrs)
-
+from bootseer.config import attempt_from_env, trace_capture, trace_env, trace_start
+from bootseer.jobenv import TRACE_AUTO, TRACE_START
+from bootseer.run.container import Bind
+from bootseer.store import open_store
+from bootseer.store.digest import sha256_digest
+from bootseer.trace import auto
 
 # -- the job's own trace, inside its container ------------------------------------------------
 
 # What the shim ships: the capture and what it imports from bootseer, all standard library
 # only. Their ``from bootseer... import X`` lines become ``from . import X`` in the copy.
 SHIM_MODULES = {"auto": "bootseer.trace.auto", "record": "bootseer.trace.record",
-                "redact": "bootseer.redact"}
+                "redact": "bootseer.redact", "jobenv": "bootseer.jobenv"}
 SHIM_PACKAGE = "bootseer_shim"
 CONTAINER_RUN_DIR = "/run/bootseer"
 CONTAINER_TRACE_DIR = f"{CONTAINER_RUN_DIR}/trace"
@@ -63,7 +40,6 @@ PASSED_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
 
 
 def _module_file(dotted: str) -> str | None:
-    import importlib.util
     try:
         spec = importlib.util.find_spec(dotted)
     except ImportError:
@@ -75,10 +51,6 @@ def write_shim(dest) -> str:
     """Write the capture shim into ``dest`` (a directory to put on PYTHONPATH): the
     ``sitecustomize`` of :func:`bootseer.trace.auto.site_dir` and a ``bootseer_shim``
     package made from the very source files bootseer runs, so there is one capture."""
-    import re
-    import shutil
-    from pathlib import Path
-    from bootseer.trace import auto
     dest = Path(dest)
     pkg = dest / SHIM_PACKAGE
     pkg.mkdir(parents=True, exist_ok=True)
@@ -90,9 +62,10 @@ def write_shim(dest) -> str:
     for name, path in shipped.items():
         text = Path(path).read_text()
         (pkg / f"{name}.py").write_text(relative.sub(r"from . import \1", text))
-    (pkg / "__init__.py").write_text(
+    (pkg / "__init__.py").write_text(   # the capture is imported only where it is on
         '"""bootseer\'s trace capture, shipped by bootseer run (generated; standard library '
-        'only)."""\nfrom .auto import install, ready\n\n__all__ = ["install", "ready"]\n')
+        'only)."""\n\n\ndef install():\n    from .auto import install\n    return install()'
+        '\n\n\ndef ready():\n    from .auto import ready\n    ready()\n')
     return str(dest)
 
 
@@ -105,15 +78,11 @@ def job_trace_env(trace, shim_dir: str, *, python_path: str | None = None,
                   gpus: int = 0) -> dict[str, str]:
     """What the job needs to record into this start's trace: the BOOTSEER_TRACE_* settings
     (location as the job sees it), the zero-code capture on PYTHONPATH."""
-    env = {"BOOTSEER_TRACE_AUTO": os.environ.get("BOOTSEER_TRACE_AUTO", "1"),
-           "PYTHONPATH": ":".join(p for p in (shim_dir, python_path) if p)}
-    values = {"location": trace.location, "job_id": trace.job_id, "attempt": trace.attempt,
-              "node": trace.node, "gpus": trace.gpus or gpus or None}
-    for name, value in values.items():
-        if value is not None:
-            env[f"BOOTSEER_TRACE_{name.upper()}"] = str(value)
-    if os.environ.get("BOOTSEER_TRACE_START"):
-        env["BOOTSEER_TRACE_START"] = os.environ["BOOTSEER_TRACE_START"]
+    env = {TRACE_AUTO: trace_capture(),
+           "PYTHONPATH": ":".join(p for p in (shim_dir, python_path) if p),
+           **trace_env(trace, gpus=trace.gpus or gpus or None)}
+    if trace_start():
+        env[TRACE_START] = trace_start()
     return env
 
 
@@ -123,29 +92,7 @@ def is_trace_dir(location: str | None) -> bool:
 
 # -- attempts ---------------------------------------------------------------------------------
 
-RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
-                      "BOOTSEER_RESTART_COUNT")
-
-
-def new_start_id() -> str:
-    import secrets
-    return secrets.token_hex(4)
-
-
-def attempt_from_env(env) -> tuple[int, str] | None:
-    """The restart count a scheduler gives (Slurm's requeue count, torchelastic's restart
-    count, a Kubernetes restart count passed by the downward API as
-    BOOTSEER_RESTART_COUNT): (count, variable), or None."""
-    for name in RESTART_COUNT_VARS:
-        value = (env.get(name) or "").strip()
-        if value.isdigit():
-            return int(value), name
-    return None
-
-
 def _ref_part(text: str) -> str:
-    import hashlib
-    import re
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "_"
     return safe if safe == text else f"{safe[:64]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
@@ -153,10 +100,6 @@ def _ref_part(text: str) -> str:
 def count_start(store, job: str, node: str) -> int:
     """This node's start number for ``job`` (0 for its first start), from a counter in the
     store: one ref per start, created only if absent, so two starts never get one number."""
-    import json
-    import socket
-    import time
-    from bootseer.store.digest import sha256_digest
     prefix = f"trace/starts/{_ref_part(job)}/{_ref_part(node)}/"
     taken = [int(n) for name in store.list_refs(prefix) if (n := name[len(prefix):]).isdigit()]
     number = max(taken) + 1 if taken else 0
@@ -173,12 +116,9 @@ def resolve_attempt(asked: str | None, env, *, job: str, node: str, store_url: s
     """``--attempt N`` or ``auto``: (attempt, where it came from)."""
     if asked not in (None, "auto"):
         return int(asked), "--attempt"
-    if (env.get("BOOTSEER_TRACE_ATTEMPT") or "").strip().isdigit():
-        return int(env["BOOTSEER_TRACE_ATTEMPT"]), "BOOTSEER_TRACE_ATTEMPT"
     found = attempt_from_env(env)
     if found is not None:
         return found
-    from bootseer.store import open_store
     store = open_store(store_url, config)
     try:
         return count_start(store, job, node), "the store's start counter"
@@ -191,8 +131,6 @@ def job_setup(trace, state_dir, *, in_container: bool, image_env: dict | None = 
     """(env, binds) that let the job record into this start's trace with no change to its
     image: the trace directory bound read-write, the shim read-only on PYTHONPATH. Nothing
     when tracing is off."""
-    from pathlib import Path
-    from bootseer.run.container import Bind
     if not trace.location:
         return {}, []
     shim = write_shim(Path(state_dir) / "shim")
@@ -205,7 +143,6 @@ def job_setup(trace, state_dir, *, in_container: bool, image_env: dict | None = 
         os.makedirs(location, exist_ok=True)
         binds.append(Bind(os.path.abspath(location), CONTAINER_TRACE_DIR, readonly=False))
         location = CONTAINER_TRACE_DIR
-    import dataclasses
     env = job_trace_env(dataclasses.replace(trace, location=location), CONTAINER_SHIM_DIR,
                         python_path=(image_env or {}).get("PYTHONPATH"), gpus=gpus)
     return {**passed_env(os.environ), **env}, binds

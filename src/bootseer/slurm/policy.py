@@ -30,6 +30,7 @@ KEYS = ("image", "deps", "prefix", "ckpt")
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
                "/dev", "/proc", "/sys", "/run", "/var", "/root", "/srv", "/snap")
 
+_PATH_DEFAULT = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,511}")
 _PATH = re.compile(r"/[A-Za-z0-9._/+@,=-]{0,1023}")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[A-Za-z0-9._~:/@+,=%-]{1,2048}")
@@ -103,7 +104,7 @@ class Site:
         if deps not in ("user", "off"):
             raise SlurmSettingsError(f"{path}: deps must be \"user\" or \"off\"")
         site = cls(bootseer=text("bootseer", default_bootseer),
-                   path=text("path", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+                   path=text("path", _PATH_DEFAULT),
                    store=text("store", None), cache=text("cache", None),
                    users=text("users", "/var/lib/bootseer/users"),
                    state=text("state", "/run/bootseer/slurm"),
@@ -404,9 +405,10 @@ def _check_pyproject(text: str, indexes: tuple[str, ...]) -> SpecReport:
     named: list[str] = []
     uv = doc.get("tool", {}).get("uv", {})
     for name, source in (uv.get("sources") or {}).items():
-        if isinstance(source, dict) and set(source) & {"path", "git", "editable", "url"}:
-            problems.append(f"{shown(name, 40)}: a {next(iter(set(source) & {'path', 'git', 'editable', 'url'}))} "
-                            "source in [tool.uv.sources]")
+        kinds = sorted(set(source) & {"path", "git", "editable", "url"}) \
+            if isinstance(source, dict) else []
+        if kinds:
+            problems.append(f"{shown(name, 40)}: a {kinds[0]} source in [tool.uv.sources]")
     for index in uv.get("index") or []:
         url = str(index.get("url", "")) if isinstance(index, dict) else ""
         named.append(url)

@@ -129,7 +129,7 @@ class LazyImages:
             store = open_store(self.config.store.url, self.config)
             with Fetcher(self.config.fetch) as f:
                 toc = load_toc(store, tree, f, NodeCache(self.config.cache))
-            self._chains[tree] = list((toc.get("meta") or {}).get("chain_ids") or [])
+            self._chains[tree] = list(toc.meta.get("chain_ids") or [])
         return self._chains[tree]
 
     # -- the top layer's mount ----------------------------------------------------------

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 
 import grpc
 from google.protobuf import empty_pb2, timestamp_pb2
 
+from bootseer.node import mounts
 from bootseer.snapshotter.filters import parse
 from bootseer.snapshotter.lazy import (REF, TREE, LazyImages, is_top,
                                        placeholder_below_top)
@@ -177,7 +177,7 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
             return
         fs = self.layout.fs(top)
         if os.path.ismount(fs):   # its server died with the last snapshotter
-            subprocess.run(["umount", "-l", fs], capture_output=True)
+            mounts.lazy_unmount(fs)
         try:
             self.lazy.mount(top, fs, self._lazy_state(top))
         except Exception as e:   # noqa: BLE001 - said loudly: containers on it will fail
@@ -212,7 +212,7 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
         if is_top(s) and self.lazy:
             self.lazy.unmount(s)
         elif is_top(s) and os.path.ismount(self.layout.fs(s)):
-            subprocess.run(["umount", "-l", self.layout.fs(s)], capture_output=True)
+            mounts.lazy_unmount(self.layout.fs(s))
         self.layout.remove(s)
 
     def _stat(self, key: str) -> pb.Info:

@@ -1,2 +1,3 @@
-"""Helpers shipped with the package for tests and benchmarks: real servers on loopback
-(nginx, docker-registry) and shaped links in network namespaces."""
+"""Helpers shipped with the package for tests, benchmarks and the demo: real servers on
+loopback (nginx, docker-registry, containerd), shaped links in network namespaces, and the
+unit tier's fakes (a memory backend, a failing backend, a fake clock)."""

@@ -11,14 +11,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
-def wait_socket(path: str, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
+def wait_socket(path: str, proc: subprocess.Popen[bytes], log: Path,
+                timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.args[0]} did not listen on {path}:\n{log.read_text()}")
+            what = proc.args[0] if isinstance(proc.args, list) else proc.args
+            raise RuntimeError(f"{what!s} did not listen on {path}:\n{log.read_text()}")
         time.sleep(0.05)
 
 
@@ -29,23 +32,24 @@ def _ns(netns: str | None) -> list[str]:
 class Snapshotter:
     """``bootseer snapshotter serve`` as a subprocess (restartable, killable)."""
 
-    def __init__(self, base: Path, root: Path, *, args=(), env=None, netns=None):
+    def __init__(self, base: Path, root: Path, *, args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, netns: str | None = None):
         self.sock = str(base / "s.sock")
         self.root = root
         self.log = base / "snapshotter.log"
         self.args, self.env, self.netns = list(args), env, netns
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "Snapshotter":
-        self.proc = subprocess.Popen(
+    def start(self) -> Snapshotter:
+        proc = self.proc = subprocess.Popen(
             [*_ns(self.netns), sys.executable, "-m", "bootseer", "-v", "snapshotter", "serve",
              "--address", self.sock, "--root", str(self.root), *self.args],
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})})
-        wait_socket(self.sock, self.proc, self.log)
+        wait_socket(self.sock, proc, self.log)
         return self
 
-    def stop(self, sig=signal.SIGTERM) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -101,7 +105,8 @@ state = "{base}/state"
                                      stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         wait_socket(self.sock, self.proc, self.log)
 
-    def ctr(self, *args, check=True, timeout=120, namespace="default") -> subprocess.CompletedProcess:
+    def ctr(self, *args: str, check: bool = True, timeout: float = 120,
+            namespace: str = "default") -> subprocess.CompletedProcess[str]:
         r = subprocess.run(["ctr", "--address", self.sock, "-n", namespace, *args],
                            capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:
@@ -136,8 +141,9 @@ class Node:
     """One node: a snapshotter (with its own root and node cache) under a containerd.
     ``cri``: (sandbox image, plain-http registry host[, the CRI's snapshotter])."""
 
-    def __init__(self, base: Path, *, snapshotter_args=(), env=None,
-                 cri: tuple | None = None, netns: str | None = None):
+    def __init__(self, base: Path, *, snapshotter_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, cri: tuple[str, ...] | None = None,
+                 netns: str | None = None):
         base.mkdir(parents=True)
         self.base = base
         self.snapshotter = Snapshotter(base, base / "snap", args=snapshotter_args, env=env,

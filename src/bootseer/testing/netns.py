@@ -22,13 +22,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.errors import BootseerError
 from bootseer.node.proc import pid_alive
 
 NETNS_DIR = Path("/run/netns")
 UNITS = {"k": 1e3, "m": 1e6, "g": 1e9}
 
 
-class NetnsError(RuntimeError):
+class NetnsError(BootseerError, RuntimeError):
     pass
 
 
@@ -111,10 +112,10 @@ class Network:
             subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
         self._made.clear()
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

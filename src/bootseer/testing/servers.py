@@ -16,18 +16,21 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from bootseer.errors import BootseerError
 from bootseer.node import proc as procs
 
 
-class ServerError(RuntimeError):
+class ServerError(BootseerError, RuntimeError):
     pass
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _ns_prefix(netns: str | None) -> list[str]:
@@ -35,7 +38,7 @@ def _ns_prefix(netns: str | None) -> list[str]:
 
 
 def wait_port(port: int, *, netns: str | None = None, timeout: float = 15.0,
-              proc: subprocess.Popen | None = None, what: str = "server",
+              proc: subprocess.Popen[bytes] | None = None, what: str = "server",
               host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -60,11 +63,11 @@ def wait_port(port: int, *, netns: str | None = None, timeout: float = 15.0,
 class Server:
     name: str
     port: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     workdir: Path
     log: Path
     netns: str | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     host: str = "127.0.0.1"
 
     @property
@@ -89,10 +92,10 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -104,7 +107,8 @@ def registry_available() -> bool:
     return shutil.which("docker-registry") is not None
 
 
-def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike, *, port: int | None = None,
+def start_nginx(root: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
+                port: int | None = None,
                 limit_rate: str | None = None, autoindex: bool = True,
                 netns: str | None = None, workers: int = 2,
                 extra_locations: str = "", tls: tuple[str, str] | None = None,
@@ -175,7 +179,7 @@ http {{
     return server
 
 
-def start_registry(storage: str | os.PathLike, workdir: str | os.PathLike, *,
+def start_registry(storage: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
                    port: int | None = None, netns: str | None = None,
                    htpasswd: str | None = None, host: str = "127.0.0.1") -> Server:
     """Run the Debian ``docker-registry`` (distribution 2.8) with filesystem storage.

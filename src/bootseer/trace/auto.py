@@ -19,9 +19,10 @@ Torch is never imported by the capture: hooks are attached when the program itse
 it. Every hook failure is swallowed; without torch only ``python.start`` and imports are
 recorded.
 
-Standard library only (and ``record``): ``bootseer run`` ships this module, ``record`` and
-what they import from bootseer as a read-only shim into containers whose image has no
-bootseer (:func:`bootseer.run.tracing.write_shim`), so it must import nothing else.
+Standard library only (and ``record``, ``jobenv``): ``bootseer run`` ships this module,
+``record`` and what they import from bootseer (``jobenv``, ``redact``) as a read-only shim
+into containers whose image has no bootseer (:func:`bootseer.run.tracing.write_shim`), so
+it must import nothing else.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import sys
 import threading
 import time
 
+from bootseer import jobenv
 from bootseer.trace import record
 
 IMPORT_MIN_S = 0.005
@@ -172,7 +174,7 @@ def ready() -> None:
         return
     _ready_done = True
     record.mark("ready")
-    ready_file = os.environ.get("BOOTSEER_READY_FILE")
+    ready_file = jobenv.ready_file()
     if ready_file:
         try:
             open(ready_file, "a").close()

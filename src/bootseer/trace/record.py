@@ -18,36 +18,37 @@ import functools
 import json
 import os
 import re
+import secrets
 import socket
 import sys
 import threading
 import time
 from typing import Any
 
+from bootseer import jobenv, redact
+
+if __package__ == "bootseer.trace":   # in bootseer: its settings (BOOTSEER_TRACE_*, the
+    from bootseer.config import trace_settings  # [trace] table of the TOML file)
+else:   # the copy shipped into a job's image (run/tracing.py) imports nothing of bootseer:
+    trace_settings = jobenv.trace_settings   # the variables bootseer run set for the job
+
 FORMAT_VERSION = 1
 _SECRET_KEYS = ("password", "token", "secret", "authorization", "credential")
-
-
-# The job id and node name become a directory and a file name: one path component each.
-_SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]{0,127}")
-
-
-def id_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a job id or node name (None: it can)."""
-    if _SAFE_ID.fullmatch(value):
-        return None
-    return (f"{value[:80]!r} is not a trace id: letters, digits and _ . : @ + = - only "
-            f"(no '/', at most 128, not starting with '.' or '-')")
 
 
 def location_problem(location: str) -> str | None:
     """Why events cannot be recorded at ``location`` (None: they can). Events are appended
     line by line to files: a URL (s3://...) would become a local ``./s3:`` directory."""
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", location):
-        from bootseer import redact
         return (f"trace location {redact.url(location)} is a URL: a process records to "
                 f"files; 'bootseer run --trace URL' records to a spool and uploads them")
     return None
+
+
+def new_start_id() -> str:
+    """An id for one start of a node, in its trace file names (pids repeat across starts
+    in containers)."""
+    return secrets.token_hex(4)
 
 
 class Recorder:
@@ -56,7 +57,8 @@ class Recorder:
         self.location, self.job, self.attempt, self.node = location, job, attempt, node
         self.rank, self.gpus = rank, gpus
         self.start_id = start_id if start_id and start_id.isalnum() else None
-        bad = location and (location_problem(location) or id_problem(job) or id_problem(node))
+        bad = location and (location_problem(location) or jobenv.id_problem(job)
+                            or jobenv.id_problem(node))
         if bad:   # never write outside the trace location; never fail the traced job
             print(f"bootseer: warning: not tracing: {bad}", file=sys.stderr)
             location = self.location = None
@@ -67,22 +69,11 @@ class Recorder:
         self._local = threading.local()
 
     @classmethod
-    def from_env(cls, env=None) -> "Recorder":
+    def from_env(cls, env=None) -> Recorder:
         env = os.environ if env is None else env
         rank = env.get("RANK") or env.get("GROUP_RANK")
-        try:  # the one settings object: BOOTSEER_TRACE_* and the [trace] table of the TOML file
-            from bootseer.config import BootseerConfig
-            c = BootseerConfig.from_env(env).trace
-            location, job, attempt, node, gpus = c.location, c.job_id, c.attempt, c.node, c.gpus
-        except Exception:  # a bad setting elsewhere must not fail the traced job: raw variables
-            location, job = env.get("BOOTSEER_TRACE_LOCATION"), env.get("BOOTSEER_TRACE_JOB_ID")
-            node = env.get("BOOTSEER_TRACE_NODE")
-            try:
-                attempt, gpus = int(env.get("BOOTSEER_TRACE_ATTEMPT") or 0), \
-                    int(env.get("BOOTSEER_TRACE_GPUS") or 0)
-            except ValueError:
-                attempt, gpus = 0, 0
-        node = node or socket.gethostname()
+        c = trace_settings(env)
+        location, node = c.location, c.node or socket.gethostname()
         if "{" in node:  # e.g. "n{local_rank}": one trace node per rank on a test machine
             fields = {"rank": env.get("RANK"), "local_rank": env.get("LOCAL_RANK"),
                       "group_rank": env.get("GROUP_RANK")}
@@ -92,9 +83,9 @@ class Recorder:
                 # a process without ranks (the torchrun agent) under a per-rank node name
                 # would appear as a node that never got ready: it is not traced
                 location = None
-        return cls(str(location) if location else None, job or "job", int(attempt or 0), node,
-                   int(rank) if rank and rank.isdigit() else None, int(gpus or 0),
-                   env.get("BOOTSEER_TRACE_START"))
+        return cls(str(location) if location else None, c.job_id or "job", int(c.attempt or 0),
+                   node, int(rank) if rank and rank.isdigit() else None, int(c.gpus or 0),
+                   c.start)
 
     @property
     def path(self) -> str:
@@ -139,15 +130,9 @@ class Recorder:
         return s
 
 
-def _redacted(text: str) -> str:
-    from bootseer import redact
-    return redact.text(text)
-
-
 def _clean(attrs: dict) -> dict:
     """Secrets out: a secret-named attribute whole, and URLs' credentials in any value (a
     checkpoint URL with ``user:password@``, a presigned query; bootseer/redact.py)."""
-    from bootseer import redact
     return {k: ("<redacted>" if any(s in k.lower() for s in _SECRET_KEYS) else redact.value(v))
             for k, v in attrs.items()}
 
@@ -160,9 +145,7 @@ def recorder() -> Recorder:
     """The process-wide recorder, configured from the environment on first use (and again
     if the environment's trace settings changed, e.g. set by ``bootseer run``)."""
     global _recorder
-    key = (os.environ.get("BOOTSEER_TRACE_LOCATION"), os.environ.get("BOOTSEER_TRACE_JOB_ID"),
-           os.environ.get("BOOTSEER_TRACE_ATTEMPT"), os.environ.get("BOOTSEER_TRACE_NODE"),
-           os.environ.get("BOOTSEER_TRACE_START"), os.environ.get("BOOTSEER_CONFIG"))
+    key = jobenv.trace_key()
     r = _recorder
     if r is None or getattr(r, "_key", None) != key:
         with _recorder_lock:
@@ -183,7 +166,7 @@ class Span:
     def fail(self, error: str) -> None:
         """Record the phase as failed without raising (e.g. a command's non-zero exit)."""
         self.failed = True
-        self.attrs["error"] = _redacted(error)[:500]   # masked whole: a cut URL is not a URL
+        self.attrs["error"] = redact.text(error)[:500]   # masked whole: a cut URL is not a URL
 
     def set(self, **attrs: Any) -> None:
         self.attrs.update(attrs)
@@ -206,7 +189,7 @@ def phase(name: str, **attrs: Any):
         yield span
     except BaseException as e:
         status = "failed"
-        span.attrs["error"] = _redacted(f"{type(e).__name__}: {e}")[:500]
+        span.attrs["error"] = redact.text(f"{type(e).__name__}: {e}")[:500]
         raise
     finally:
         stack.pop()

@@ -10,8 +10,9 @@ cache and the store (content-addressed chunks); inside one blob a chunk appears 
 * :class:`BlobLayout`: where each chunk sits, the hot extent, a key naming the layout;
 * :func:`erofs_root`: the TOC as writer inodes pointing into that layout;
 * :class:`BlobView`: the one-file view a FUSE server mounts while the blob is incomplete;
-* :func:`assemble` / :func:`verify_blob`: the complete blob as a local file, checked
-  chunk by chunk against the digests.
+* :func:`write_blob` / :func:`assemble` / :func:`verify_blob`: the complete blob as a
+  local file, written by the one chunk writer (``bootseer.tree.writer``), checked chunk
+  by chunk against the digests.
 """
 
 from __future__ import annotations
@@ -23,57 +24,58 @@ import os
 import stat
 
 from bootseer.errors import DigestMismatch
+from bootseer.mount.erofs import BLOB_NAME
 from bootseer.mount.erofs.layout import BLOCK, blocks_for
 from bootseer.mount.erofs.writer import Inode
 from bootseer.mount.view import Attr
 from bootseer.node.partfile import PartFile
-from bootseer.tree import format as fmt
+from bootseer.tree.toc import ChunkRef, Entry, Toc, TreeFormatError
+from bootseer.tree.writer import ChunkWriter
 
-BLOB_NAME = "blob"
 LAYOUT_VERSION = b"bootseer.blob.v1"
 _FMT = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_IFCHR,
         "b": stat.S_IFBLK, "p": stat.S_IFIFO}
 
 
-def unsupported(toc: dict) -> str | None:
+def unsupported(toc: Toc) -> str | None:
     """Why this tree cannot be an EROFS image (None when it can)."""
-    cs = toc.get("chunk_size")
-    if not isinstance(cs, int) or cs < BLOCK or cs & (cs - 1) or cs > BLOCK << 31:
+    cs = toc.chunk_size
+    if cs < BLOCK or cs & (cs - 1) or cs > BLOCK << 31:
         return f"its chunk size {cs} is not a power of two of at least {BLOCK} bytes"
     return None
 
 
 class BlobLayout:
-    def __init__(self, toc: dict, hot: list[str] | tuple[str, ...] = ()):
-        self.chunk_size = toc["chunk_size"]
-        by_digest: dict[str, list] = {}
+    def __init__(self, toc: Toc, hot: list[str] | tuple[str, ...] = ()):
+        self.chunk_size = toc.chunk_size
+        by_digest: dict[str, ChunkRef] = {}
         # a file holding the chunk, and its index there (profile rows name the path)
         self.where: dict[str, tuple[str, int]] = {}
-        for e in toc["entries"]:
-            for i, c in enumerate(e.get("chunks") or ()):
-                if c[0] not in by_digest:
-                    by_digest[c[0]] = c
-                    self.where[c[0]] = (e["path"], i)
+        for e in toc.entries:
+            for i, c in enumerate(e.chunks or ()):
+                if c.digest not in by_digest:
+                    by_digest[c.digest] = c
+                    self.where[c.digest] = (e.path, i)
         hot_refs = []
         for d in dict.fromkeys(hot):
             if d in by_digest:
                 hot_refs.append(by_digest.pop(d))
-        self.refs: list[list] = hot_refs + list(by_digest.values())
+        self.refs: list[ChunkRef] = hot_refs + list(by_digest.values())
         self.hot_count = len(hot_refs)
         self.offsets: list[int] = []
         self.block_of: dict[str, int] = {}
         blk = 0
         for c in self.refs:
             self.offsets.append(blk * BLOCK)
-            self.block_of[c[0]] = blk
-            blk += max(blocks_for(c[4]), 1)
+            self.block_of[c.digest] = blk
+            blk += max(blocks_for(c.size), 1)
         self.blocks = blk
         self.size = blk * BLOCK
         self.hot_bytes = self.offsets[len(hot_refs)] if len(hot_refs) < len(self.refs) \
             else self.size
         h = hashlib.sha256(LAYOUT_VERSION + b"\0%d\0" % self.chunk_size)
         for c in self.refs:
-            h.update(b"%s:%d\0" % (c[0].encode(), c[4]))
+            h.update(b"%s:%d\0" % (c.digest.encode(), c.size))
         self.key = h.hexdigest()
 
     def locate(self, offset: int) -> int:
@@ -81,50 +83,49 @@ class BlobLayout:
         return bisect.bisect_right(self.offsets, offset) - 1
 
 
-def _xattrs(e: dict) -> dict[str, bytes]:
-    return {k: base64.b64decode(v) for k, v in (e.get("xattrs") or {}).items()}
+def _xattrs(e: Entry) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (e.xattrs or {}).items()}
 
 
-def erofs_root(toc: dict, layout: BlobLayout) -> tuple[Inode, dict]:
+def erofs_root(toc: Toc, layout: BlobLayout) -> tuple[Inode, dict]:
     """The TOC as writer inodes (the root directory), and counts of what was left out."""
     root = None
     inodes: dict[str, Inode] = {}
     skipped = {"hardlinks_to_missing": 0}
-    entries = sorted(toc["entries"], key=lambda e: e["path"])
+    entries = sorted(toc.entries, key=lambda e: e.path)
     for e in entries:
-        path = e["path"]
-        if path in ("/", ""):
-            root = inodes["/"] = Inode(stat.S_IFDIR, e["mode"], e["uid"], e["gid"], e["mtime"],
+        if e.path in ("/", ""):
+            root = inodes["/"] = Inode(stat.S_IFDIR, e.mode, e.uid, e.gid, e.mtime,
                                        xattrs=_xattrs(e), entries={})
             break
     if root is None:
         root = inodes["/"] = Inode(stat.S_IFDIR, 0o755, entries={})
     for e in entries:
-        path, kind = e["path"], e["type"]
+        path, kind = e.path, e.type
         if path == "/" or kind == "h":
             continue
         if kind not in _FMT:
-            raise fmt.TreeFormatError(f"entry {path} has unknown type {kind!r}")
-        node = Inode(_FMT[kind], e["mode"], e["uid"], e["gid"], e["mtime"],
-                     xattrs=_xattrs(e))
+            raise TreeFormatError(f"entry {path} has unknown type {kind!r}")
+        node = Inode(_FMT[kind], e.mode, e.uid, e.gid, e.mtime, xattrs=_xattrs(e))
         if kind == "d":
             node.entries = {}
         elif kind == "f":
-            node.size = e["size"]
-            node.chunk_blocks = [layout.block_of[c[0]] for c in e["chunks"]] if e["size"] else None
+            node.size = e.size
+            node.chunk_blocks = ([layout.block_of[c.digest] for c in e.chunks or ()]
+                                 if e.size else None)
         elif kind == "l":
-            node.target = os.fsencode(e["target"])
+            node.target = os.fsencode(e.target or "")
         else:
-            node.rdev = e.get("rdev", 0)
+            node.rdev = e.rdev or 0
         inodes[path] = node
         _parent(inodes, path).entries[_name(path)] = node
     for e in entries:
-        if e["type"] == "h":
-            target = inodes.get(e["target"])
+        if e.type == "h":
+            target = inodes.get(e.target or "")
             if target is None or stat.S_ISDIR(target.fmt):
                 skipped["hardlinks_to_missing"] += 1
                 continue
-            _parent(inodes, e["path"]).entries[_name(e["path"])] = target
+            _parent(inodes, e.path).entries[_name(e.path)] = target
     return root, skipped
 
 
@@ -141,7 +142,7 @@ def _parent(inodes: dict[str, Inode], path: str) -> Inode:
         if parent != "/":
             _parent(inodes, parent).entries[_name(parent)] = d
     if d.entries is None:
-        raise fmt.TreeFormatError(f"{path}: its parent {parent} is not a directory")
+        raise TreeFormatError(f"{path}: its parent {parent} is not a directory")
     return d
 
 
@@ -177,7 +178,7 @@ class BlobView:
         while pos < end:
             start, ref = lay.offsets[i], lay.refs[i]
             slot_end = lay.offsets[i + 1] if i + 1 < len(lay.refs) else lay.size
-            data_end = start + ref[4]
+            data_end = start + ref.size
             if pos < data_end:
                 lo, hi = pos - start, min(end, data_end) - start
                 out.append(self._slice(ref, lo, hi))
@@ -190,10 +191,10 @@ class BlobView:
                 i += 1
         return b"".join(out)
 
-    def _slice(self, ref: list, lo: int, hi: int) -> bytes:
+    def _slice(self, ref: ChunkRef, lo: int, hi: int) -> bytes:
         # the reader keeps the last chunks in memory, verified: the kernel's smaller
         # reads of one chunk cost neither a re-read nor a re-hash
-        return self.reader.chunk(ref, self.layout.where[ref[0]][0])[lo:hi]
+        return self.reader.chunk(ref, self.layout.where[ref.digest][0])[lo:hi]
 
     def statfs(self) -> dict:
         return {"f_bsize": BLOCK, "f_frsize": BLOCK, "f_blocks": self.layout.blocks,
@@ -205,33 +206,31 @@ class BlobView:
 
 
 def all_local(layout: BlobLayout, cache) -> bool:
-    return all(cache.contains(c[0]) for c in layout.refs)
+    return all(cache.contains(c.digest) for c in layout.refs)
+
+
+def write_blob(layout: BlobLayout, fd: int, writer: ChunkWriter) -> None:
+    """Write every chunk of the layout at its slot in the blob file open at ``fd`` and
+    size the file to the layout (the padding reads as zeros). ``writer`` was made for
+    ``layout.refs``."""
+    for ref, offset in zip(layout.refs, layout.offsets):
+        writer.write(fd, ref, offset)
+    os.ftruncate(fd, layout.size)
 
 
 def assemble(layout: BlobLayout, cache, dest: str) -> None:
     """Write the complete blob from the node cache's chunks (each verified as it is
     read) to ``dest``, atomically. A chunk missing or bad raises FileNotFoundError."""
-    def from_cache():
-        for i, ref in enumerate(layout.refs):
-            data = cache.get(ref[0], ref[4])   # verified; None if missing or bad
-            if data is None:
-                raise FileNotFoundError(f"chunk {ref[0]} is not (or no longer) in the "
-                                        "node cache")
-            yield i, data
+    def from_cache(ref: ChunkRef, _path: str) -> bytes:
+        data = cache.get(ref.digest, ref.size)   # verified; None if missing or bad
+        if data is None:
+            raise FileNotFoundError(f"chunk {ref.digest} is not (or no longer) in the "
+                                    "node cache")
+        return data
     # a part locked while written: one a killed assembly leaves is removed by the next mount
-    with PartFile(dest) as part:
-        fill_blob(layout, part.fd, from_cache())
+    with PartFile(dest) as part, ChunkWriter(layout.refs, local=from_cache) as writer:
+        write_blob(layout, part.fd, writer)
         part.commit()
-
-
-def fill_blob(layout: BlobLayout, fd: int, pieces) -> None:
-    """Write ``pieces`` (slot index, the chunk's verified bytes), in any order, at their
-    places in the blob file open at ``fd`` (one pwrite each), and size it to the layout
-    (the padding reads as zeros). The caller supplies every slot once and verifies each
-    chunk."""
-    for i, data in pieces:
-        os.pwrite(fd, data, layout.offsets[i])
-    os.ftruncate(fd, layout.size)
 
 
 def verify_blob(layout: BlobLayout, path: str) -> None:
@@ -245,9 +244,9 @@ def verify_blob(layout: BlobLayout, path: str) -> None:
         ends = layout.offsets[1:] + [layout.size]
         for off, end, ref in zip(layout.offsets, ends, layout.refs):
             slot = os.pread(fd, end - off, off)
-            if hashlib.sha256(slot[:ref[4]]).hexdigest() != ref[0].removeprefix("sha256:") \
-                    or slot[ref[4]:].strip(b"\0"):
+            if hashlib.sha256(slot[:ref.size]).hexdigest() != ref.digest.removeprefix("sha256:") \
+                    or slot[ref.size:].strip(b"\0"):
                 raise DigestMismatch(f"blob {path} is corrupt at offset {off} (chunk "
-                                     f"{ref[0]})", digest=ref[0])
+                                     f"{ref.digest})", digest=ref.digest)
     finally:
         os.close(fd)

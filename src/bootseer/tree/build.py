@@ -8,12 +8,14 @@ import hashlib
 import io
 import os
 import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 from bootseer.errors import BootseerError
 from bootseer.store.digest import sha256_digest
 from bootseer.tree import format as fmt
+from bootseer.tree.toc import ChunkRef, Entry, Toc
 
 CHUNK = 1 << 20
 PACK = 64 << 20
@@ -23,20 +25,35 @@ class TreeBuildError(BootseerError):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class BuildStats:
+    """What a build wrote: files and their bytes, chunks (``dedup_chunks`` of them stored
+    once already), and the bytes of the packs written."""
+    files: int = 0
+    bytes: int = 0
+    chunks: int = 0
+    dedup_chunks: int = 0
+    stored_bytes: int = 0
+
+
 class TreeBuilder:
     def __init__(self, store, *, chunk_size: int = CHUNK, pack_size: int = PACK, level: int = 3,
                  progress: Callable[[int], None] | None = None):
         import zstandard
         self.store, self.chunk_size, self.pack_size = store, chunk_size, pack_size
         self._zc = zstandard.ZstdCompressor(level=level)
-        self.entries: dict[str, dict] = {}
+        self.entries: dict[str, Entry] = {}
         self.packs: list[str] = []
         self._pack = bytearray()
-        self._seen: dict[str, list] = {}
-        self._pending: list[list] = []   # chunk refs into the open pack (index patched on flush)
+        self._seen: dict[str, ChunkRef] = {}   # the pack index is -1 until its pack is flushed
+        self._pending: list[str] = []   # digests of the chunks in the open pack
         self._links: dict[str, list[str]] = {}   # file path -> hard links naming it
         self.progress = progress
-        self.stats = {"files": 0, "bytes": 0, "chunks": 0, "dedup_chunks": 0, "stored_bytes": 0}
+        self._files = self._bytes = self._chunks = self._dedup = self._stored = 0
+
+    @property
+    def stats(self) -> BuildStats:
+        return BuildStats(self._files, self._bytes, self._chunks, self._dedup, self._stored)
 
     # -- entries ------------------------------------------------------------------------------
     @staticmethod
@@ -46,59 +63,59 @@ class TreeBuilder:
             raise TreeBuildError(f"path {path!r} escapes the tree ('..')")
         return "/" + "/".join(parts)
 
-    def _put(self, path: str, entry: dict) -> None:
+    def _put(self, path: str, kind: str, mode: int, uid: int, gid: int, mtime: float,
+             size: int, **fields) -> None:
         path = self._norm(path)
-        entry["path"] = path
         parent = path.rsplit("/", 1)[0] or "/"
         if path != "/":
             pe = self.entries.get(parent)
             if pe is None:
                 self.add_dir(parent)
-            elif pe["type"] != "d":   # a reader would never reach it (or follow the link)
-                kind = "a symlink" if pe["type"] == "l" else "not a directory"
-                raise TreeBuildError(f"cannot add {path}: its parent {parent} is {kind}")
+            elif pe.type != "d":   # a reader would never reach it (or follow the link)
+                what = "a symlink" if pe.type == "l" else "not a directory"
+                raise TreeBuildError(f"cannot add {path}: its parent {parent} is {what}")
         old = self.entries.get(path)
-        if old is not None and not (old["type"] == "d" and entry["type"] == "d"):
+        if old is not None and not (old.type == "d" and kind == "d"):
             self.remove(path)   # what was there goes, with anything under it
-        self.entries[path] = entry
+        self.entries[path] = Entry(path, kind, mode, uid, gid, mtime, size, **fields)
 
     def add_dir(self, path: str, mode: int = 0o755, uid: int = 0, gid: int = 0,
                 mtime: float = 0.0, xattrs: dict | None = None) -> None:
-        self._put(path, {"type": "d", "mode": mode & 0o7777, "uid": uid, "gid": gid,
-                         "mtime": mtime, "size": 0, **({"xattrs": xattrs} if xattrs else {})})
+        self._put(path, "d", mode & 0o7777, uid, gid, mtime, 0, xattrs=xattrs or None)
 
     def add_symlink(self, path: str, target: str, uid: int = 0, gid: int = 0,
                     mtime: float = 0.0) -> None:
-        self._put(path, {"type": "l", "mode": 0o777, "uid": uid, "gid": gid, "mtime": mtime,
-                         "size": len(target.encode()), "target": target})
+        self._put(path, "l", 0o777, uid, gid, mtime, len(target.encode()), target=target)
 
     def add_hardlink(self, path: str, target: str) -> None:
         """A second name for ``target`` as it is now: should ``target`` later be removed or
         replaced (a later layer), the link keeps this content (see ``_unlink``)."""
         path, target = self._norm(path), self._norm(target)
         te = self.entries.get(target)
-        if te is not None and te["type"] == "h":
-            target, te = te["target"], self.entries[te["target"]]
+        if te is not None and te.type == "h":
+            assert te.target is not None
+            target, te = te.target, self.entries[te.target]
         what = ("not in the tree" if te is None else "itself" if path == target
-                else "a directory" if te["type"] == "d" else "")
+                else "a directory" if te.type == "d" else "")
         if what:
             raise TreeBuildError(f"hard link {path} names {target}, which is {what}")
-        if te["type"] != "f":   # a link to a symlink or a fifo: the same entry again
-            self._put(path, {k: dict(v) if isinstance(v, dict) else v for k, v in te.items()})
+        assert te is not None
+        if te.type != "f":   # a link to a symlink or a fifo: the same entry again
+            self._put(path, te.type, te.mode, te.uid, te.gid, te.mtime, te.size,
+                      target=te.target, rdev=te.rdev, xattrs=te.xattrs)
             return
-        self._put(path, {"type": "h", "target": target, "mode": 0, "uid": 0,
-                         "gid": 0, "mtime": 0.0, "size": 0})
+        self._put(path, "h", 0, 0, 0, 0.0, 0, target=target)
         self._links.setdefault(target, []).append(path)
 
     def add_special(self, path: str, kind: str, mode: int, rdev: int = 0, uid: int = 0,
                     gid: int = 0, mtime: float = 0.0) -> None:
         """Device nodes and fifos are recorded (never served: the mount is nodev)."""
-        self._put(path, {"type": kind, "mode": mode & 0o7777, "uid": uid, "gid": gid,
-                         "mtime": mtime, "size": 0, "rdev": rdev})
+        self._put(path, kind, mode & 0o7777, uid, gid, mtime, 0, rdev=rdev)
 
     def add_file(self, path: str, src: BinaryIO | bytes, mode: int = 0o644, uid: int = 0,
                  gid: int = 0, mtime: float = 0.0, xattrs: dict | None = None) -> None:
-        chunks, size = [], 0
+        chunks: list[ChunkRef] = []
+        size = 0
         read = (io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else src).read
         while True:
             data = read(self.chunk_size)
@@ -106,11 +123,10 @@ class TreeBuilder:
                 break
             size += len(data)
             chunks.append(self._chunk(data))
-        self.stats["files"] += 1
-        self.stats["bytes"] += size
-        self._put(path, {"type": "f", "mode": mode & 0o7777, "uid": uid, "gid": gid,
-                         "mtime": mtime, "size": size, "chunks": chunks,
-                         **({"xattrs": xattrs} if xattrs else {})})
+        self._files += 1
+        self._bytes += size
+        self._put(path, "f", mode & 0o7777, uid, gid, mtime, size, xattrs=xattrs or None,
+                  chunks=tuple(chunks))
 
     def remove(self, path: str) -> None:
         """Whiteout: drop ``path`` and everything under it. Also called before every file
@@ -120,7 +136,7 @@ class TreeBuilder:
         e = self.entries.get(path)
         if e is None:
             return
-        if e["type"] != "d":
+        if e.type != "d":
             self._unlink(path)
             return
         for p in [p for p in self.entries if p == path or p.startswith(path + "/")]:
@@ -139,31 +155,32 @@ class TreeBuilder:
         first link, which the others then name: a link keeps the bytes it had in its layer
         (as in an overlay filesystem), whatever later layers do to the first path."""
         e = self.entries.pop(path, None)
-        if e is None or e["type"] != "f":
+        if e is None or e.type != "f":
             return
         links = sorted(p for p in self._links.pop(path, ())
-                       if (le := self.entries.get(p)) is not None and le["type"] == "h"
-                       and le["target"] == path)
+                       if (le := self.entries.get(p)) is not None and le.type == "h"
+                       and le.target == path)
         if not links:
             return
         heir, rest = links[0], links[1:]
-        self.entries[heir] = {**e, "path": heir}   # the chunk list is shared, not copied
+        self.entries[heir] = replace(e, path=heir)
         for p in rest:
-            self.entries[p]["target"] = heir
+            self.entries[p] = replace(self.entries[p], target=heir)
         if rest:
             self._links[heir] = rest
 
     # -- chunks and packs ---------------------------------------------------------------------
-    def _chunk(self, data: bytes) -> list:
+    def _chunk(self, data: bytes) -> ChunkRef:
+        """The chunk's ref; its pack index is resolved in ``finish``."""
         digest = sha256_digest(data)
-        self.stats["chunks"] += 1
+        self._chunks += 1
         if digest in self._seen:
-            self.stats["dedup_chunks"] += 1
-            return list(self._seen[digest])
+            self._dedup += 1
+            return self._seen[digest]
         comp = self._zc.compress(data)
-        ref = [digest, -1, len(self._pack), len(comp), len(data)]
+        ref = ChunkRef(digest, -1, len(self._pack), len(comp), len(data))
         self._pack += comp
-        self._pending.append(ref)
+        self._pending.append(digest)
         self._seen[digest] = ref
         if self.progress:
             self.progress(len(data))
@@ -177,11 +194,11 @@ class TreeBuilder:
         data = bytes(self._pack)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         self.store.write(digest, data)
-        self.stats["stored_bytes"] += len(data)
+        self._stored += len(data)
         index = len(self.packs)
         self.packs.append(digest)
-        for ref in self._pending:
-            ref[1] = index
+        for d in self._pending:
+            self._seen[d] = replace(self._seen[d], pack=index)
         self._pending = []
         self._pack = bytearray()
 
@@ -190,14 +207,11 @@ class TreeBuilder:
         self._flush()
         if "/" not in self.entries:
             self.add_dir("/")
-        # chunk lists were copied before their pack index was known: resolve from _seen
-        for e in self.entries.values():
-            if e["type"] == "f":
-                e["chunks"] = [list(self._seen[c[0]]) for c in e["chunks"]]
-        toc = {"v": fmt.VERSION, "kind": fmt.KIND, "chunk_size": self.chunk_size,
-               "packs": self.packs, "meta": meta or {},
-               "entries": [self.entries[p] for p in sorted(self.entries)]}
-        blob = fmt.encode(toc)
+        # chunk lists were made before their pack index was known: resolve from _seen
+        entries = tuple(
+            replace(e, chunks=tuple(self._seen[c.digest] for c in e.chunks)) if e.chunks
+            else e for e in (self.entries[p] for p in sorted(self.entries)))
+        blob = fmt.encode(Toc(self.chunk_size, tuple(self.packs), entries, meta or {}))
         digest = sha256_digest(blob)
         self.store.write(digest, blob)
         return digest

@@ -1,4 +1,4 @@
-"""The TOC: a zstd-compressed JSON document whose digest is the tree's digest.
+"""The stored form of a TOC: zstd-compressed JSON whose digest is the tree's digest.
 
     {"v": 1, "kind": "bootseer.tree", "chunk_size": 1048576,
      "packs": ["sha256:...", ...],
@@ -9,40 +9,97 @@
                   "xattrs": {"user.x": "<base64>"},
                   "chunks": [["sha256:<uncompressed>", pack_index, offset, clen, ulen], ...]}],
      "meta": {...}}
+
+Keys are sorted and separators compact, so a TOC decoded and encoded again is the same
+bytes (the same tree digest). The records it decodes to are ``bootseer.tree.toc``'s; this
+module is the only one that sees the JSON.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Callable
+from typing import Any
 
-from bootseer.errors import BootseerError
+from bootseer.tree import validate
+from bootseer.tree.toc import KIND, VERSION, ChunkRef, Entry, Toc, TreeFormatError
 
-VERSION = 1
-KIND = "bootseer.tree"
-
-
-class TreeFormatError(BootseerError, ValueError):
-    pass
+_OPTIONAL = ("target", "rdev", "xattrs")
 
 
-def encode(toc: dict) -> bytes:
+def encode(toc: Toc) -> bytes:
     import zstandard
+    doc = {"v": VERSION, "kind": KIND, "chunk_size": toc.chunk_size, "packs": list(toc.packs),
+           "meta": toc.meta, "entries": [_entry_doc(e) for e in toc.entries]}
     return zstandard.ZstdCompressor(level=9).compress(
-        json.dumps(toc, separators=(",", ":"), sort_keys=True).encode())
+        json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
 
 
-def decode(blob: bytes, digest: str = "") -> dict:
+def decode(blob: bytes, digest: str = "") -> Toc:
+    """The TOC in ``blob``, checked (``validate``: the store is untrusted) before any
+    record is made of it."""
+    # A TOC is one dict and one record per path and per chunk, none of them part of a
+    # reference cycle: the cyclic collector, which would otherwise run again and again
+    # over the growing heap while they are made, waits until the TOC is whole.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _decode(blob, digest)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _decode(blob: bytes, digest: str) -> Toc:
     import zstandard
     try:
-        toc = json.loads(zstandard.ZstdDecompressor().decompress(blob, max_output_size=1 << 31))
+        doc = json.loads(zstandard.ZstdDecompressor().decompress(blob, max_output_size=1 << 31))
     except (zstandard.ZstdError, ValueError, UnicodeDecodeError) as e:
         raise TreeFormatError(f"{digest or 'blob'} is not a bootseer tree TOC: {e}") from e
-    if not isinstance(toc, dict) or toc.get("kind") != KIND:
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise TreeFormatError(f"{digest or 'blob'} is not a bootseer tree TOC (kind "
-                              f"{toc.get('kind') if isinstance(toc, dict) else type(toc).__name__!r})")
-    if toc.get("v") != VERSION:
-        raise TreeFormatError(f"tree {digest} has format version {toc.get('v')}, this bootseer "
+                              f"{doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r})")
+    if doc.get("v") != VERSION:
+        raise TreeFormatError(f"tree {digest} has format version {doc.get('v')}, this bootseer "
                               f"reads version {VERSION}")
-    from bootseer.tree import validate   # the store is untrusted: check before any use
-    validate.check(toc, digest)
-    return toc
+    validate.check(doc, digest)
+    return Toc(doc["chunk_size"], tuple(doc["packs"]),
+               tuple(_entry(e) for e in doc["entries"]), doc.get("meta") or {})
+
+
+def _maker(cls: type) -> Callable[..., Any]:
+    """A constructor of the frozen record ``cls`` taking every field positionally, that
+    sets the slots directly: a frozen dataclass's ``__init__`` makes one
+    ``object.__setattr__`` call per field, a TOC holds one Entry per path and one ChunkRef
+    per chunk, and loading it is on the path of every start."""
+    names: tuple[str, ...] = cls.__dict__["__slots__"]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    scope.update({f"set_{n}": getattr(cls, n).__set__ for n in names})
+    args = ", ".join(names)
+    body = "".join(f"    set_{n}(o, {n})\n" for n in names)
+    # the source names only the record's own slots (as dataclasses' generated methods do)
+    exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", scope)  # noqa: S102
+    return scope["make"]
+
+
+_new_entry, _new_ref = _maker(Entry), _maker(ChunkRef)
+
+
+def _entry(e: dict) -> Entry:
+    chunks, get = e.get("chunks"), e.get
+    return _new_entry(e["path"], e["type"], e["mode"], e["uid"], e["gid"], e["mtime"], e["size"],
+                      get("target"), get("rdev"), get("xattrs"),
+                      None if chunks is None else tuple([_new_ref(*c) for c in chunks]))
+
+
+def _entry_doc(e: Entry) -> dict:
+    doc = {"path": e.path, "type": e.type, "mode": e.mode, "uid": e.uid, "gid": e.gid,
+           "mtime": e.mtime, "size": e.size}
+    for key in _OPTIONAL:
+        value = getattr(e, key)
+        if value is not None:
+            doc[key] = value
+    if e.chunks is not None:
+        doc["chunks"] = [[c.digest, c.pack, c.offset, c.stored, c.size] for c in e.chunks]
+    return doc

@@ -18,9 +18,9 @@ def set_items(refs) -> list[SetItem]:
     """The set of chunk refs (``[digest, pack, offset, stored size, size]``) as items, in
     pack order, each digest once."""
     items: dict[str, SetItem] = {}
-    for r in sorted(refs, key=lambda r: (r[1], r[2], r[0])):
-        if r[0] not in items:
-            items[r[0]] = SetItem(r[0], r[4], r[3])
+    for r in sorted(refs, key=lambda r: (r.pack, r.offset, r.digest)):
+        if r.digest not in items:
+            items[r.digest] = SetItem(r.digest, r.size, r.stored)
     return list(items.values())
 
 
@@ -29,7 +29,7 @@ class TreeChunks:
 
     def __init__(self, reader: TreeReader, refs):
         self.reader = reader
-        self.refs = {r[0]: r for r in refs}
+        self.refs = {r.digest: r for r in refs}
         self.items = set_items(refs)
 
     def local_path(self, digest: str):

@@ -65,13 +65,13 @@ def fetch_tree(config, store, reader) -> dict | None:
     ``peers_seen``, ``peers_banned``), or None when peers do not apply (then nothing was
     fetched)."""
     chunks = reader.all_chunks()
-    if not env_wanted(config, sum(c[3] for c in chunks), sum(c[4] for c in chunks)):
+    if not env_wanted(config, sum(c.stored for c in chunks), sum(c.size for c in chunks)):
         return None
     share = share_for(config, store, ENV_NAMESPACE)
     if share is None:
         return None
     # Every chunk, in pack order (a profile naming them all makes the plan eager).
-    pre = Prefetcher(reader, {"chunks": [[c[0]] for c in chunks]}, peers=share)
+    pre = Prefetcher(reader, {"chunks": [[c.digest] for c in chunks]}, peers=share)
     pre.start().wait()
     return {k: v for k, v in pre.stats.items() if k in FIGURES}
 
@@ -88,7 +88,7 @@ def publish_torrent(store, refs: list[list], chunk_file: Callable[[list], str | 
     key = set_key(items)
     if store.get_ref(torrent_ref(key)) is not None:
         return None
-    by_digest = {r[0]: r for r in refs}
+    by_digest = {r.digest: r for r in refs}
     Path(scratch).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="torrent-", dir=scratch))
     try:
@@ -123,9 +123,9 @@ def publish_for_profile(config, store, profile: dict) -> str | None:
         with Fetcher(config.fetch) as fetcher:
             reader = TreeReader(store, profile["tree"], fetcher, cache)
             plan = Prefetcher(reader, profile).plan
-            if not plan or not wanted(config.peers, sum(r[3] for r in plan), publishing=True):
+            if not plan or not wanted(config.peers, sum(r.stored for r in plan), publishing=True):
                 return None
-            return publish_torrent(store, plan, lambda r: _str(cache.path(r[0])),
+            return publish_torrent(store, plan, lambda r: _str(cache.path(r.digest)),
                                    reader.chunk, str(Path(config.cache.dir).parent / "peers"))
     except Exception as e:  # noqa: BLE001 - the profile is published; peers only cost time
         log.warning("peers: the hot set's torrent was not published: %s", e)
@@ -139,20 +139,20 @@ def publish_for_tree_dir(config, store, tree: str, root: str) -> str | None:
         with Fetcher(config.fetch) as fetcher:
             reader = TreeReader(store, tree, fetcher)
             refs = reader.all_chunks()
-            if not refs or not wanted(config.peers, sum(r[3] for r in refs), publishing=True):
+            if not refs or not wanted(config.peers, sum(r.stored for r in refs), publishing=True):
                 return None
-            csize = reader.toc["chunk_size"]
+            csize = reader.toc.chunk_size
             where: dict[str, tuple[str, int]] = {}
-            for e in reader.toc["entries"]:
-                for i, c in enumerate(e.get("chunks") or ()):
-                    where.setdefault(c[0], (e["path"], i * csize))
+            for e in reader.toc.entries:
+                for i, c in enumerate(e.chunks or ()):
+                    where.setdefault(c.digest, (e.path, i * csize))
 
             def from_root(ref) -> bytes:
-                path, offset = where[ref[0]]
+                path, offset = where[ref.digest]
                 with open(os.path.join(root, path.lstrip("/")), "rb") as f:
                     f.seek(offset)
-                    data = f.read(ref[4])
-                verify(ref[0], data, source=f"{root}{path}")   # changed since: no torrent
+                    data = f.read(ref.size)
+                verify(ref.digest, data, source=f"{root}{path}")   # changed since: no torrent
                 return data
             return publish_torrent(store, refs, lambda r: None, from_root,
                                    str(Path(config.cache.dir).parent / "peers"))

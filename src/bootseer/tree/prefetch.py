@@ -13,9 +13,14 @@ from collections import deque
 from bootseer.store.fetch import Priority
 from bootseer.tree.peer_source import TreeChunks
 from bootseer.tree.reader import TreeReader
+from bootseer.tree.toc import ChunkRef
 
 log = logging.getLogger(__name__)
 EAGER_SHARE = 0.7
+
+
+def _pack_order(c: ChunkRef) -> tuple[int, int]:
+    return c.pack, c.offset
 
 
 class Prefetcher:
@@ -24,13 +29,14 @@ class Prefetcher:
         self.reader, self.window, self.batch = reader, window, batch
         self.peers = peers   # a bootseer.peers.share.PeerShare: the job's nodes as a source
         self.done_file = done_file
-        by_digest = {c[0]: c for c in reader.all_chunks()}
+        by_digest = {c.digest: c for c in reader.all_chunks()}
         hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", []) if row[0] in by_digest]
-        total = sum(c[4] for c in by_digest.values()) or 1
-        hot_bytes = sum(c[4] for c in hot)
+        total = sum(c.size for c in by_digest.values()) or 1
+        hot_bytes = sum(c.size for c in hot)
         self.eager = profile is not None and hot_bytes / total >= EAGER_SHARE
-        self.plan = sorted(by_digest.values(), key=lambda c: (c[1], c[2])) if self.eager else hot
-        self.stats = {"planned_chunks": len(self.plan), "planned_bytes": sum(c[4] for c in self.plan),
+        self.plan = sorted(by_digest.values(), key=_pack_order) if self.eager else hot
+        self.stats = {"planned_chunks": len(self.plan),
+                      "planned_bytes": sum(c.size for c in self.plan),
                       "fetched_chunks": 0, "fetched_bytes": 0, "already_local": 0, "errors": 0,
                       "eager": self.eager, "seconds": 0.0, "origin_bytes": 0,
                       "peer_bytes": 0}
@@ -57,7 +63,7 @@ class Prefetcher:
                 left = {i.digest for i in self._transfer.fetch(self._stop)}
                 self.stats.update(self._transfer.summary())
                 self.prefetched |= self._transfer.prefetched
-                plan = [r for r in self.plan if r[0] in left]
+                plan = [r for r in self.plan if r.digest in left]
             # Batches of the plan in recorded order, each submitted in pack order: the
             # fetcher then coalesces neighbours (small files are one small chunk each, and
             # one request per chunk costs the store more than the bytes do). Batches grow
@@ -73,7 +79,7 @@ class Prefetcher:
                         self.stats["already_local"] += 1
                     else:
                         todo.append(ref)
-                todo.sort(key=lambda c: (c[1], c[2]))
+                todo.sort(key=_pack_order)
                 pending.extend(zip(todo, self.reader.submit_chunks(todo, Priority.PREFETCH)))
                 while len(pending) >= self.window:
                     self._complete(*pending.popleft())
@@ -88,19 +94,19 @@ class Prefetcher:
         if self.done_file:
             open(self.done_file, "a").close()
 
-    def _complete(self, ref, fut) -> None:
+    def _complete(self, ref: ChunkRef, fut) -> None:
         try:
             raw = fut.result()
             data = self.reader.store_chunk(ref, raw)
-            self.prefetched.add(ref[0])
+            self.prefetched.add(ref.digest)
             self.stats["fetched_chunks"] += 1
-            self.stats["fetched_bytes"] += ref[4]
+            self.stats["fetched_bytes"] += ref.size
             self.stats["origin_bytes"] += len(raw)
             if self._transfer is not None:
-                self._transfer.offer(ref[0], data)
+                self._transfer.offer(ref.digest, data)
         except Exception as e:  # noqa: BLE001
             self.stats["errors"] += 1
-            log.info("prefetch of chunk %s failed: %s", ref[0][:19], e)
+            log.info("prefetch of chunk %s failed: %s", ref.digest[:19], e)
             if self.stats["errors"] > 20:
                 raise
 

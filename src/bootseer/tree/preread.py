@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.tree.blob import BlobLayout
@@ -25,58 +26,81 @@ from bootseer.tree.blob import BlobLayout
 log = logging.getLogger(__name__)
 PIECE = 1 << 20
 POLL_S = 0.01
+PREFETCHED = "prefetched"   # created in a mount's state dir when the hot blocks are local
 
 
-def hot_ranges(layout: BlobLayout) -> list[tuple[str, str, int, int]]:
-    """(digest, path, offset, length) of each hot chunk in profile order: where one file
-    of the tree holds it."""
+@dataclass(frozen=True, slots=True)
+class HotRange:
+    """A hot chunk where one file of the tree holds it: ``length`` bytes at ``offset``
+    of ``path``."""
+    digest: str
+    path: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preread:
+    """What a pre-read did: the hot chunks (and bytes) read into the page cache, and
+    those skipped because the prefetch did not make them local."""
+    chunks: int = 0
+    bytes: int = 0
+    skipped_chunks: int = 0
+    skipped_bytes: int = 0
+
+
+def hot_ranges(layout: BlobLayout) -> list[HotRange]:
+    """Each hot chunk in profile order, where one file of the tree holds it."""
     out = []
     for ref in layout.refs[:layout.hot_count]:
-        path, i = layout.where[ref[0]]
-        out.append((ref[0], path, i * layout.chunk_size, ref[4]))
+        path, i = layout.where[ref.digest]
+        out.append(HotRange(ref.digest, path, i * layout.chunk_size, ref.size))
     return out
 
 
-def preread(mountpoint: str, hot: list[tuple[str, str, int, int]], is_local, prefetched: Path,
-            done: Path, stop: threading.Event, wait_s: float = 600.0) -> dict:
+def preread(mountpoint: str, hot: list[HotRange], is_local, prefetched: Path,
+            done: Path, stop: threading.Event, wait_s: float = 600.0) -> Preread:
     """Read each hot range through ``mountpoint`` once ``is_local(digest)`` says its chunk
     is in the node cache; after ``prefetched`` appears (or ``wait_s``), chunks still not
     local are skipped. Creates ``done`` at the end. Never raises: an error only costs the
-    warm-up. Returns counts (read and skipped chunks and bytes)."""
-    stats = {"chunks": 0, "bytes": 0, "skipped_chunks": 0, "skipped_bytes": 0}
+    warm-up."""
+    chunks = nbytes = skipped_chunks = skipped_bytes = 0
+
+    def figures() -> Preread:
+        return Preread(chunks, nbytes, skipped_chunks, skipped_bytes)
     current: tuple[str, int] | None = None   # the file open now (path, fd)
     waited, given_up = 0.0, False
     try:
-        for digest, path, offset, length in hot:
-            while not given_up and not is_local(digest):
+        for r in hot:
+            while not given_up and not is_local(r.digest):
                 if prefetched.exists() or waited > wait_s:
                     given_up = True   # the prefetch is over: what is not local stays so
                     break
                 if stop.wait(POLL_S):
-                    return stats
+                    return figures()
                 waited += POLL_S
             if stop.is_set():
-                return stats
-            if given_up and not is_local(digest):
-                stats["skipped_chunks"] += 1
-                stats["skipped_bytes"] += length
+                return figures()
+            if given_up and not is_local(r.digest):
+                skipped_chunks += 1
+                skipped_bytes += r.length
                 continue
             try:
-                if current is None or current[0] != path:
+                if current is None or current[0] != r.path:
                     if current is not None:
                         os.close(current[1])
                         current = None
-                    fd = os.open(mountpoint + path, os.O_RDONLY | os.O_NOFOLLOW)
-                    current = (path, fd)
+                    fd = os.open(mountpoint + r.path, os.O_RDONLY | os.O_NOFOLLOW)
+                    current = (r.path, fd)
                     # read exactly the hot ranges: no read-ahead into the next (cold) chunk
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                stats["bytes"] += _read_range(current[1], offset, length)
-                stats["chunks"] += 1
+                nbytes += _read_range(current[1], r.offset, r.length)
+                chunks += 1
             except OSError as e:   # a chunk that cannot be served: the job will say so
-                log.info("pre-read of %s at %d stopped: %s", path, offset, e)
+                log.info("pre-read of %s at %d stopped: %s", r.path, r.offset, e)
         log.info("pre-read %d hot chunks (%d bytes) into the page cache; %d not local, "
-                 "left to the job", stats["chunks"], stats["bytes"], stats["skipped_chunks"])
-        return stats
+                 "left to the job", chunks, nbytes, skipped_chunks)
+        return figures()
     finally:
         if current is not None:
             os.close(current[1])

@@ -10,13 +10,15 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Callable
 
-from bootseer.errors import BlobNotFound
+from bootseer.errors import BlobNotFound, DigestMismatch
 from bootseer.store.digest import verify
 from bootseer.store.fetch import Fetcher, Priority, fetch_blob
 from bootseer.store.source import BlobSource
 from bootseer.tree import format as fmt
+from bootseer.tree.toc import ChunkRef, Entry, Toc
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,7 @@ TYPE_BITS = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "h": stat.
              "c": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}
 
 
-def load_toc(store, digest: str, fetcher: Fetcher, cache=None) -> dict:
+def load_toc(store, digest: str, fetcher: Fetcher, cache=None) -> Toc:
     """The tree's TOC, verified (node cache first) and checked (``validate``)."""
     if cache is not None:
         blob = cache.get(digest)
@@ -44,8 +46,8 @@ class TreeReader:
         except BlobNotFound:
             raise BlobNotFound(f"no tree {digest} in {store.url}: convert or publish it first",
                                digest=digest, url=store.url) from None
-        self.packs = self.toc["packs"]
-        self.entries: dict[str, dict] = {e["path"]: e for e in self.toc["entries"]}
+        self.packs = self.toc.packs
+        self.entries: dict[str, Entry] = {e.path: e for e in self.toc.entries}
         self.children: dict[str, list[str]] = {}
         for p in self.entries:
             if p != "/":
@@ -65,54 +67,49 @@ class TreeReader:
         self._read_ahead_dirs: set[str] = set()
 
     # -- metadata -----------------------------------------------------------------------------
-    def entry(self, path: str) -> dict:
+    def entry(self, path: str) -> Entry:
+        """The entry at ``path``; a hard link's is its file's, under the link's path."""
         e = self.entries.get(path)
         if e is None:
             raise FileNotFoundError(f"{path}: not in tree {self.digest[:19]}")
-        if e["type"] == "h":
-            return {**self.entries[e["target"]], "path": path}
+        if e.type == "h":
+            return replace(self.entries[e.target or ""], path=path)
         return e
 
-    def mode(self, e: dict) -> int:
-        return TYPE_BITS[e["type"]] | e["mode"]
+    def mode(self, e: Entry) -> int:
+        return TYPE_BITS[e.type] | e.mode
 
     def total_bytes(self) -> int:
-        return sum(c[4] for e in self.entries.values() if e["type"] == "f" for c in e["chunks"])
+        return sum(c.size for e in self.toc.files() for c in e.chunks or ())
 
-    def all_chunks(self) -> list[list]:
-        seen, out = set(), []
-        for e in self.toc["entries"]:
-            for c in e.get("chunks", ()):
-                if c[0] not in seen:
-                    seen.add(c[0])
-                    out.append(c)
-        return out
+    def all_chunks(self) -> list[ChunkRef]:
+        return self.toc.distinct_chunks()
 
     # -- chunks -------------------------------------------------------------------------------
-    def _decompress(self, data: bytes, ref: list) -> bytes:
+    def decode(self, data: bytes, ref: ChunkRef) -> bytes:
+        """The chunk's uncompressed bytes from its stored ``data``, verified."""
         import zstandard
         zd = getattr(self._zd, "d", None)
         if zd is None:
             zd = self._zd.d = zstandard.ZstdDecompressor()
         try:
-            out = zd.decompress(data, max_output_size=ref[4])
+            out = zd.decompress(data, max_output_size=ref.size)
         except zstandard.ZstdError as e:
-            from bootseer.errors import DigestMismatch
-            raise DigestMismatch(f"chunk {ref[0]} in pack {self.packs[ref[1]]} does not "
-                                 f"decompress: {e}", digest=ref[0], url=self.store.url) from e
-        verify(ref[0], out, source=f"{self.store.url} pack {self.packs[ref[1]]}")
+            raise DigestMismatch(f"chunk {ref.digest} in pack {self.packs[ref.pack]} does not "
+                                 f"decompress: {e}", digest=ref.digest, url=self.store.url) from e
+        verify(ref.digest, out, source=f"{self.store.url} pack {self.packs[ref.pack]}")
         return out
 
-    def submit_chunk(self, ref: list, priority: Priority) -> Future:
-        return self.fetcher.submit(self._sources[ref[1]], ref[2], ref[2] + ref[3],
+    def submit_chunk(self, ref: ChunkRef, priority: Priority) -> Future:
+        return self.fetcher.submit(self._sources[ref.pack], ref.offset, ref.end,
                                    priority=priority)
 
-    def submit_chunks(self, refs: list[list], priority: Priority) -> list[Future]:
-        return self.fetcher.submit_many([(self._sources[r[1]], r[2], r[2] + r[3])
+    def submit_chunks(self, refs: list[ChunkRef], priority: Priority) -> list[Future]:
+        return self.fetcher.submit_many([(self._sources[r.pack], r.offset, r.end)
                                          for r in refs], priority=priority)
 
-    def has_chunk(self, ref: list) -> bool:
-        return self.cache is not None and self.cache.contains(ref[0])
+    def has_chunk(self, ref: ChunkRef) -> bool:
+        return self.cache is not None and self.cache.contains(ref.digest)
 
     # Kernel reads are often smaller than a chunk (128 KiB pieces of a 1 MiB chunk): the
     # last few chunks read stay in memory, verified, so each piece costs neither a re-read
@@ -145,45 +142,46 @@ class TreeReader:
             while self._fresh_bytes > self._fresh_max and self._fresh:
                 self._fresh_bytes -= len(self._fresh.popitem(last=False)[1])
 
-    def chunk(self, ref: list, path: str = "") -> bytes:
+    def chunk(self, ref: ChunkRef, path: str = "") -> bytes:
         """Uncompressed, verified bytes of one chunk (memory, then the node cache, whose
         entries are re-verified as they are read, then the store)."""
+        digest = ref.digest
         fresh = None
         with self._lock:
-            data = self._recent.get(ref[0])
+            data = self._recent.get(digest)
             if data is not None:
-                self._recent.move_to_end(ref[0])
+                self._recent.move_to_end(digest)
             elif self._fresh:
-                fresh = data = self._fresh.pop(ref[0], None)
+                fresh = data = self._fresh.pop(digest, None)
                 if fresh is not None:
                     self._fresh_bytes -= len(fresh)
         if fresh is not None:
-            self._remember(ref[0], fresh)
+            self._remember(digest, fresh)
         if data is None and self.cache is not None:
-            data = self.cache.get(ref[0], ref[4])   # None too when it was bad on disk
+            data = self.cache.get(digest, ref.size)   # None too when it was bad on disk
             if data is not None:
-                self._remember(ref[0], data)
+                self._remember(digest, data)
         if data is not None:
             with self._lock:
                 self.counters["chunks_local"] += 1
             if self.on_chunk is not None:
-                self.on_chunk(ref[0], path, ref[4], True)
+                self.on_chunk(digest, path, ref.size, True)
             return data
         if self.on_chunk is not None:
-            self.on_chunk(ref[0], path, ref[4], False)
+            self.on_chunk(digest, path, ref.size, False)
         t0 = time.monotonic()
         fut = self.submit_chunk(ref, Priority.DEMAND)
         if path:
             self._read_ahead(path, ref)
         raw = fut.result()
-        data = self._decompress(raw, ref)
+        data = self.decode(raw, ref)
         with self._lock:
             self.counters["chunks_fetched"] += 1
             self.counters["bytes_fetched"] += len(raw)
             self.counters["stall_s"] += time.monotonic() - t0
-        self._remember(ref[0], data)
+        self._remember(digest, data)
         if self.cache is not None:   # a full cache only costs the caching
-            self.cache.offer(ref[0], data, verified=True)   # _decompress verified it
+            self.cache.offer(digest, data, verified=True)   # decode verified it
         return data
 
     # Demand read-ahead: without a profile every miss is a round trip, and a Python import
@@ -195,14 +193,14 @@ class TreeReader:
     READ_AHEAD_DIR_BYTES = 4 << 20
     READ_AHEAD_SMALL_FILE = 256 << 10
 
-    def _read_ahead(self, path: str, ref: list) -> None:
+    def _read_ahead(self, path: str, ref: ChunkRef) -> None:
         if self.cache is None:
             return
         e = self.entries.get(path)
-        refs: list[list] = []
-        if e is not None and e.get("chunks"):
-            chunks = e["chunks"]
-            i = next((k for k, c in enumerate(chunks) if c[0] == ref[0]), None)
+        refs: list[ChunkRef] = []
+        if e is not None and e.chunks:
+            chunks = e.chunks
+            i = next((k for k, c in enumerate(chunks) if c.digest == ref.digest), None)
             if i is not None:
                 refs += chunks[i + 1:i + 1 + self.READ_AHEAD_FILE_CHUNKS]
         parent = path.rsplit("/", 1)[0] or "/"
@@ -213,43 +211,45 @@ class TreeReader:
             budget = self.READ_AHEAD_DIR_BYTES
             for name in self.children.get(parent, ()):
                 sib = self.entries.get(f"{parent.rstrip('/')}/{name}")
-                if sib is None or sib["type"] != "f" or sib["size"] > self.READ_AHEAD_SMALL_FILE:
+                if sib is None or sib.type != "f" or sib.size > self.READ_AHEAD_SMALL_FILE:
                     continue
-                refs += sib["chunks"]
-                budget -= sib["size"]
+                refs += sib.chunks or ()
+                budget -= sib.size
                 if budget <= 0:
                     break
-        todo = sorted((r for r in refs if not self.has_chunk(r)), key=lambda c: (c[1], c[2]))
+        todo = sorted((r for r in refs if not self.has_chunk(r)),
+                      key=lambda c: (c.pack, c.offset))
         for r, fut in zip(todo, self.submit_chunks(todo, Priority.PREFETCH)):
             fut.add_done_callback(lambda f, r=r: self._stash(r, f))
 
-    def _stash(self, ref: list, fut: Future) -> None:
+    def _stash(self, ref: ChunkRef, fut: Future) -> None:
         """A read-ahead chunk arrived: verify and cache it (errors only cost the hint)."""
         try:
             if not self.has_chunk(ref):
                 self.store_chunk(ref, fut.result())
         except Exception as e:  # noqa: BLE001 - read-ahead never fails a read
-            log.debug("read-ahead of %s failed: %s", ref[0][:19], e)
+            log.debug("read-ahead of %s failed: %s", ref.digest[:19], e)
 
-    def store_chunk(self, ref: list, raw: bytes) -> bytes:
+    def store_chunk(self, ref: ChunkRef, raw: bytes) -> bytes:
         """Verify and cache a chunk fetched by prefetch; returns its verified bytes."""
-        data = self._decompress(raw, ref)
-        self._keep_if_wanted(ref[0], data)   # before the cache shows it as local
+        data = self.decode(raw, ref)
+        self._keep_if_wanted(ref.digest, data)   # before the cache shows it as local
         if self.cache is not None:
-            self.cache.offer(ref[0], data, verified=True)   # _decompress verified it
+            self.cache.offer(ref.digest, data, verified=True)   # decode verified it
         return data
 
     def read(self, path: str, size: int, offset: int) -> bytes:
         e = self.entry(path)
-        if e["type"] != "f":
-            raise IsADirectoryError(path) if e["type"] == "d" else OSError(22, "not a file", path)
-        end = min(offset + size, e["size"])
+        if e.type != "f":
+            raise IsADirectoryError(path) if e.type == "d" else OSError(22, "not a file", path)
+        end = min(offset + size, e.size)
         if offset >= end:
             return b""
-        csize = self.toc["chunk_size"]
+        csize = self.toc.chunk_size
+        chunks = e.chunks or ()
         out = []
         for i in range(offset // csize, (end - 1) // csize + 1):
-            ref, base = e["chunks"][i], i * csize
-            lo, hi = max(offset - base, 0), min(end - base, ref[4])
+            ref, base = chunks[i], i * csize
+            lo, hi = max(offset - base, 0), min(end - base, ref.size)
             out.append(self.chunk(ref, path)[lo:hi])
         return b"".join(out)

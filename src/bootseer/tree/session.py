@@ -11,19 +11,49 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
+from bootseer.mount.handle import MountHandle
+from bootseer.mount.serve import ErofsTree, Tree, serve_tree
 from bootseer.store import open_store
 from bootseer.store.cache import NodeCache
 from bootseer.store.fetch import Fetcher
+from bootseer.tree import blob_mount
+from bootseer.tree.blob import BlobLayout, BlobView, unsupported
+from bootseer.tree.preread import PREFETCHED
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.record import AccessRecorder
 from bootseer.tree.view import TreeMountView
 
 log = logging.getLogger(__name__)
 TRIGGER = "close-window"
-PREFETCHED = "prefetched"   # created in state_dir when the hot blocks are local
+
+
+@dataclass(frozen=True, slots=True)
+class StartFigures:
+    """A start's figures, written as ``figures.json`` when its window closes: the read
+    chunks and bytes, the share local at first read (``coverage``), the share of the
+    prefetched bytes that were read (``precision``), the time reads waited for the store
+    and how many chunks they waited for, the store's bytes and requests, and the
+    prefetch's counts (``Prefetcher.stats``)."""
+    tree: str
+    window_s: float
+    closed_by: str | None
+    read_chunks: int
+    read_bytes: int
+    coverage: float | None
+    precision: float | None
+    stall_s: float
+    demand_chunks: int
+    store_bytes: int
+    store_requests: int
+    prefetch: dict | None
+
+    def doc(self) -> dict:
+        """The JSON document (keys in field order)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class TreeSession:
@@ -67,26 +97,25 @@ class TreeSession:
                 return
             self._done.wait(0.05)
 
-    def figures(self) -> dict:
+    def figures(self) -> StartFigures:
         rec = self.recorder
         read = set(rec.chunks)
         pre = self.prefetcher
         # a copy: the prefetch may still be adding (set() copies a set without running
         # Python code, so under the GIL; iterating the live set raised RuntimeError)
         prefetched = set(pre.prefetched) if pre else set()
-        sizes = {c[0]: c[4] for c in self.reader.all_chunks()}
+        sizes = {c.digest: c.size for c in self.reader.all_chunks()}
         pre_bytes = sum(sizes.get(d, 0) for d in prefetched)
         used = sum(sizes.get(d, 0) for d in prefetched & read)
         fc = self.fetcher.counters()
-        return {"tree": self.reader.digest, "window_s": round(getattr(rec, "window_s", 0.0), 3),
-                "closed_by": rec.closed_by, "read_chunks": len(read),
-                "read_bytes": rec.first_bytes, "coverage": rec.coverage,
-                "precision": (used / pre_bytes) if pre_bytes else None,
-                "stall_s": round(self.reader.counters["stall_s"], 3),
-                # chunks a read had to wait for from the store (the stalls' count)
-                "demand_chunks": self.reader.counters["chunks_fetched"],
-                "store_bytes": fc["bytes"], "store_requests": fc["requests"],
-                "prefetch": pre.stats if pre else None}
+        return StartFigures(
+            tree=self.reader.digest, window_s=round(getattr(rec, "window_s", 0.0), 3),
+            closed_by=rec.closed_by, read_chunks=len(read), read_bytes=rec.first_bytes,
+            coverage=rec.coverage, precision=(used / pre_bytes) if pre_bytes else None,
+            stall_s=round(self.reader.counters["stall_s"], 3),
+            demand_chunks=int(self.reader.counters["chunks_fetched"]),
+            store_bytes=fc["bytes"], store_requests=fc["requests"],
+            prefetch=dict(pre.stats) if pre else None)   # a copy: the prefetch may go on
 
     def finish(self) -> None:
         """Close the window once: write profile.json and figures.json (atomically)."""
@@ -98,7 +127,7 @@ class TreeSession:
             if self.record:
                 self.recorder.save(str(self.state / "profile.json"))
             tmp = self.state / "figures.json.tmp"
-            tmp.write_text(json.dumps(self.figures(), default=str))
+            tmp.write_text(json.dumps(self.figures().doc(), default=str))
             tmp.rename(self.state / "figures.json")
         except OSError as e:
             log.warning("cannot write the recording: %s", e)
@@ -116,14 +145,43 @@ def _session_view(config, tree, state_dir, record, profile, window_timeout_s) ->
                         window_timeout_s=window_timeout_s).view()
 
 
+def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: bool,
+                     profile: dict | None, window_timeout_s: float, hot: list[str],
+                     key: str) -> BlobView:
+    """Runs in the blob's FUSE server process: the tree session behind a one-file view."""
+    s = TreeSession(config, tree, state_dir, record=record, profile=profile,
+                    window_timeout_s=window_timeout_s)
+    layout = BlobLayout(s.reader.toc, hot)
+    if layout.key != key:
+        raise ValueError(f"blob layout {layout.key[:12]} differs from the image's {key[:12]}")
+    # the pre-read follows the prefetch closely: hot chunks wait for it in memory
+    s.reader.keep_fresh(hot, blob_mount.FRESH_BYTES)
+    return BlobView(s.reader, layout, on_close=s.finish)
+
+
+def _kernel_path(config: BootseerConfig, tree: str, toc: dict, profile: dict | None,
+                 state_dir: str, record: bool, window_timeout_s: float,
+                 name: str) -> ErofsTree | str:
+    """The tree on the kernel path (or why it cannot be an EROFS image)."""
+    why = unsupported(toc)
+    if why is not None:
+        return why
+    hot = [row[0] for row in profile["chunks"]] if profile else []
+    layout = BlobLayout(toc, hot)
+    view = functools.partial(blob_server_view, config, tree, state_dir, record, profile,
+                             window_timeout_s, hot, layout.key)
+    return blob_mount.erofs_tree(config, tree, toc, layout, view,
+                                 blob_server=f"{name}-blob-{tree[7:19]}")
+
+
 def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: str, *,
                record: bool = True, prefetch: bool = True, profile_digest: str | None = None,
-               window_timeout_s: float = 600.0, name: str = "bootseer-tree"):
+               window_timeout_s: float = 600.0,
+               name: str = "bootseer-tree") -> tuple[MountHandle, dict | None, dict]:
     """Check ``tree`` and load its profile (errors surface here, before mounting), then
-    serve it at ``mountpoint``: the kernel's EROFS where ``bootseer.mount.tree_backend``
-    says so, else the FUSE tree view. Returns (a mount handle, profile or None, the
-    tree's meta)."""
-    from bootseer.mount.fuse import mount
+    serve it at ``mountpoint`` as :mod:`bootseer.mount.choose` says: the kernel's EROFS,
+    else the FUSE tree view. Returns (the mount handle, profile or None, the tree's
+    meta)."""
     from bootseer.tree import profile as prof
     from bootseer.tree.reader import load_toc
     store = open_store(config.store.url, config)
@@ -134,23 +192,10 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
         if profile is not None:
             prof.check(profile, tree)
-    from bootseer.mount import tree_backend
-    if tree_backend(config) == "erofs":   # the kernel path (bootseer.tree.blob_mount)
-        from bootseer.tree.blob import unsupported
-        why = unsupported(toc)
-        if why is None:
-            from bootseer.mount.erofs.kernel import ErofsMountError
-            from bootseer.tree.blob_mount import mount_tree_erofs
-            try:
-                return (mount_tree_erofs(config, tree, toc, profile, mountpoint, state_dir,
-                                         record=record, window_timeout_s=window_timeout_s,
-                                         name=name), profile, toc.get("meta") or {})
-            except ErofsMountError as e:   # nothing of it is left mounted
-                if config.mount.backend == "erofs":
-                    raise
-                why = str(e)
-        log.warning("tree %s is served by the FUSE tree view: %s", tree[:19], why)
-    factory = functools.partial(_session_view, config, tree, state_dir, record, profile,
-                                window_timeout_s)
-    return (mount(factory, mountpoint, name=f"{name}-{tree[7:19]}"), profile,
-            toc.get("meta") or {})
+    served = Tree(
+        label=tree[:19], name=f"{name}-{tree[7:19]}",
+        view=functools.partial(_session_view, config, tree, state_dir, record, profile,
+                               window_timeout_s),
+        erofs=functools.partial(_kernel_path, config, tree, toc, profile, state_dir, record,
+                                window_timeout_s, name))
+    return serve_tree(config, served, mountpoint, state_dir), profile, toc.meta

@@ -8,15 +8,17 @@ entry of the tree (so nothing lies under a symlink or a file); a hard link names
 file of the tree; a file's chunk list covers exactly its size in fixed-size chunks of known
 packs. Restore then creates entries relative to directory descriptors it opened itself
 (``extract``), so even a rule missed here cannot lead it through a symlink.
+
+The check reads the TOC's JSON document as ``format.decode`` parsed it: an untrusted
+document is checked before any record (``bootseer.tree.toc``) is made of it.
 """
 
 from __future__ import annotations
 
 import re
 
-from bootseer.tree.format import TreeFormatError
+from bootseer.tree.toc import TYPES, TreeFormatError
 
-TYPES = frozenset("fdlhcbp")
 _NUMBER = (int, float)
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -50,17 +52,17 @@ def _canonical(path: object) -> bool:
         and "/../" not in path and not path.endswith(("/", "/.", "/.."))))
 
 
-def check(toc: dict, digest: str = "") -> None:
-    """Raise TreeFormatError unless every entry of ``toc`` keeps to the rules. Checking
-    takes about half as long as decoding the TOC did (common cases in a few C calls)."""
+def check(doc: dict, digest: str = "") -> None:
+    """Raise TreeFormatError unless every entry of the TOC document ``doc`` keeps to the
+    rules (the common cases cost a few C calls per entry)."""
     name = f"tree {digest[:19]}" if digest else "tree"
 
     def refuse(path: object, why: str) -> TreeFormatError:
         return TreeFormatError(f"{name} is refused: entry {path!r} {why}")
 
-    entries = toc.get("entries")
-    packs = toc.get("packs")
-    csize = toc.get("chunk_size")
+    entries = doc.get("entries")
+    packs = doc.get("packs")
+    csize = doc.get("chunk_size")
     if type(entries) is not list or type(packs) is not list or not (
             _nonneg_int(csize) and csize > 0):
         raise TreeFormatError(f"{name} is refused: its TOC lacks entries, packs or chunk_size")

@@ -17,30 +17,22 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import select
 
+from bootseer.errors import MountError
 from bootseer.mount.devfuse import protocol as p
+from bootseer.node import mounts
+from bootseer.node.libc import libc
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+log = logging.getLogger("bootseer.mount")
 
-MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
-MNT_DETACH = 2
 MAX_READ = 1 << 20
 """The kernel's limit here (/proc/sys/fs/fuse/max_pages_limit = 256 pages)."""
 BUFFER_BYTES = MAX_READ + 64 * 1024
 """A request buffer: the kernel refuses reads of /dev/fuse into less than max_write plus
 headers, and a read-only server sets max_write to 4 KiB, so this is plenty."""
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def mount_fd(mountpoint: str, name: str) -> int:
@@ -50,24 +42,22 @@ def mount_fd(mountpoint: str, name: str) -> int:
     try:
         data = (f"fd={fd},rootmode=40000,user_id=0,group_id=0,default_permissions,"
                 f"allow_other,max_read={MAX_READ}")
-        _check(_libc.mount(name.encode(), os.fsencode(mountpoint), b"fuse.bootseer",
-                           MS_RDONLY | MS_NOSUID | MS_NODEV, data.encode()),
-               f"mount {mountpoint}")
+        mounts.mount(name, mountpoint, "fuse.bootseer",
+                     mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV, data)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def unmount(mountpoint: str) -> bool:
+def unmount(mountpoint: str) -> None:
     """Unmount; a mount still in use (files held open) is detached instead: the name goes
-    now, open files keep working until closed. False when nothing was mounted there."""
-    path = os.fsencode(mountpoint)
-    if _libc.umount2(path, 0) == 0:
-        return True
-    if ctypes.get_errno() == errno.EBUSY and _libc.umount2(path, MNT_DETACH) == 0:
-        return True
-    return False
+    now, open files keep working until closed. One already gone (its owner unmounted it
+    first) is no error, nor one that cannot go: the server stops either way."""
+    try:
+        mounts.unmount(mountpoint)
+    except MountError as e:
+        log.warning("%s", e)
 
 
 class Channel:
@@ -108,7 +98,7 @@ class Channel:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:   # the id is ioctl's return value, which fcntl.ioctl does not hand back
             arg = ctypes.create_string_buffer(p.BACKING_MAP.pack(fd, 0, 0))
-            backing_id = _libc.ioctl(self.fd, p.DEV_IOC_BACKING_OPEN, arg)
+            backing_id = libc.ioctl(self.fd, p.DEV_IOC_BACKING_OPEN, arg)
             if backing_id < 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"FUSE_DEV_IOC_BACKING_OPEN {path}: {os.strerror(err)}")
@@ -118,7 +108,7 @@ class Channel:
 
     def backing_close(self, backing_id: int) -> None:
         # an error means the connection is gone, and the kernel dropped the file with it
-        _libc.ioctl(self.fd, p.DEV_IOC_BACKING_CLOSE, ctypes.byref(ctypes.c_uint32(backing_id)))
+        libc.ioctl(self.fd, p.DEV_IOC_BACKING_CLOSE, ctypes.byref(ctypes.c_uint32(backing_id)))
 
     def stop(self) -> None:
         """Wake every thread waiting in :meth:`receive`; they return 0."""

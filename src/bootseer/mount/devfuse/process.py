@@ -1,6 +1,7 @@
 """A devfuse server in its own process, through the one mount seam (mount/fuse.py's
 ``mount``: spawned child, view built after the spawn, dies with its owner, noted for the
-next command's sweep). Only the child's entry and the unmount differ from mfusepy's."""
+next command's sweep). Only the child's entry differs from mfusepy's, and that its server
+ends on SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import signal
 import threading
 from typing import Callable
 
-from bootseer.node import proc as procs
 from bootseer.mount import fuse
-from bootseer.node import mounts as points
+from bootseer.mount.kinds import Serving
 from bootseer.mount.devfuse.server import Server
+from bootseer.mount.handle import MountHandle
 from bootseer.mount.view import TreeView
+from bootseer.node import proc as procs
 
 log = logging.getLogger("bootseer.mount")
 
@@ -60,32 +62,10 @@ def _close(view) -> None:
             log.warning("closing the view failed: %s", e)
 
 
-class DevfuseHandle(fuse.MountHandle):
-    def unmount(self, timeout: float = 20) -> None:
-        """Idempotent. The server unmounts itself on SIGTERM (detaching a mount whose
-        files are still open: those then fail with ENOTCONN, passthrough files keep
-        reading their staged copy), stops and exits; a hung one is killed."""
-        if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGTERM)
-        self.proc.join(timeout)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        if os.path.ismount(self.mountpoint):
-            points.lazy_unmount(self.mountpoint)
-        if self.state is not None:
-            self.state.close()
-            self.state = None
-
-
 def mount(view_factory: Callable[[], TreeView], mountpoint: str, *, read_ahead_kb: int = 1024,
-          name: str = "bootseer", timeout: float = 30) -> DevfuseHandle:
-    """Like :func:`bootseer.mount.fuse.mount`, served by devfuse (needs CAP_SYS_ADMIN)."""
+          name: str = "bootseer", timeout: float = 30) -> MountHandle:
+    """Like :func:`bootseer.mount.fuse.mount`, served by devfuse (needs CAP_SYS_ADMIN).
+    The server unmounts itself on SIGTERM (detaching a mount whose files are still open:
+    those then fail with ENOTCONN, passthrough files keep reading their staged copy)."""
     return fuse.mount(view_factory, mountpoint, read_ahead_kb=read_ahead_kb, name=name,
-                      timeout=timeout, serve=_serve, handle=DevfuseHandle)
-
-
-def run_foreground(view_factory: Callable[[], TreeView], mountpoint: str, *,
-                   name: str = "bootseer") -> int:
-    return fuse.run_foreground(view_factory, mountpoint, name=name,
-                               mount_with=mount)
+                      timeout=timeout, serve=_serve, serving=Serving.DEVFUSE, term=True)

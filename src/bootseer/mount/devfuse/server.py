@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from bootseer.errors import MountError
 from bootseer.mount.devfuse import protocol as p
 from bootseer.mount.devfuse.channel import BUFFER_BYTES, MAX_READ, Channel, mount_fd, unmount
 from bootseer.mount.errno_map import to_errno
@@ -36,7 +37,7 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 FH_PYTHON, FH_PASSTHROUGH = 1, 2   # what RELEASE must undo
 
 
-class ServerError(OSError):
+class ServerError(MountError):
     pass
 
 

@@ -7,7 +7,6 @@ written by this package mounts and reads back."""
 from __future__ import annotations
 
 import ctypes
-import errno
 import functools
 import logging
 import os
@@ -15,20 +14,17 @@ import stat
 import tempfile
 import threading
 
-from bootseer.errors import BootseerError
+from bootseer.errors import MountError
+from bootseer.mount.erofs.layout import BLOCK
+from bootseer.mount.erofs.writer import Inode, write_image
+from bootseer.node import mounts
+from bootseer.node.libc import libc
 
-MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
-MNT_DETACH = 2
 log = logging.getLogger(__name__)
 
 
-class ErofsMountError(BootseerError, OSError):
+class ErofsMountError(MountError):
     pass
-
-
-@functools.cache
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def mount(image: str, mountpoint: str, blob: str, extra: str = "") -> None:
@@ -37,13 +33,13 @@ def mount(image: str, mountpoint: str, blob: str, extra: str = "") -> None:
     for what, path in (("image", image), ("blob", blob)):
         if "," in path:   # the option string cannot quote a comma
             raise ErofsMountError(f"the EROFS {what} path {path} contains a comma")
-    opts = (f"device={os.path.abspath(blob)}" + (f",{extra}" if extra else "")).encode()
-    rc = _libc().mount(os.path.abspath(image).encode(), mountpoint.encode(), b"erofs",
-                       MS_RDONLY | MS_NOSUID | MS_NODEV, opts)
-    if rc != 0:
-        e = ctypes.get_errno()
+    opts = f"device={os.path.abspath(blob)}" + (f",{extra}" if extra else "")
+    try:
+        mounts.mount(os.path.abspath(image), mountpoint, "erofs",
+                     mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV, opts)
+    except MountError as e:
         raise ErofsMountError(f"cannot mount EROFS image {image} at {mountpoint}: "
-                              f"{os.strerror(e)} (see dmesg)")
+                              f"{os.strerror(e.errno or 0)} (see dmesg)") from None
 
 
 _bdi_lock = threading.Lock()
@@ -77,21 +73,6 @@ def mount_with_read_ahead(image: str, mountpoint: str, blob: str, *, directio: b
             log.info("cannot raise the read-ahead of %s: %s", name, e)
 
 
-def unmount(mountpoint: str) -> bool:
-    """Unmount; when files are still open (EBUSY), detach lazily: the kernel keeps the
-    filesystem for the open files and frees it when the last one closes. Returns
-    whether the unmount was immediate."""
-    if _libc().umount2(mountpoint.encode(), 0) == 0:
-        return True
-    e = ctypes.get_errno()
-    if e == errno.EINVAL and not os.path.ismount(mountpoint):
-        return True   # not mounted (any more)
-    if _libc().umount2(mountpoint.encode(), MNT_DETACH) != 0:
-        e2 = ctypes.get_errno()
-        raise ErofsMountError(f"cannot unmount {mountpoint}: {os.strerror(e2)}")
-    return False
-
-
 # filesystems whose files EROFS cannot be mounted from (no ->read_folio: mount(2) says
 # ENOTBLK); a blob there works, the metadata image does not
 _NO_READ_FOLIO = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
@@ -100,7 +81,7 @@ _NO_READ_FOLIO = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
 def image_fs_problem(directory: str) -> str | None:
     """Why a metadata image in ``directory`` cannot be mounted (None: it can)."""
     buf = ctypes.create_string_buffer(256)   # struct statfs; f_type comes first
-    if _libc().statfs(os.fsencode(directory), buf) != 0:
+    if libc.statfs(os.fsencode(directory), buf) != 0:
         return f"cannot statfs {directory}: {os.strerror(ctypes.get_errno())}"
     f_type = int.from_bytes(buf.raw[:ctypes.sizeof(ctypes.c_long)], "little")
     name = _NO_READ_FOLIO.get(f_type)
@@ -135,8 +116,6 @@ PROBE_BYTES = b"bootseer erofs probe\n"
 
 def _probe() -> None:
     """Write a one-file image and its blob, mount them from regular files, read back."""
-    from bootseer.mount.erofs.layout import BLOCK
-    from bootseer.mount.erofs.writer import Inode, write_image
     with tempfile.TemporaryDirectory(prefix="bootseer-erofs-probe-") as d:
         f = Inode(stat.S_IFREG, 0o444, size=len(PROBE_BYTES), chunk_blocks=[0])
         root = Inode(stat.S_IFDIR, 0o755, entries={b"probe": f})
@@ -152,4 +131,4 @@ def _probe() -> None:
                 if got.read() != PROBE_BYTES:
                     raise ValueError("the probe file reads back wrong bytes")
         finally:
-            unmount(f"{d}/mnt")
+            mounts.unmount(f"{d}/mnt")

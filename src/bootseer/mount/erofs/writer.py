@@ -23,11 +23,11 @@ import math
 import stat
 from dataclasses import dataclass, field
 
-from bootseer.errors import BootseerError
+from bootseer.errors import MountError
 from bootseer.mount.erofs import layout as L
 
 
-class ImageError(BootseerError, ValueError):
+class ImageError(MountError, ValueError):
     """A tree EROFS cannot represent (a bad name, a chunk list that does not fit)."""
 
 

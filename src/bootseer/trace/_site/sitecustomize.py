@@ -10,9 +10,13 @@ import sys
 
 
 def _install_capture():
-    if os.environ.get("BOOTSEER_TRACE_AUTO") != "1":
-        return
     try:
+        try:
+            from bootseer_shim import jobenv
+        except ImportError:
+            from bootseer import jobenv
+        if not jobenv.capture_on():   # the capture is imported only where it is on
+            return
         try:
             from bootseer_shim import auto
         except ImportError:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from bootseer.testing.cri import api_pb2 as bootseer_dot_testing_dot_cri_dot_api__pb2
+from tests.support.cri import api_pb2 as bootseer_dot_testing_dot_cri_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
+from bootseer.deps.blobs import blob_bytes, cached_blob, drop_blob
+from bootseer.deps.mounts import unmount
+from bootseer.deps.prefix import Sibling, empty_or_absent, is_kernel, marker_of, mounted_info, users
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,6 @@ def records_dir(config: BootseerConfig) -> Path:
 def record_use(config: BootseerConfig, prefix: str, key: str, how: str) -> None:
     """Record that ``prefix`` served ``key`` now, with what proves the directory is the one
     bootseer put there: its marker's id and the directory's device and inode."""
-    from bootseer.deps.place import marker_of
     d = records_dir(config)
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -73,7 +75,6 @@ def not_ours(env: NodeEnv) -> str | None:
     """Why the directory at ``env.prefix`` is not (or no longer) the environment bootseer
     recorded, or None when its marker proves it is: the same key and marker id inside,
     the same directory (device, inode, change time) as when it was recorded."""
-    from bootseer.deps.place import marker_of
     if not env.proof or not env.proof.get("id"):
         return "its record predates ownership proofs"
     try:
@@ -107,8 +108,6 @@ def _size(path: str) -> int:
 
 def environments(config: BootseerConfig) -> list[NodeEnv]:
     """Recorded environments that still exist, least recently used first."""
-    from bootseer.deps.kernel_restore import blob_bytes, cached_blob
-    from bootseer.deps.mounted import is_kernel, mounted_info
     out = []
     for rec in sorted(records_dir(config).glob("*.json")):
         try:
@@ -119,7 +118,7 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
         live = mounted_info(prefix)
         mounted = live is not None
         kernel = live if is_kernel(live) else None
-        if not mounted and _empty_or_absent(prefix):
+        if not mounted and empty_or_absent(prefix):
             # unmounted (deps umount, a reboot): its blob stays for the next mount
             kernel = cached_blob(config, info["key"])
         if not mounted and not kernel and not os.path.isdir(prefix):
@@ -136,58 +135,9 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
     return sorted(out, key=lambda e: e.last_used)
 
 
-def _empty_or_absent(path: str) -> bool:
-    try:
-        return not os.path.islink(path) and not os.listdir(path)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-
-
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
-def users(prefix: str, *, ignore_option: str | None = None) -> list[int]:
-    """PIDs of processes that use anything under ``prefix``. With ``ignore_option``
-    (``--prefix``), a command-line argument given as that option's value is not a use: it
-    names the environment to make (another ``deps ensure`` waiting for this one)."""
-    prefix = os.path.realpath(prefix)
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
-            continue
-        base = f"/proc/{pid}"
-        try:
-            paths = [os.readlink(f"{base}/cwd"), os.readlink(f"{base}/exe")]
-            with open(f"{base}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-            paths += [a for i, a in enumerate(argv)
-                      if not (ignore_option and i and argv[i - 1] == ignore_option)]
-            try:
-                fds = os.listdir(f"{base}/fd")
-            except OSError:
-                fds = []
-            for fd in fds:
-                try:
-                    paths.append(os.readlink(f"{base}/fd/{fd}"))
-                except OSError:
-                    pass
-            with open(f"{base}/maps") as f:
-                paths += [line.split(None, 5)[5].strip() for line in f
-                          if len(line.split(None, 5)) == 6]
-        except OSError:   # exited meanwhile, or not ours to look at
-            continue
-        if any(_under(p, prefix) for p in paths):
-            found.append(int(pid))
-    return found
-
-
 def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
     """Remove least-recently-used environments until the others fit in ``max_bytes``.
     Returns ``(env, action)`` for each one considered: removed, in use, or kept."""
-    from bootseer.deps.place import Sibling
     envs = environments(config)
     total = sum(e.bytes for e in envs)
     report = []
@@ -232,8 +182,6 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
 def _drop_mounted(config: BootseerConfig, env: NodeEnv, dry_run: bool) -> tuple[NodeEnv, str]:
     """Unmount an unused kernel restore (if mounted) and remove its blob (its lock is held
     by gc)."""
-    from bootseer.deps.kernel_restore import drop_blob
-    from bootseer.deps.mounted import unmount
     pids = users(env.prefix)
     if pids:
         return env, f"in use (pid {', '.join(map(str, pids[:5]))})"

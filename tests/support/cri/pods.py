@@ -10,7 +10,8 @@ import uuid
 
 import grpc
 
-from bootseer.testing.cri import api_pb2 as cri, api_pb2_grpc
+from tests.support.cri import api_pb2 as cri
+from tests.support.cri import api_pb2_grpc
 
 
 class CriClient:
