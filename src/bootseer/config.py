@@ -465,6 +465,19 @@ def job_completions(env: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if env is None else env).get("BOOTSEER_JOB_COMPLETIONS")
 
 
+def slurm_settings_file(env: Mapping[str, str] | None = None) -> str:
+    """``BOOTSEER_SLURM_CONFIG``: the site's settings for the Slurm hooks (docs/slurm.md)."""
+    return (os.environ if env is None else env).get("BOOTSEER_SLURM_CONFIG") \
+        or "/etc/bootseer/slurm.toml"
+
+
+def slurm_job_vars(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What slurmd tells its prolog and epilog of the job (``SLURM_JOB_*``,
+    ``SLURMD_NODENAME``)."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k.startswith("SLURM_JOB_") or k == "SLURMD_NODENAME"}
+
+
 RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
                       "BOOTSEER_RESTART_COUNT")
 

@@ -23,14 +23,12 @@ def register(sub) -> None:
 
 
 def _hook(args) -> int:
-    from bootseer.config import BootseerConfig
+    from bootseer.config import BootseerConfig, slurm_job_vars, slurm_settings_file
     from bootseer.slurm import hooks, policy
-    env = os.environ
     default = shutil.which("bootseer") or os.path.join(os.path.dirname(sys.executable), "bootseer")
     try:
-        site = policy.Site.load(env.get("BOOTSEER_SLURM_CONFIG") or policy.SITE_CONFIG,
-                                default_bootseer=default)
-        job = hooks.Job.from_env(env)
+        site = policy.Site.load(slurm_settings_file(), default_bootseer=default)
+        job = hooks.Job.from_env(slurm_job_vars())
         # The store and node cache every step uses: the site's, else bootseer's own
         # settings (BOOTSEER_CONFIG); never anything the job chose.
         config = BootseerConfig.from_env()

@@ -32,6 +32,7 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class Job:
     settings: str | None
 
     @classmethod
-    def from_env(cls, env) -> Job:
+    def from_env(cls, env: Mapping[str, str]) -> Job:
         job_id = env.get("SLURM_JOB_ID", "")
         if not job_id.isdigit():
             raise policy.SlurmSettingsError(f"SLURM_JOB_ID={shown(job_id)!r} is not a job id "

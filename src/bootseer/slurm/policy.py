@@ -23,8 +23,6 @@ from urllib.parse import urlsplit
 
 from bootseer.errors import BootseerError
 
-#: Where the site's settings are read from unless BOOTSEER_SLURM_CONFIG names another file.
-SITE_CONFIG = "/etc/bootseer/slurm.toml"
 KEYS = ("image", "deps", "prefix", "ckpt")
 #: Directories no job's environment may live under (the node's own system).
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
