@@ -10,9 +10,10 @@ import time
 import pytest
 
 from bootseer.config import FetchConfig
-from bootseer.errors import BlobNotFound, DigestMismatch, FetchError
+from bootseer.errors import BlobNotFound, DigestMismatch, FetchError, StoreError
 from bootseer.store import open_store, sha256_digest
-from bootseer.store.fetch import Fetcher, Priority, fetch_blob
+from bootseer.store.fetch import Fetcher, Hedge, Policy, Priority, fetch_blob
+from bootseer.store.replicas import Replicas
 from bootseer.store.source import BlobSource
 
 pytestmark = pytest.mark.timeout(60)
@@ -156,3 +157,93 @@ def test_server_killed_mid_read_fails_cleanly(tmp_path, nginx_factory):
         with pytest.raises(FetchError):
             f.read(BlobSource(remote, d, len(data)), 0, len(data))
         t.join()
+
+
+# -- lanes: one queue, a policy and counters per caller -----------------------------------------
+
+def _policy(**kw) -> Policy:
+    return Policy(**{"max_inflight": 8, "connections_per_host": 8, "part_bytes": 1 << 20,
+                     "max_coalesced_bytes": 1 << 20, **kw})
+
+
+def test_lanes_count_their_own_reads_and_close_alone():
+    gate = threading.Event()
+    blocker = FakeSource(b"x" * 10, key="blocker", gate=gate)
+    src = FakeSource(os.urandom(10_000))
+    with Fetcher(FetchConfig(max_inflight=1, coalesce_gap_bytes=-1)) as f:
+        a, b = f.lane(), f.lane()
+        hold = a.submit(blocker, 0, 10)          # occupies the one worker
+        time.sleep(0.05)
+        mine = a.submit(src, 0, 100, priority=Priority.PREFETCH)
+        shared = b.submit(src, 0, 100)           # the same range: one read, both wait
+        assert shared is mine
+        only_a = a.submit(src, 200, 300, priority=Priority.PREFETCH)
+        a.close()                                # fails what only a waits for
+        with pytest.raises(FetchError, match="closed before the read ran"):
+            only_a.result(5)
+        with pytest.raises(FetchError, match="fetcher is closed"):
+            a.submit(src, 0, 10)
+        gate.set()
+        assert hold.result(5) == b"x" * 10
+        assert shared.result(5) == src.data[:100]
+        assert b.read(src, 500, 600) == src.data[500:600]
+        assert b.counters()["deduplicated"] == 1
+        assert b.counters()["requests"] == 1 and a.counters()["requests"] == 2
+        assert f.counters()["requests"] == 0     # the default lane read nothing
+
+
+def test_a_lanes_policy_caps_its_connections_per_host():
+    src = FakeSource(os.urandom(400_000))
+    with Fetcher(FetchConfig(max_inflight=16, coalesce_gap_bytes=-1)) as f:
+        lane = f.lane(_policy(connections_per_host=2, part_bytes=20_000))
+        assert lane.read(src, 0, 400_000) == src.data
+    assert src.max_active <= 2
+    assert len(src.log) == 20   # the lane's part size
+
+
+class Replica(FakeSource):
+    """A replica of one object: its own host; can be slow (until cancelled) or dead."""
+
+    def __init__(self, data, host, *, slow=False, dead=False, fatal=False):
+        super().__init__(data, key="obj", host=host)
+        self.url = f"http://{host}/obj"
+        self.slow, self.dead, self.fatal = slow, dead, fatal
+
+    def read_range(self, start, end, cancel=None):
+        with self.lock:
+            self.log.append((start, end))
+        if self.fatal:
+            raise StoreError("changed on the server")
+        if self.dead:
+            raise FetchError("connection refused")
+        if self.slow:
+            assert cancel is not None and cancel.wait(10), "the loser was never cancelled"
+            raise FetchError("cancelled")
+        return self.data[start:end]
+
+
+def test_replicas_fail_over_and_hedge():
+    data = os.urandom(64_000)
+    with Fetcher(FetchConfig(retries=0)) as f:
+        plain = f.lane(_policy(part_bytes=4000))
+        dead = Replicas([Replica(data, "a", dead=True), Replica(data, "b")])
+        assert plain.read(dead, 0, len(data)) == data
+        assert plain.counters()["failovers"] >= 1 and plain.counters()["hedged_reads"] == 0
+
+        hedging = f.lane(_policy(part_bytes=4000, hedge=Hedge(multiple=3.0, min_s=0.05)))
+        fast = Replicas([Replica(data, "c"), Replica(data, "d")])
+        for s in range(0, len(data), 4000):   # the median of recent reads
+            assert hedging.read(fast, s, s + 4000) == data[s:s + 4000]
+        slow = Replicas([Replica(data, "e", slow=True), Replica(data, "f")])
+        t0 = time.monotonic()
+        assert hedging.read(slow, 0, len(data)) == data
+        assert time.monotonic() - t0 < 5
+        assert hedging.counters()["hedged_reads"] >= 1
+
+
+def test_a_replica_whose_object_changed_fails_the_read():
+    data = os.urandom(1000)
+    with Fetcher(FetchConfig(retries=2, backoff_s=0.01)) as f:
+        changed = Replicas([Replica(data, "a", fatal=True), Replica(data, "b")])
+        with pytest.raises(StoreError, match="changed on the server"):
+            f.read(changed, 0, 1000)

@@ -13,9 +13,10 @@ import threading
 
 from bootseer import redact
 from bootseer.ckpt.engine import Engine
-from bootseer.ckpt.replicas import Replicas, check_same
+from bootseer.ckpt.replicas import check_same
 from bootseer.ckpt.source import HttpFileSource, open_source
 from bootseer.errors import BlobNotFound, BootseerError, FetchError, UsageError
+from bootseer.store.replicas import Replicas
 
 _engine: Engine | None = None
 _engine_pid = 0
@@ -106,7 +107,7 @@ def open(url: str, mode: str = "rb", *, engine: Engine | None = None,  # noqa: A
         stripes: ``"striped"`` or ``"single"`` (the one-stream baseline).
         source: a range source already made for ``url`` (skips the HEAD request).
         mirrors: URLs of the same file on other http(s) servers: stripes go to each in
-            turn, slow ones are hedged, failed ones fail over (ckpt/replicas.py).
+            turn, slow ones are hedged, failed ones fail over (store/replicas.py).
     Raises:
         BlobNotFound: no file at ``url``.
         ReplicaMismatch: a mirror's file differs in size or mtime.

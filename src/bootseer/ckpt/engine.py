@@ -2,9 +2,11 @@
 the DCP reader and plan prefetch.
 
 A file is read as aligned stripes (``ckpt.stripe_bytes``, 8 MiB by default) fetched in
-parallel by the shared :class:`~bootseer.store.fetch.Fetcher` (caps per process and per
-storage host, retries, deadline). A stripe lands in the node's staging file
-(ckpt/staging.py), so a second load, or a load after plan prefetch, reads local disk.
+parallel through the engine's lane of the process's fetcher (store/client.py): more
+connections per host, stripe-sized parts and hedged reads across mirrors, in the one queue
+that caps the process's requests and orders demand before prefetch. A stripe lands in
+the node's staging file (ckpt/staging.py), so a second load, or a load after plan
+prefetch, reads local disk.
 Every stripe in flight is charged to one :class:`MemoryBudget` (ckpt/budget.py): demand
 reads wait for room, read-ahead and prefetch take only free room.
 
@@ -23,7 +25,6 @@ request in flight, no read-ahead, no staging.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import threading
 import time
@@ -31,11 +32,12 @@ from concurrent.futures import Future
 
 from bootseer.ckpt.budget import BudgetError, MemoryBudget
 from bootseer.ckpt.profile import AccessRecorder
-from bootseer.ckpt.replicas import Hedger, Replicas
-from bootseer.ckpt.stats import LoadCounters, LoadStats
 from bootseer.ckpt.staging import StagedFile, StagingArea
+from bootseer.ckpt.stats import LoadCounters, LoadStats
 from bootseer.config import CkptConfig, FetchConfig
-from bootseer.store.fetch import Fetcher, Priority
+from bootseer.store.client import process_fetcher
+from bootseer.store.fetch import Hedge, Policy, Priority
+from bootseer.store.replicas import Replicas
 
 MAX_CURSORS = 32  # per file; DCP reads one cursor per tensor it slices, mmap a few
 MODES = ("striped", "single")
@@ -72,19 +74,26 @@ def _joined(parts: list[Future]) -> Future:
     return whole
 
 
+def lane_policy(config: CkptConfig) -> Policy:
+    """How the engine's stripes are fetched: its own caps on stripes in flight and
+    connections per host, some connections only demand may use (a reader waiting is never
+    queued behind a host's worth of read-ahead), and hedging across mirrors."""
+    return Policy(max_inflight=config.max_stripes_in_flight,
+                  connections_per_host=config.per_host, part_bytes=config.stripe_bytes,
+                  max_coalesced_bytes=demand_part_bytes(config.stripe_bytes),
+                  demand_reserve=max(1, config.per_host // 2),
+                  hedge=Hedge(config.hedge_multiple, config.hedge_min_s))
+
+
 class Engine:
-    """The fetcher, the memory budget, the staging area, and one StripedFile per remote
-    file version (all cursors of all opens of that file share it)."""
+    """The fetcher's lane, the memory budget, the staging area, and one StripedFile per
+    remote file version (all cursors of all opens of that file share it)."""
 
     def __init__(self, config: CkptConfig | None = None, fetch: FetchConfig | None = None, *,
                  staging: str | None = None, store_url: str | None = None):
         self.config = config or CkptConfig()
         self.store_url = store_url   # where access profiles are shared across nodes
-        self.fetcher = Fetcher(dataclasses.replace(
-            fetch or FetchConfig(), max_inflight=self.config.max_stripes_in_flight,
-            connections_per_host=self.config.per_host, part_bytes=self.config.stripe_bytes,
-            max_coalesced_bytes=demand_part_bytes(self.config.stripe_bytes)),
-            demand_reserve=max(1, self.config.per_host // 2))
+        self.fetcher = process_fetcher(fetch).lane(lane_policy(self.config))
         try:
             self.budget = MemoryBudget(self.config.memory_budget_bytes, self.config.stripe_bytes)
         except BudgetError:
@@ -98,16 +107,12 @@ class Engine:
         self.recorder = AccessRecorder()
         self._internal = threading.local()   # this thread reads for bootseer, not a reader
         self.births = itertools.count(1)     # cursors, in the order they appear
-        self.hedger = Hedger(self.config.hedge_multiple, self.config.hedge_min_s,
-                             2 * self.config.max_stripes_in_flight, self.counters)
         self._files: dict[str, StripedFile] = {}
         self._lock = threading.Lock()
         self.closed = False
 
-    def file(self, source) -> "StripedFile":
+    def file(self, source) -> StripedFile:
         """The striped reader of ``source`` (one per file version, shared)."""
-        if isinstance(source, Replicas):  # mirrors: stripes are hedged with our timings
-            source = source.bind(self.hedger)
         with self._lock:
             f = self._files.get(source.key)
             if f is None:
@@ -145,10 +150,9 @@ class Engine:
     def close(self) -> None:
         self.closed = True
         self.fetcher.close()
-        self.hedger.close()
         self.staging.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -26,10 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bootseer import redact
 from bootseer.ckpt import credentials, named_files
-from bootseer.ckpt.replicas import Replicas, ReplicaMismatch, check_same
+from bootseer.ckpt.replicas import ReplicaMismatch, check_same
 from bootseer.ckpt.source import FsspecFileSource, HttpFileSource, http_date
 from bootseer.errors import BlobNotFound, BootseerError, FetchError, StoreError, UsageError
 from bootseer.mount.view import Attr
+from bootseer.store.replicas import Replicas
 
 log = logging.getLogger(__name__)
 

@@ -77,8 +77,6 @@ class LoadCounters:
         self.stalls = 0
         self.stall_s = 0.0
         self.fetched_stripes = 0
-        self.hedged_reads = 0
-        self.failovers = 0
         self._lock = threading.Lock()
 
     def add(self, **deltas: float) -> None:
@@ -116,8 +114,8 @@ class LoadCounters:
                 consumed_bytes_per_s=self.bytes_consumed / elapsed,
                 fetched_bytes_per_s=fetch["bytes"] / elapsed,
                 requests=fetch["requests"], retries=fetch["retries"], stalls=self.stalls,
-                stall_s=self.stall_s + fetch["stall_s"], hedged_reads=self.hedged_reads,
-                failovers=self.failovers, memory_budget_bytes=budget.total,
+                stall_s=self.stall_s + fetch["stall_s"], hedged_reads=fetch["hedged_reads"],
+                failovers=fetch["failovers"], memory_budget_bytes=budget.total,
                 memory_peak_bytes=budget.peak, budget_waits=budget.waits,
                 passthrough_opens=self.passthrough_opens,
                 passthrough_bytes=self.passthrough_bytes, peer_bytes=self.peer_bytes,

@@ -171,7 +171,7 @@ def _verify(args) -> int:
     from bootseer.deps.verify import bytes_match, file_matches
     from bootseer.errors import BootseerError
     from bootseer.store import open_store
-    from bootseer.store.fetch import Fetcher
+    from bootseer.store.client import process_fetcher
     from bootseer.tree.reader import TreeReader
     m = read_marker(args.prefix)
     if not m or not m.get("tree"):
@@ -186,7 +186,7 @@ def _verify(args) -> int:
         problems.append({"problem": kind, "path": path})
         if not args.json:
             print(f"{kind} {path}")
-    with Fetcher() as f:
+    with process_fetcher().lane() as f:
         reader = TreeReader(store, m["tree"], f)
         cs = reader.toc.chunk_size
         for e in reader.toc.files():

@@ -145,9 +145,9 @@ def _convert(args) -> int:
 
 
 def _toc(store, tree: str):
-    from bootseer.store.fetch import Fetcher
+    from bootseer.store.client import process_fetcher
     from bootseer.tree.reader import load_toc
-    with Fetcher() as f:
+    with process_fetcher().lane() as f:
         return load_toc(store, tree, f)
 
 
@@ -302,14 +302,13 @@ def _publish(config, state, record: bool) -> int:
 
 def _prefetch(args) -> int:
     from bootseer.image import convert
-    from bootseer.store import open_store
-    from bootseer.store.cache import NodeCache
-    from bootseer.store.fetch import Fetcher
+    from bootseer.store.client import StoreClient
     from bootseer.tree import profile as prof
     from bootseer.tree.prefetch import Prefetcher
     from bootseer.tree.reader import TreeReader
     config = _config(args.store)
-    store = open_store(config.store.url, config)
+    client = StoreClient.of(config)
+    store = client.store()
     tree = convert.resolve(args.ref, store)
     profile = prof.load(store, args.profile) if args.profile else prof.latest(store, tree)
     if profile is None:
@@ -318,8 +317,8 @@ def _prefetch(args) -> int:
         return 0
     prof.check(profile, tree)
     from bootseer.cli._status import follow
-    with Fetcher(config.fetch) as f:
-        p = Prefetcher(TreeReader(store, tree, f, NodeCache(config.cache)), profile).start()
+    with client.lane() as f:
+        p = Prefetcher(TreeReader(store, tree, f, client.cache), profile).start()
         s = p.stats
         follow("prefetch", s["planned_chunks"],
                lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],

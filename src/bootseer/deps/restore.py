@@ -30,8 +30,7 @@ from bootseer.deps.snapshot import write_marker
 from bootseer.errors import MountError
 from bootseer.mount.choose import What, choose
 from bootseer.mount.erofs import images, kernel
-from bootseer.store.cache import NodeCache
-from bootseer.store.fetch import Fetcher
+from bootseer.store.client import StoreClient
 from bootseer.tree.toc import Toc
 from bootseer.tree.blob import BlobLayout, unsupported
 from bootseer.tree.blob_mount import image_of
@@ -77,8 +76,9 @@ def extract(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         # phases, deps.fetch up to the last chunk's arrival, deps.extract until written.
         t0 = time.time()
         timing: dict = {}
-        with tracing.phase("deps.extract") as span, Fetcher(config.fetch) as f:
-            reader = TreeReader(store, manifest["tree"], f, NodeCache(config.cache))
+        client = StoreClient.of(config)
+        with tracing.phase("deps.extract") as span, client.lane() as f:
+            reader = TreeReader(store, manifest["tree"], f, client.cache)
             total = sum(c.size for c in reader.all_chunks())
             from bootseer.tree.peers import fetch_tree   # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
@@ -164,8 +164,9 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
     why = images.place_problem(config.cache.dir, str(state))   # before fetching anything
     if why is not None:
         raise KernelMountError(why)
-    with Fetcher(config.fetch) as f:
-        reader = TreeReader(store, tree, f, NodeCache(config.cache))
+    client = StoreClient.of(config)
+    with client.lane() as f:
+        reader = TreeReader(store, tree, f, client.cache)
         why = unsupported(reader.toc)
         if why is not None:
             raise KernelMountError(f"the snapshot's tree cannot be an EROFS image: {why}")

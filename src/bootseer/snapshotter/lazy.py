@@ -122,13 +122,11 @@ class LazyImages:
 
     def _chain_ids(self, tree: str) -> list[str]:
         if tree not in self._chains:
-            from bootseer.store import open_store
-            from bootseer.store.cache import NodeCache
-            from bootseer.store.fetch import Fetcher
+            from bootseer.store.client import StoreClient
             from bootseer.tree.reader import load_toc
-            store = open_store(self.config.store.url, self.config)
-            with Fetcher(self.config.fetch) as f:
-                toc = load_toc(store, tree, f, NodeCache(self.config.cache))
+            client = StoreClient.of(self.config)
+            with client.lane() as f:
+                toc = load_toc(client.store(), tree, f, client.cache)
             self._chains[tree] = list(toc.meta.get("chain_ids") or [])
         return self._chains[tree]
 

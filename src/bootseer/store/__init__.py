@@ -1,7 +1,8 @@
 """Bytes: a content-addressed store, its backends, the node cache and the fetcher.
 
 Every byte that crosses the network is a blob addressed by ``sha256:<hex>``, read by
-range through one :class:`~bootseer.store.fetch.Fetcher` and verified before use.
+range through the process's one :class:`~bootseer.store.fetch.Fetcher` (held by its
+:class:`~bootseer.store.client.StoreClient`) and verified before use.
 """
 
 from bootseer.store.backend import Backend

@@ -5,8 +5,10 @@ process on the node.
 * verified: an entry is stored only if its bytes hash to its digest;
 * crash-safe: written to a temp file and renamed, so a killed process never leaves a
   partial entry visible; leftover temp files are swept;
-* multi-process: a locked file guards eviction; a per-digest lock file makes
-  concurrent fills of one missing entry (threads or processes) fetch once (single-flight).
+* multi-process: a locked file guards eviction; two processes filling one entry at once
+  is harmless (both hold verified bytes, the first rename wins, the second is dropped), so
+  there is no per-entry lock: within a process the fetcher already reads a range once, and
+  a lock held across each chunk's fetch would serialize the fetcher's batched reads.
 
 File locks are POSIX record locks (``lockf``), not ``flock``: a process forked while a
 thread holds an flock (a FUSE server started by ``bootseer run``) would keep that lock
@@ -53,15 +55,14 @@ class NodeCache:
         self.config = config or CacheConfig()
         self.root = Path(self.config.dir)
         self.budget = self.config.budget_bytes
-        for sub in ("data", "pins", "locks"):
+        for sub in ("data", "pins"):
             try:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise CacheError(f"cannot create node cache at {self.root}: {e}") from e
-        self._thread_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._evict_tlock = threading.Lock()
-        self._stats = dict(hits=0, misses=0, fills=0, evictions=0, bytes_in=0, rejected=0,
+        self._stats = dict(hits=0, misses=0, evictions=0, bytes_in=0, rejected=0,
                            corrupt=0, uncached=0)
         self._logged: set[str] = set()   # what was said once already (foreign files, full)
 
@@ -185,30 +186,6 @@ class NodeCache:
                 return
             self._logged.add(key)
         log.warning(msg, *args)
-
-    def get_or_fill(self, digest: Digest, fill: Callable[[], bytes]) -> bytes:
-        """The entry, filling it with ``fill()`` if missing; one fill per digest at a time
-        across threads and processes."""
-        data = self.get(digest)
-        if data is not None:
-            return data
-        with self._guard:
-            tlock = self._thread_locks.setdefault(digest, threading.Lock())
-        with tlock:
-            lock_path = self.root / "locks" / hex_of(digest)
-            with open(lock_path, "a+") as lf:
-                fcntl.lockf(lf, fcntl.LOCK_EX)
-                try:
-                    data = self._read_verified(self._path(digest), digest, None)
-                    if data is not None:
-                        return data
-                    data = fill()
-                    with self._guard:
-                        self._stats["fills"] += 1
-                    self.offer(digest, data)
-                    return data
-                finally:
-                    fcntl.lockf(lf, fcntl.LOCK_UN)
 
     # -- pins and eviction --------------------------------------------------------------------
     def pin(self, digest: Digest) -> None:

@@ -29,6 +29,7 @@ from bootseer.mount.serve import ErofsTree
 from bootseer.mount.view import TreeView
 from bootseer.node import partfile
 from bootseer.store.cache import NodeCache
+from bootseer.store.client import StoreClient
 from bootseer.tree.blob import BlobLayout, all_local, assemble, erofs_root, verify_blob
 from bootseer.tree.preread import PREFETCHED, hot_ranges, preread
 from bootseer.tree.toc import Toc
@@ -44,13 +45,10 @@ class LocalBlob:
     def __init__(self, config: BootseerConfig, layout: BlobLayout):
         self.layout, self.key, self.size = layout, layout.key, layout.size
         self._config = config
-        self._cache: NodeCache | None = None
 
     @property
     def cache(self) -> NodeCache:
-        if self._cache is None:
-            self._cache = NodeCache(self._config.cache)
-        return self._cache
+        return StoreClient.of(self._config).cache
 
     def verify(self, path: str) -> None:
         verify_blob(self.layout, path)
@@ -99,7 +97,7 @@ def _on_local_blob(tree: str, state: Path) -> None:
 def _on_fuse_blob(config: BootseerConfig, layout: BlobLayout, handle: MountHandle,
                   state: Path) -> None:
     """The hot chunks into the page cache, each as soon as the prefetch made it local."""
-    is_local = NodeCache(config.cache).contains
+    is_local = StoreClient.of(config).cache.contains
     threading.Thread(target=preread, daemon=True, name="bootseer-preread",
                      args=(os.path.abspath(handle.mountpoint), hot_ranges(layout), is_local,
                            state / PREFETCHED, state / PREREAD, handle.stopped)).start()

@@ -31,9 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootseer.peers import share_for, wanted
-from bootseer.store.cache import NodeCache
+from bootseer.store.client import StoreClient
 from bootseer.store.digest import sha256_digest, verify
-from bootseer.store.fetch import Fetcher
 from bootseer.tree.peer_source import set_items
 from bootseer.tree.prefetch import Prefetcher
 from bootseer.tree.reader import TreeReader
@@ -119,8 +118,9 @@ def publish_for_profile(config, store, profile: dict) -> str | None:
     or the whole tree when they are most of it), from this node's cache where it holds
     them, else read (and verified) through the tree reader."""
     try:
-        cache = NodeCache(config.cache)
-        with Fetcher(config.fetch) as fetcher:
+        client = StoreClient.of(config)
+        cache = client.cache
+        with client.lane() as fetcher:
             reader = TreeReader(store, profile["tree"], fetcher, cache)
             plan = Prefetcher(reader, profile).plan
             if not plan or not wanted(config.peers, sum(r.stored for r in plan), publishing=True):
@@ -136,7 +136,7 @@ def publish_for_tree_dir(config, store, tree: str, root: str) -> str | None:
     """The torrent of a whole tree (an environment snapshot) just built from ``root``:
     each chunk is a slice of a file there, checked against its digest."""
     try:
-        with Fetcher(config.fetch) as fetcher:
+        with StoreClient.of(config).lane() as fetcher:
             reader = TreeReader(store, tree, fetcher)
             refs = reader.all_chunks()
             if not refs or not wanted(config.peers, sum(r.stored for r in refs), publishing=True):

@@ -15,7 +15,7 @@ from typing import Callable
 
 from bootseer.errors import BlobNotFound, DigestMismatch
 from bootseer.store.digest import verify
-from bootseer.store.fetch import Fetcher, Priority, fetch_blob
+from bootseer.store.fetch import Fetcher, Lane, Priority, fetch_blob
 from bootseer.store.source import BlobSource
 from bootseer.tree import format as fmt
 from bootseer.tree.toc import ChunkRef, Entry, Toc
@@ -26,7 +26,7 @@ TYPE_BITS = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "h": stat.
              "c": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}
 
 
-def load_toc(store, digest: str, fetcher: Fetcher, cache=None) -> Toc:
+def load_toc(store, digest: str, fetcher: Fetcher | Lane, cache=None) -> Toc:
     """The tree's TOC, verified (node cache first) and checked (``validate``)."""
     if cache is not None:
         blob = cache.get(digest)
@@ -39,7 +39,7 @@ def load_toc(store, digest: str, fetcher: Fetcher, cache=None) -> Toc:
 
 
 class TreeReader:
-    def __init__(self, store, digest: str, fetcher: Fetcher, cache=None):
+    def __init__(self, store, digest: str, fetcher: Fetcher | Lane, cache=None):
         self.store, self.digest, self.fetcher, self.cache = store, digest, fetcher, cache
         try:
             self.toc = load_toc(store, digest, fetcher, cache)

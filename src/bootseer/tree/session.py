@@ -17,9 +17,7 @@ from pathlib import Path
 from bootseer.config import BootseerConfig
 from bootseer.mount.handle import MountHandle
 from bootseer.mount.serve import ErofsTree, Tree, serve_tree
-from bootseer.store import open_store
-from bootseer.store.cache import NodeCache
-from bootseer.store.fetch import Fetcher
+from bootseer.store.client import StoreClient
 from bootseer.tree import blob_mount
 from bootseer.tree.blob import BlobLayout, BlobView, unsupported
 from bootseer.tree.preread import PREFETCHED
@@ -62,9 +60,10 @@ class TreeSession:
                  trigger_file: str | None = None):
         self.state = Path(state_dir)
         self.state.mkdir(parents=True, exist_ok=True)
-        self.store = open_store(config.store.url, config)
-        self.fetcher = Fetcher(config.fetch)
-        self.cache = NodeCache(config.cache)
+        client = StoreClient.of(config)
+        self.store = client.store()
+        self.fetcher = client.lane()
+        self.cache = client.cache
         self.reader = TreeReader(self.store, tree, self.fetcher, self.cache)
         self.recorder = AccessRecorder(tree, timeout_s=window_timeout_s,
                                        trigger_file=trigger_file or str(self.state / TRIGGER))
@@ -184,9 +183,10 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
     meta)."""
     from bootseer.tree import profile as prof
     from bootseer.tree.reader import load_toc
-    store = open_store(config.store.url, config)
-    with Fetcher(config.fetch) as f:   # unknown tree / unparsable TOC: fail before mounting
-        toc = load_toc(store, tree, f, NodeCache(config.cache))   # (cached: the server's hits)
+    client = StoreClient.of(config)
+    store = client.store()
+    with client.lane() as f:   # unknown tree / unparsable TOC: fail before mounting
+        toc = load_toc(store, tree, f, client.cache)   # (cached: the server's hits)
     profile = None
     if prefetch:
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)

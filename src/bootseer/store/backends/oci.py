@@ -15,33 +15,30 @@
   ``refh.`` + a hash, and the real name is kept in the manifest's annotations.
 * Limitations of the distribution API: it cannot list blobs, so :meth:`list` yields the
   blobs referenced by tagged manifests of the repository only (untagged blobs are
-  invisible); and it has no atomic create, so ``set_ref(exclusive=True)`` is check-then-put
-  (two racing writers may both succeed; lease logic on top must re-read the ref and
-  tolerate that).
-* Auth: anonymous, basic (``store.username`` / ``store.password``, else at the first 401
-  the login ``podman login``/``docker login`` left for the host: auth files and credential
-  helpers, store/logins.py), and bearer tokens (a 401 with ``WWW-Authenticate: Bearer
-  realm=..,service=..,scope=..`` fetches a token from the realm, with basic credentials if
-  any; tokens are cached per scope). Secrets never appear in ``url``, ``repr``, errors or
-  logs.
+  invisible); and it has no atomic create, so ``set_ref(exclusive=True)`` is the claim by
+  read-back of store/claim.py.
+* Auth: store/registry_auth.py (anonymous, basic, the host's standard login, bearer
+  tokens). Secrets never appear in ``url``, ``repr``, errors or logs.
 """
 
 from __future__ import annotations
 
-import base64
+import builtins
 import hashlib
 import io
 import json
 import re
-import threading
-import time
 import urllib.parse
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from bootseer.errors import BlobNotFound, DigestMismatch, FetchError, StoreError
 from bootseer.store import http
 from bootseer.store.backends import check_ref_name
+from bootseer.store.claim import claim_by_read_back
 from bootseer.store.digest import Digest, parse, sha256_digest
+from bootseer.store.registry_auth import RegistryAuth
+from bootseer.store.retry import retry
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -92,115 +89,31 @@ class OciBackend:
         self.scheme = "http" if (_is_loopback(u.hostname) or insecure) else "https"
         self.url = f"oci://{self.host}/{self.repo}"
         self.base = f"{self.scheme}://{self.host}/v2/{self.repo}"
-        self.username = username if username is None else str(username)
-        self._password = password
+        username = username if username is None else str(username)
         if u.username:  # oci://user:pw@host/repo
-            self.username = urllib.parse.unquote(u.username)
-            self._password = urllib.parse.unquote(u.password or "")
+            username = urllib.parse.unquote(u.username)
+            password = urllib.parse.unquote(u.password or "")
+        self.auth = RegistryAuth(self.host, repo, self.url, username=username,
+                                 password=password, timeout=timeout)
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
-        self._tokens: dict[str, str] = {}  # scope -> bearer token
-        self._last_token: str | None = None
-        self._lock = threading.Lock()
-        self._standard_login_tried = self.username is not None
 
     def __repr__(self) -> str:
-        return f"OciBackend({self.url!r}, user={self.username!r})"
+        return f"OciBackend({self.url!r}, user={self.auth.username!r})"
 
-    # -- auth ---------------------------------------------------------------------------------
-    def _basic(self) -> dict:
-        if self.username is None:
-            return {}
-        cred = f"{self.username}:{self._password or ''}".encode()
-        return {"Authorization": "Basic " + base64.b64encode(cred).decode()}
-
-    def _auth_headers(self) -> dict:
-        with self._lock:
-            token = self._last_token
-        return {"Authorization": f"Bearer {token}"} if token else self._basic()
-
-    def _challenge(self, headers: dict) -> bool:
-        """Handle a 401: fetch a bearer token if challenged for one. True if worth retrying."""
-        chal = headers.get("www-authenticate", "")
-        found = self._standard_login()
-        if not chal.lower().startswith("bearer"):
-            return found
-        params = dict(re.findall(r'(\w+)="([^"]*)"', chal))
-        scope = params.get("scope", "")
-        with self._lock:
-            cached = self._tokens.get(scope)
-            if cached and cached != self._last_token:
-                self._last_token = cached
-                return True
-        realm = params.get("realm")
-        if not realm:
-            raise StoreError(f"registry {self.host} sent a bearer challenge without a realm",
-                             url=self.url)
-        query = urllib.parse.urlencode({k: v for k, v in params.items()
-                                        if k in ("service", "scope")})
-        token_url = f"{realm}{'&' if '?' in realm else '?'}{query}"
-        status, _, data = http.request("GET", token_url, headers=self._basic(),
-                                       timeout=self.timeout)
-        if status in (401, 403):
-            raise StoreError(f"token service {http.safe_url(realm)} refused the credentials for "
-                             f"{self.url} (HTTP {status}): check store.username / "
-                             f"store.password", url=self.url)
-        if status != 200:
-            raise StoreError(f"token service {http.safe_url(realm)} answered HTTP {status}",
-                             url=self.url)
-        try:
-            body = json.loads(data)
-            token = body.get("token") or body.get("access_token")
-        except (ValueError, AttributeError):
-            token = None
-        if not token:
-            raise StoreError(f"token service {http.safe_url(realm)} sent no token", url=self.url)
-        with self._lock:
-            self._tokens[scope] = token
-            self._last_token = token
-        return True
-
-    def _standard_login(self) -> bool:
-        """Once, when no login is configured: the one the container tools keep for this
-        host. True if one was found (worth retrying with it)."""
-        with self._lock:
-            if self._standard_login_tried:
-                return False
-            self._standard_login_tried = True
-        from bootseer.store import logins
-        try:
-            login = logins.find(self.host, repository=self.repo)
-        except logins.CredentialHelperError as e:   # a store error, as callers expect
-            raise StoreError(str(e), url=self.url) from None
-        if login is None or login.identity_token:
-            return False
-        with self._lock:
-            self.username, self._password = login.username, login.password
-        return True
-
-    def _denied(self, status: int) -> StoreError:
-        how = ("check store.username / store.password (or the registry login in your auth "
-               "file)" if self.username is not None
-               else "the registry needs credentials: `podman login` / `docker login` to it, "
-                    "or set BOOTSEER_STORE_USERNAME / _PASSWORD")
-        return StoreError(f"registry {self.host} refused access to {self.repo} (HTTP {status}):"
-                          f" {how}", url=self.url)
-
-    def _request(self, method: str, url: str, headers: dict | None = None, body=None,
-                 *, what: str = "", digest: str | None = None) -> tuple[int, dict, bytes]:
-        for attempt in range(3):
-            h = {**self._auth_headers(), **(headers or {})}
+    def _request(self, method: str, url: str, headers: dict[str, str] | None = None,
+                 body: bytes | None = None, *, what: str = "", digest: str | None = None
+                 ) -> tuple[int, dict[str, str], bytes]:
+        def send(auth: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
             try:
-                status, rh, data = http.request(method, url, headers=h, body=body,
-                                                timeout=self.timeout)
+                return http.request(method, url, headers={**auth, **(headers or {})},
+                                    body=body, timeout=self.timeout)
             except FetchError as e:
                 raise FetchError(f"{what or method} at {self.url} failed: {e}", url=e.url,
                                  digest=digest) from e
-            if status == 401 and attempt < 2 and self._challenge(rh):
-                continue
-            break
+        status, rh, data = self.auth.send(send, lambda r: (r[0], r[1]))
         if status in (401, 403):
-            raise self._denied(status)
+            raise self.auth.denied(status)
         return status, rh, data
 
     # -- blobs --------------------------------------------------------------------------------
@@ -225,20 +138,17 @@ class OciBackend:
         except BlobNotFound:
             return False
 
-    def _open_range(self, digest: Digest, start: int, end: int | None):
+    def _open_range(self, digest: Digest, start: int, end: int | None
+                    ) -> tuple[http.Response, int]:
         url = self._blob_url(digest)
-        for attempt in range(3):
-            r, skip = http.open_range(url, start, end, timeout=self.timeout,
-                                      headers=self._auth_headers())
-            if r.status == 401 and attempt < 2:
-                r.close()
-                if self._challenge(r.headers):
-                    continue
-            break
+        r, skip = self.auth.send(
+            lambda auth: http.open_range(url, start, end, timeout=self.timeout, headers=auth),
+            lambda opened: (opened[0].status, opened[0].headers),
+            lambda opened: opened[0].close())
         if r.status not in (200, 206):
             r.close()
             if r.status in (401, 403):
-                raise self._denied(r.status)
+                raise self.auth.denied(r.status)
             if r.status == 404:
                 raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
                                    url=self.url)
@@ -257,7 +167,7 @@ class OciBackend:
             raise FetchError(f"reading blob {digest} [{start}, {end}) from {self.url}: {e}",
                              digest=digest, url=e.url or self.url, offset=start) from e
 
-    def read_into(self, digest: Digest, start: int, buf) -> int:
+    def read_into(self, digest: Digest, start: int, buf: memoryview | bytearray) -> int:
         """Fill ``buf`` (a writable buffer) with the blob's bytes from ``start``."""
         view = memoryview(buf).cast("B")
         if not len(view):
@@ -267,7 +177,8 @@ class OciBackend:
             with r:
                 if skip:
                     r.skip(skip)
-                return r.readinto(view)
+                n: int = r.readinto(view)
+                return n
         except FetchError as e:
             if e.digest:
                 raise
@@ -347,7 +258,7 @@ class OciBackend:
         seen: set[str] = set()
         for tag in self.list_tags():
             try:
-                body, media, _ = self.get_manifest(tag)
+                body, _, _ = self.get_manifest(tag)
             except BlobNotFound:
                 continue
             yield from self._manifest_blobs(body, seen)
@@ -376,7 +287,7 @@ class OciBackend:
         if status not in (200, 201):
             raise FetchError(f"pushing manifest {ref} to {self.url}: HTTP {status} "
                              f"{resp[:300]!r}", url=self.url, digest=digest)
-        return rh.get("docker-content-digest", digest)
+        return str(rh.get("docker-content-digest", digest))
 
     def get_manifest(self, ref: str) -> tuple[bytes, str, Digest]:
         """(bytes, media type, digest) of the manifest tagged (or with digest) ``ref``;
@@ -398,8 +309,8 @@ class OciBackend:
         media = rh.get("content-type", "").split(";")[0] or json.loads(body).get("mediaType", "")
         return body, media, digest
 
-    def list_tags(self) -> list[str]:
-        tags: list[str] = []
+    def list_tags(self) -> builtins.list[str]:
+        tags: builtins.list[str] = []
         url = f"{self.base}/tags/list?n=1000"
         while url:
             status, rh, body = self._request("GET", url, what="listing tags")
@@ -433,29 +344,17 @@ class OciBackend:
         layers = json.loads(body).get("layers") or []
         return parse(layers[0]["digest"]) if layers else None
 
-    # How long an exclusive claim waits before reading back who won (see set_ref).
-    CLAIM_SETTLE_S = 1.0
-
     def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
-        """Point ``name`` at ``digest`` (which must be in the registry).
-
-        ``exclusive``: the registry has no atomic create, so a claim is check, put, settle,
-        read back: contenders that all saw the tag absent all put it, and after the settle
-        time every one of them reads the same last write, so exactly one wins. (A put
-        delayed past another's settle time can still make two winners; for leases that
-        costs a duplicate build of the same key, never a wrong result.)"""
-        tag = ref_to_tag(name)
+        """Point ``name`` at ``digest`` (which must be in the registry). ``exclusive``:
+        the registry has no atomic create, so it is a claim by read-back (store/claim.py)."""
         parse(digest)
         if exclusive:
-            if self.get_ref(name) is not None:
-                return False
-            self._put_ref(tag, name, digest)
-            time.sleep(self.CLAIM_SETTLE_S)
-            return self.get_ref(name) == digest
-        self._put_ref(tag, name, digest)
+            return claim_by_read_back(self.get_ref, self._put_ref, name, digest)
+        self._put_ref(name, digest)
         return True
 
-    def _put_ref(self, tag: str, name: str, digest: Digest) -> None:
+    def _put_ref(self, name: str, digest: Digest) -> None:
+        tag = ref_to_tag(name)
         size = self.stat(digest)
         config = sha256_digest(EMPTY_CONFIG)
         manifest = json.dumps({
@@ -464,18 +363,14 @@ class OciBackend:
             "layers": [{"mediaType": "application/octet-stream", "digest": digest,
                         "size": size}],
             "annotations": {_ANNOTATION: name}}, sort_keys=True).encode()
-        # Nodes setting refs at once all upload the same empty config blob; while one
-        # upload commits, the registry may call the blob unknown to another's manifest.
-        for attempt in range(5):
+        def put() -> None:
             if not self.exists(config):
                 self.write(config, EMPTY_CONFIG)
-            try:
-                self.put_manifest(tag, manifest, MANIFEST)
-                return
-            except FetchError as e:
-                if "BLOB_UNKNOWN" not in str(e) or attempt == 4:
-                    raise
-                time.sleep(0.1 * (attempt + 1))
+            self.put_manifest(tag, manifest, MANIFEST)
+        # Nodes setting refs at once all upload the same empty config blob; while one
+        # upload commits, the registry may call the blob unknown to another's manifest.
+        retry(put, attempts=5, pause_s=0.1,
+              transient=lambda e: isinstance(e, FetchError) and "BLOB_UNKNOWN" in str(e))
 
     def delete_ref(self, name: str) -> None:
         self.delete_manifest(ref_to_tag(name))
