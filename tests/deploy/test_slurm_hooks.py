@@ -216,3 +216,20 @@ def test_specs_from_the_allowed_index_pass(tmp_path):
     fifo = tmp_path / "fifo.txt"
     os.mkfifo(fifo)
     assert "not a regular file" in policy.check_spec(str(fifo), allowed).problems[0]
+
+
+def test_task_prolog_prints_the_notes_once_and_exports_to_every_step(tmp_path):
+    notes = tmp_path / "state/7/task-prolog"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("print bootseer prolog: image: done in 1.0 s (as root)\n"
+                     "export BOOTSEER_CACHE_DIR=/var/lib/bootseer/users/1000/cache\n")
+
+    def task(**env) -> str:
+        return subprocess.run(["sh", str(DEPLOY / "task-prolog.sh")], check=True,
+                              capture_output=True, text=True,
+                              env={"BOOTSEER_SLURM_STATE": str(tmp_path / "state"),
+                                   "SLURM_JOB_ID": "7", **env}).stdout
+    assert task() == notes.read_text()                       # the batch step
+    assert task(SLURM_STEP_ID="0") == \
+        "export BOOTSEER_CACHE_DIR=/var/lib/bootseer/users/1000/cache\n"   # each srun step
+    assert task(SLURM_JOB_ID="8") == ""                       # a job the prolog left nothing for
