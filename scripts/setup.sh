@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman catatonit runc skopeo buildah
               busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs debootstrap
-              apache2-utils erofs-utils containerd chromium)
+              apache2-utils erofs-utils containerd chromium
+              slurmctld slurmd slurm-client munge)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -15,7 +16,8 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
     # The packaged nginx and registry are not started (tests start their own, on free
-    # ports); services already on the host are left alone, never stopped by name.
+    # ports); services already on the host are left alone, never stopped by name. The
+    # Slurm tests start their own munged, slurmctld and slurmd (tests/deploy/slurm_cluster.py).
     scripts/apt-install-no-start.sh "${missing[@]}"
 fi
 

@@ -374,7 +374,7 @@ OTHER_VARIABLES = frozenset({
     "BOOTSEER_ENV_PREFIX", "BOOTSEER_CKPT_DIR", jobenv.READY_FILE,
     "BOOTSEER_RESTART_COUNT", jobenv.TRACE_START, jobenv.TRACE_AUTO,
     # read by the deployment hooks and manifests in deploy/
-    "BOOTSEER_PROLOG_LOG", "BOOTSEER_PROLOG_TIMEOUT", "BOOTSEER_NODE_KEEP",
+    "BOOTSEER_SLURM_CONFIG", "BOOTSEER_SLURM_STATE",
     "BOOTSEER_IMAGE", "BOOTSEER_CKPT",
     # a Kubernetes Indexed Job's spec.completions, for peers (bootseer.peers.job)
     "BOOTSEER_JOB_COMPLETIONS",
@@ -463,6 +463,19 @@ def job_completions(env: Mapping[str, str] | None = None) -> str | None:
     """``BOOTSEER_JOB_COMPLETIONS``: a Kubernetes Indexed Job's ``spec.completions`` (its
     node count, for peers), as the pod template passes it."""
     return (os.environ if env is None else env).get("BOOTSEER_JOB_COMPLETIONS")
+
+
+def slurm_settings_file(env: Mapping[str, str] | None = None) -> str:
+    """``BOOTSEER_SLURM_CONFIG``: the site's settings for the Slurm hooks (docs/slurm.md)."""
+    return (os.environ if env is None else env).get("BOOTSEER_SLURM_CONFIG") \
+        or "/etc/bootseer/slurm.toml"
+
+
+def slurm_job_vars(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What slurmd tells its prolog and epilog of the job (``SLURM_JOB_*``,
+    ``SLURMD_NODENAME``)."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k.startswith("SLURM_JOB_") or k == "SLURMD_NODENAME"}
 
 
 RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",

@@ -14,7 +14,7 @@ from bootseer import trace
 from bootseer.ckpt.mount import mount_checkpoint, staged_mirror
 from bootseer.config import BootseerConfig
 from bootseer.deps.ensure import ensure
-from bootseer.errors import StoreError
+from bootseer.errors import MountError, StoreError
 from bootseer.image.session import mount_image, oci_config
 from bootseer.run.conventional import PipInstall, PullImage
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
@@ -109,7 +109,7 @@ class StripedCheckpoint(Pipeline):
         self.url, self.config, self.state, self.target = url, config, state, target
         self.mirrors = mirrors
         self.handle = None
-        self.mirror = None
+        self.mirror: Path | None = None
 
     def prepare(self, timeline) -> Prepared:
         mp = self.state / "mnt"
@@ -120,24 +120,38 @@ class StripedCheckpoint(Pipeline):
         # The whole plan, not a rank's share: ckpt.plan.split divides one node's copy among
         # the processes that share its staging; every node here stages its own full copy
         # (each node's job loads the checkpoint, and the staged mirror needs every file).
-        self.handle = mount_checkpoint(self.url, str(mp), self.config, prefetch=True,
-                                       start_after=str(self.state.parent / PREPARED),
-                                       mirrors=self.mirrors)
+        try:
+            self.handle = mount_checkpoint(self.url, str(mp), self.config, prefetch=True,
+                                           start_after=str(self.state.parent / PREPARED),
+                                           mirrors=self.mirrors)
+        except MountError as e:
+            # No mount for this user (FUSE closed to it), but the checkpoint was staged
+            # whole before the command (the Slurm prolog's ckpt prefetch): its local files.
+            staged = self._staged({})
+            if staged is None:
+                raise
+            log.warning("checkpoint mount unavailable (%s): the staged copy is used", e)
+            return staged
         return Prepared(path=str(mp), target=self.target, env_var="BOOTSEER_CKPT_DIR")
 
     def finalize(self, prepared: Prepared) -> Prepared:
         """Prefetch already done when the command starts: give it the staged files (hard
         links, local reads) instead of the FUSE view, which stays mounted but idle."""
+        if self.mirror is not None:   # prepared from the staged files already
+            return prepared
+        return self._staged(prepared.attrs) or prepared
+
+    def _staged(self, attrs: dict) -> Prepared | None:
         try:
             self.mirror = staged_mirror(self.url, self.config, f"mirror-{os.getpid()}")
         except (OSError, StoreError) as e:
             log.info("checkpoint stays on the striped mount: %s", e)
-            return prepared
+            return None
         if self.mirror is None:
-            return prepared
+            return None
         trace.mark("ckpt.staged", path=str(self.mirror))
         return Prepared(path=str(self.mirror), target=self.target, env_var="BOOTSEER_CKPT_DIR",
-                        attrs=prepared.attrs)
+                        attrs=attrs)
 
     def close(self) -> None:
         if self.handle is not None:
