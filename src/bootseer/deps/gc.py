@@ -135,7 +135,8 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
     return sorted(out, key=lambda e: e.last_used)
 
 
-def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
+def gc(config: BootseerConfig, max_bytes: int, *,
+       dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
     """Remove least-recently-used environments until the others fit in ``max_bytes``.
     Returns ``(env, action)`` for each one considered: removed, in use, or kept."""
     envs = environments(config)

@@ -54,7 +54,7 @@ class Mark:
         self._fd: int | None = fd
 
     @classmethod
-    def new_in(cls, directory: str | os.PathLike) -> "Mark":
+    def new_in(cls, directory: str | os.PathLike) -> Mark:
         """A mark with a fresh name in ``directory`` (one per holder, even within a
         process)."""
         os.makedirs(directory, exist_ok=True)
@@ -149,7 +149,7 @@ class StateDir:
         if not left:
             os.rmdir(self.path)
 
-    def __enter__(self) -> "StateDir":
+    def __enter__(self) -> StateDir:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 from bootseer.errors import BootseerError
 

@@ -53,7 +53,7 @@ class PartFile:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "PartFile":
+    def __enter__(self) -> PartFile:
         return self
 
     def __exit__(self, *exc) -> None:

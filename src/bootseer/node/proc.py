@@ -28,8 +28,9 @@ import os
 import queue
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from bootseer.node.libc import libc
 

@@ -13,12 +13,18 @@ from google.protobuf import empty_pb2, timestamp_pb2
 
 from bootseer.node import mounts
 from bootseer.snapshotter.filters import parse
-from bootseer.snapshotter.lazy import (REF, TREE, LazyImages, is_top,
-                                       placeholder_below_top)
-from bootseer.snapshotter.metadata import (ACTIVE, COMMITTED, VIEW, MetaStore, Snapshot,
-                                           SnapshotError)
+from bootseer.snapshotter.lazy import REF, TREE, LazyImages, is_top, placeholder_below_top
+from bootseer.snapshotter.metadata import (
+    ACTIVE,
+    COMMITTED,
+    VIEW,
+    MetaStore,
+    Snapshot,
+    SnapshotError,
+)
 from bootseer.snapshotter.overlay import OverlayLayout
-from bootseer.snapshotter.proto import mount_pb2, snapshots_pb2 as pb, snapshots_pb2_grpc
+from bootseer.snapshotter.proto import mount_pb2, snapshots_pb2_grpc
+from bootseer.snapshotter.proto import snapshots_pb2 as pb
 
 log = logging.getLogger(__name__)
 _LIST_BATCH = 100

@@ -8,8 +8,8 @@ import functools
 import os
 import stat
 
-from bootseer.node import alive
 from bootseer.mount.view import Attr
+from bootseer.node import alive
 
 CAP_SYS_ADMIN = 21
 

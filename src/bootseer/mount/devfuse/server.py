@@ -1,11 +1,12 @@
 """Serve any :class:`~bootseer.mount.view.TreeView` over one /dev/fuse connection.
 
 Worker threads each wait for a request, answer it and wait again (the kernel hands each
-request to one reader and wakes one idle worker for it), so slow reads (a stripe still on the network) never hold up
-lookups or other files. A view may offer ``backing_path(path) -> str | None``: a
-complete, verified local copy of the file. An OPEN of such a file is then answered with
-FOPEN_PASSTHROUGH and a backing id: the kernel reads and mmaps that copy itself and this
-server sees no READ for it. Files without one keep the Python read path.
+request to one reader and wakes one idle worker for it), so slow reads (a stripe still on
+the network) never hold up lookups or other files. A view may offer
+``backing_path(path) -> str | None``: a complete, verified local copy of the file. An OPEN
+of such a file is then answered with FOPEN_PASSTHROUGH and a backing id: the kernel reads
+and mmaps that copy itself and this server sees no READ for it. Files without one keep
+the Python read path.
 
 The kernel refuses (EIO) an inode opened both ways at once, so the mode is decided per
 node: while any open of a file reads through Python, new opens do too, and while any
@@ -71,7 +72,7 @@ class Server:
         self._close_when_idle = False
 
     # -- life ---------------------------------------------------------------------------------
-    def start(self) -> "Server":
+    def start(self) -> Server:
         fd = mount_fd(self.mountpoint, self.name)
         self._channel = Channel(fd)
         try:
@@ -113,7 +114,7 @@ class Server:
         self._channel = None
         self.ended.set()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -46,7 +46,7 @@ class Inode:
     target: bytes = b""
     rdev: int = 0
     xattrs: dict[str, bytes] = field(default_factory=dict)
-    entries: dict[bytes, "Inode"] | None = None
+    entries: dict[bytes, Inode] | None = None
 
 
 @dataclass(slots=True)
