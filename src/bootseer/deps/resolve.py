@@ -118,8 +118,8 @@ def user_hashes(spec: Path, _seen: set | None = None) -> dict[str, set[str]]:
     for line in _logical_lines(spec.read_text()):
         inc = re.match(r"(?:-r|--requirement)[=\s]\s*(\S+)", line)
         if inc:
-            for name, hs in user_hashes(spec.parent / inc[1], seen).items():
-                pins.setdefault(name, set()).update(hs)
+            for project, hs in user_hashes(spec.parent / inc[1], seen).items():
+                pins.setdefault(project, set()).update(hs)
             continue
         hashes = {h.lower() for h in _HASH.findall(line)}
         name = _project(line) if hashes else None
