@@ -15,6 +15,7 @@ and its query (S3 and GCS presigned URLs: ``X-Amz-Signature``, ``X-Amz-Credentia
 
 from __future__ import annotations
 
+import logging
 import re
 import urllib.parse
 
@@ -105,7 +106,7 @@ def text(s: str) -> str:
     return _text_pass(s)
 
 
-def value(v):
+def value(v: object) -> object:
     """A trace attribute value with URLs' credentials masked (strings, lists, dicts)."""
     if isinstance(v, str):
         return text(v)
@@ -119,7 +120,7 @@ def value(v):
 class LogFilter:
     """A logging filter (put on handlers) that masks credentials in every record's text."""
 
-    def filter(self, record) -> bool:
+    def filter(self, record: logging.LogRecord) -> bool:
         try:
             msg = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed record is logging's to report
@@ -128,7 +129,6 @@ class LogFilter:
         if clean != msg:
             record.msg, record.args = clean, None
         if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
-            import logging
             record.exc_text = text(logging.Formatter().formatException(record.exc_info))
         elif record.exc_text:
             record.exc_text = text(record.exc_text)
@@ -137,7 +137,6 @@ class LogFilter:
 
 def install_log_filter() -> None:
     """Mask credentials in everything the root logger's handlers print."""
-    import logging
     for h in logging.getLogger().handlers:
         if not any(isinstance(f, LogFilter) for f in h.filters):
             h.addFilter(LogFilter())

@@ -142,8 +142,9 @@ def test_two_ensures_on_one_node_build_once(index, tmp_path):
     urls, spec = index
     prefix = str(tmp_path / "env")
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_ensure_proc, args=(str(spec), prefix, urls, str(tmp_path / "store"),
-                                                   str(tmp_path / "c"), str(tmp_path / f"out{i}")))
+    procs = [ctx.Process(target=_ensure_proc,
+                         args=(str(spec), prefix, urls, str(tmp_path / "store"),
+                               str(tmp_path / "c"), str(tmp_path / f"out{i}")))
              for i in range(2)]
     [p.start() for p in procs]
     [p.join(200) for p in procs]
@@ -156,12 +157,14 @@ def test_faults_unresolvable_editable_foreign(index, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("bsdeps-one==9.9\n")
     with pytest.raises(DepsError, match="resolving"):
-        E.ensure(str(bad), str(tmp_path / "e1"), python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+        E.ensure(str(bad), str(tmp_path / "e1"), python=PY, index_urls=urls,
+                 config=cfg(tmp_path, "a"))
     assert not (tmp_path / "e1").exists()
     ed = tmp_path / "requirements.txt"
     ed.write_text("-e ./src/mypkg\n")
     with pytest.raises(DepsError, match="editable"):
-        E.ensure(str(ed), str(tmp_path / "e2"), python=PY, index_urls=urls, config=cfg(tmp_path, "a"))
+        E.ensure(str(ed), str(tmp_path / "e2"), python=PY, index_urls=urls,
+                 config=cfg(tmp_path, "a"))
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "precious.txt").write_text("keep")
@@ -230,7 +233,8 @@ def test_four_node_processes_one_builds_three_restore(index, registry, tmp_path)
         (node / "opt").mkdir(parents=True)
         ensure = (f"{PY} -m bootseer deps ensure {spec} --prefix {root}/env --python {PY} "
                   f"--index-url {urls[0]} --key {key} && "
-                  f"{root}/env/bin/python -c 'import bsdeps_one as a, bsdeps_two as b; print(a.X + b.Y)'")
+                  f"{root}/env/bin/python -c "
+                  f"'import bsdeps_one as a, bsdeps_two as b; print(a.X + b.Y)'")
         script = (f"mount --bind {node}/opt {root} && "
                   f"BOOTSEER_CACHE_DIR={node}/cache exec sh -c \"{ensure}\"")
         procs.append(subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh",

@@ -18,15 +18,16 @@ import pytest
 
 from bootseer.deps import ensure as E
 from bootseer.deps.mounts import unmount
-from bootseer.deps.prefix import mounted_info, sidecar, state_dir
+from bootseer.deps.prefix import mounted_info, rmtree, sidecar, state_dir
 from bootseer.deps.resolve import DepsError
-from bootseer.deps.prefix import rmtree
 from bootseer.node import mounts as points
 from tests.deps.test_deps import cfg, serve_index
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("need_root")]
 PY = sys.executable
 MODULE = "lib/python3.11/site-packages/bskern_one/__init__.py"
+# imports both test packages; prints 3
+BOTH = "import bskern_one, bskern_two; print(bskern_one.X + bskern_two.Y)"
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def test_restore_mounts_the_blob_writable_warm_and_unmounts_clean(published, tmp
     state = state_dir(prefix)
     assert points.find(prefix).fstype == "overlay"
     assert points.find(f"{state}/lower").fstype == "erofs"
-    assert run_py(prefix, "import bskern_one, bskern_two; print(bskern_one.X + bskern_two.Y)") == "3"
+    assert run_py(prefix, BOTH) == "3"
     assert not os.listdir(f"{state}/upper")                  # nothing was extracted
     # a job may write into its environment: into the overlay, never the blob
     blob = blob_of(tmp_path, "n1")
@@ -161,7 +162,7 @@ def test_a_tampered_blob_or_metadata_image_is_never_mounted(published, tmp_path,
         r = restore(published, tmp_path, "n1")
     assert (r.how, r.form) == ("restored", "mount")
     assert "does not match its sum: written anew" in caplog.text
-    assert run_py(prefix, "import bskern_one, bskern_two; print(bskern_one.X + bskern_two.Y)") == "3"
+    assert run_py(prefix, BOTH) == "3"
 
 
 def test_umount_while_a_process_holds_a_file_open_is_lazy_and_leaves_nothing(published, tmp_path):
@@ -249,7 +250,8 @@ def test_copy_and_read_only(published, tmp_path):
     assert not os.path.exists(sidecar(prefix)) and not os.path.exists(state_dir(prefix))
     assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
     bad = cli("deps", "ensure", spec, "--prefix", prefix, "--mount", "--copy")
-    assert bad.returncode == 2 and bad.stderr.startswith("bootseer: error: ") and "--mount" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.startswith("bootseer: error: ")
+    assert "--mount" in bad.stderr
 
 
 def test_gc_unmounts_an_unused_mounted_environment_and_drops_its_blob(published, tmp_path):
@@ -336,6 +338,7 @@ def test_the_next_fetch_removes_every_dead_writers_part(published, tmp_path):
 @pytest.mark.parametrize("flag", [None, "-q", "--no-progress"])
 def test_the_blob_fetch_shows_a_bar_on_a_terminal_only(published, tmp_path, flag):
     from types import SimpleNamespace
+
     from tests.cli.test_progress import on_a_terminal
     urls, spec, prefix, key = published
     env = {**os.environ, "BOOTSEER_STORE_URL": str(tmp_path / "store"),
@@ -514,7 +517,8 @@ def test_files_deleted_through_the_overlay_are_not_warm(published, tmp_path, cap
     with caplog.at_level("WARNING", logger="bootseer.deps.ensure"):
         r = restore(published, tmp_path, "n1")
     assert r.how == "restored"
-    said = [x.getMessage() for x in caplog.records if "deleted through its overlay" in x.getMessage()]
+    said = [x.getMessage() for x in caplog.records
+            if "deleted through its overlay" in x.getMessage()]
     assert len(said) == 1 and "/lib/python3.11/site-packages/bskern_one" in said[0]
     assert run_py(prefix, "import bskern_one; print(bskern_one.X)") == "1"
     assert restore(published, tmp_path, "n1").how == "warm"

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from bootseer.deps import compat, ensure as E, relocate
+from bootseer.deps import compat, relocate
+from bootseer.deps import ensure as E
 from bootseer.deps.mounts import unmount
 from bootseer.deps.prefix import mounted_info, rmtree, sidecar
 from bootseer.deps.resolve import DepsError
@@ -172,8 +173,8 @@ def test_lazy_mount_outlives_the_command_records_and_prefetches(index, tmp_path)
         assert again.how == "warm"
         # the window closed (4 s: long enough that the import above falls inside it on a
         # busy machine): the env tree's hot-block profile is in the store
-        from bootseer.tree import profile as prof
         from bootseer.store import open_store
+        from bootseer.tree import profile as prof
         store = open_store(str(tmp_path / "store"))
         deadline = time.time() + 20
         while prof.latest(store, info["tree"]) is None and time.time() < deadline:

@@ -7,7 +7,6 @@ import errno
 import os
 import signal
 import stat
-import subprocess
 import time
 
 import pytest
@@ -63,7 +62,7 @@ def test_mount_read_errors_and_unmount(need_fuse, tmp_path):
         with pytest.raises(OSError) as e:
             open(mp / "hello.txt", "w")
         assert e.value.errno in (errno.EROFS, errno.EACCES)
-        opts = [l for l in open("/proc/mounts") if str(mp) in l][0]
+        opts = [line for line in open("/proc/mounts") if str(mp) in line][0]
         assert "ro" in opts.split()[3].split(",") and "nosuid" in opts and "nodev" in opts
         pid = h.pid
     assert not os.path.ismount(mp)

@@ -14,8 +14,8 @@ fault, and can be changed while the server runs:
 - ``burst_5xx``: the next ``failures`` requests answer 503, then ``ok``.
 
 ``script`` (a list of modes) is taken one per GET before ``mode`` applies (property tests
-interleave faults with it). It counts requests and body bytes sent, so a test can bound traffic. Bound in time: it
-serves until ``close()``, on a loopback port the OS picks.
+interleave faults with it). It counts requests and body bytes sent, so a test can bound
+traffic. Bound in time: it serves until ``close()``, on a loopback port the OS picks.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class HostileServer:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "HostileServer":
+    def __enter__(self) -> HostileServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -124,11 +124,12 @@ def test_through_an_environment_restore(tmp_path, tree, caplog):
 def test_verify_on_read_costs_less_than_decompressing(tmp_path):
     """The price of re-verifying: hashing a 1 MiB chunk next to decompressing it (a cache
     miss does both; a hit now hashes). Printed for the record; bounded loosely."""
+    import glob
     import time
 
     import zstandard
+
     from bootseer.store.digest import sha256_digest
-    import glob
     chunk = b""
     for path in sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "*.py"))):
         chunk += open(path, "rb").read()   # real files, as compressible as images hold

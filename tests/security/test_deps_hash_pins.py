@@ -14,8 +14,8 @@ import zipfile
 import pytest
 
 from bootseer.deps import ensure as E
-from bootseer.deps.resolve import DepsError, keep_user_hashes
 from bootseer.deps.prefix import read_marker
+from bootseer.deps.resolve import DepsError, keep_user_hashes
 from bootseer.store import open_store
 from tests.deps.test_deps import cfg, serve_index
 

@@ -57,7 +57,8 @@ def _serve_metadata_apart(root) -> None:
         page = next((root / "simple").glob("*/index.html"))
         attr = f'data-core-metadata="sha256={hashlib.sha256(meta).hexdigest()}"'
         page.write_text(re.sub(r'<a href="([^"]*' + re.escape(whl.name) + ')',
-                               lambda m: f'<a {attr} href="{m[1]}', page.read_text()))
+                               lambda m, attr=attr: f'<a {attr} href="{m[1]}',
+                               page.read_text()))
 
 
 def test_sigkill_mid_build_leaves_no_builder_and_no_partial_prefix(nginx_factory, tmp_path):
@@ -118,8 +119,8 @@ def test_a_build_beside_the_prefix_names_the_prefix_not_its_temporary_directory(
     assert found == "", found
     out = subprocess.run([f"{prefix}/bin/bsbeside"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().startswith(f"{prefix}/lib/"), out
-    import marshal
     import glob
+    import marshal
     pyc = glob.glob(f"{prefix}/lib/python*/site-packages/bsbeside/__pycache__/*.pyc")[0]
     code = marshal.loads(open(pyc, "rb").read()[16:])
     assert code.co_filename.startswith(f"{prefix}/lib/"), code.co_filename

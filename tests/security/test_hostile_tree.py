@@ -153,6 +153,7 @@ def test_mount_server_refuses_a_forged_tree_too(need_fuse, tmp_path, outside):
     """The FUSE server loads the TOC itself (the caller's check could be skipped or the
     cache changed under it): it refuses the tree and nothing is mounted."""
     import functools
+
     from bootseer.mount.fuse import MountError, mount
     from bootseer.tree.session import _session_view
     store = open_store(str(tmp_path / "store"))

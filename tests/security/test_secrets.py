@@ -210,6 +210,7 @@ def test_oci_credentials_in_the_url_are_used_and_never_shown(registry_factory, t
 
 def test_a_long_error_is_masked_before_it_is_cut(tmp_path, monkeypatch):
     import json
+
     from bootseer import trace
     monkeypatch.setenv("BOOTSEER_TRACE_LOCATION", str(tmp_path / "trace"))
     monkeypatch.setenv("BOOTSEER_TRACE_JOB_ID", "job")

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.node import alive
-from bootseer.node import proc
+from bootseer.node import alive, proc
 from bootseer.node import mounts as points
 from tests.image.test_image import oci_layout
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.testing.containerd import Node, unmount_below 
+from bootseer.testing.containerd import Node, unmount_below
 from tests.conftest import is_root, need
 
 

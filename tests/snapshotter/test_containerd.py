@@ -27,7 +27,8 @@ def push_two_layers(registry, busybox_rootfs, tmp_path) -> str:
     b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
 
     def run(*args) -> str:
-        return subprocess.run([*b, *args], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run([*b, *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
     try:
         c = run("from", "scratch")
         run("copy", c, f"{busybox_rootfs}/", "/")
@@ -87,7 +88,8 @@ def test_image_removal_frees_every_snapshot(containerd, layered_image):
     out = pull_and_run(containerd, layered_image, "t3")
     assert "ok" in out
     containerd.ctr("images", "rm", "--sync", layered_image)
-    assert containerd.ctr("snapshots", "--snapshotter", "bootseer", "ls").stdout.splitlines()[1:] == []
+    listed = containerd.ctr("snapshots", "--snapshotter", "bootseer", "ls").stdout
+    assert listed.splitlines()[1:] == []
     assert os.listdir(containerd.snapshotter.root / "snapshots") == []
 
 
@@ -95,6 +97,7 @@ def test_the_deployed_containerd_config_loads_the_snapshotter(nodes, tmp_path):
     """deploy/kubernetes/containerd-bootseer.toml, as a node merges it, in a real containerd:
     the proxy plugin is loaded and the CRI plugin starts with it as its snapshotter."""
     from pathlib import Path
+
     from bootseer.testing.containerd import wait_socket
     snippet = (Path(__file__).resolve().parents[2]
                / "deploy/kubernetes/containerd-bootseer.toml").read_text()

@@ -38,8 +38,8 @@ def converted(registry, busybox_rootfs, tmp_path):
 def test_a_pod_on_a_converted_image_starts_lazily_and_the_next_node_prefetches(
         nodes, converted, registry, tmp_path):
     from bootseer.store import open_store
-    from tests.support.cri.pods import CriClient
     from bootseer.tree import profile as prof
+    from tests.support.cri.pods import CriClient
     image, pause, store, tree = converted
     host = f"127.0.0.1:{registry.port}"
 
@@ -92,10 +92,10 @@ def _layers(image: str) -> list[str]:
 
 
 def _tree_meta(store: str, tree: str) -> dict:
+    from bootseer.config import BootseerConfig
     from bootseer.store import open_store
     from bootseer.store.cache import NodeCache
     from bootseer.store.fetch import Fetcher
-    from bootseer.config import BootseerConfig
     from bootseer.tree.reader import load_toc
     config = BootseerConfig.from_env(overrides={"store": {"url": store}})
     with Fetcher(config.fetch) as f:
@@ -126,6 +126,7 @@ def test_a_restarted_snapshotter_fails_running_containers_loudly_and_serves_new_
     pod runs."""
     import signal
     import threading
+
     from tests.support.cri.pods import CriClient
     image, pause, store, _ = converted
     n = nodes("r", snapshotter_args=["--store", store], cri=(pause, f"127.0.0.1:{registry.port}"),
@@ -166,9 +167,11 @@ def test_labels_from_an_image_never_escape_the_root(converted, tmp_path):
     below the root, store refs are never built from them; another image stacked on a
     placeholder layer is refused."""
     import grpc
+
     from bootseer.config import BootseerConfig
     from bootseer.snapshotter.lazy import CRI_MANIFEST, REF, LazyImages
-    from bootseer.snapshotter.proto import snapshots_pb2 as pb, snapshots_pb2_grpc
+    from bootseer.snapshotter.proto import snapshots_pb2 as pb
+    from bootseer.snapshotter.proto import snapshots_pb2_grpc
     from bootseer.snapshotter.server import SnapshotterServer
     image, _, store, tree = converted
     config = BootseerConfig.from_env(overrides={"store": {"url": store},

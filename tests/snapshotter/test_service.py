@@ -11,10 +11,11 @@ import grpc
 import pytest
 from google.protobuf import field_mask_pb2
 
-from bootseer.snapshotter.proto import snapshots_pb2 as pb, snapshots_pb2_grpc
-from bootseer.snapshotter.server import SnapshotterServer
 from bootseer.errors import UsageError
-from tests.conftest import need, is_root
+from bootseer.snapshotter.proto import snapshots_pb2 as pb
+from bootseer.snapshotter.proto import snapshots_pb2_grpc
+from bootseer.snapshotter.server import SnapshotterServer
+from tests.conftest import is_root, need
 
 
 @pytest.fixture

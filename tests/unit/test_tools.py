@@ -6,10 +6,17 @@ import pytest
 
 from bootseer.node import tools
 
-SKOPEO = r'''time="2026-11-28T10:00:00Z" level=warning msg="Failed, retrying in 1s ... (1/3). Error: pinging container registry r.example: connection refused"
-time="2026-11-28T10:00:01Z" level=warning msg="Failed, retrying in 1s ... (2/3). Error: pinging container registry r.example: connection refused"
-time="2026-11-28T10:00:03Z" level=fatal msg="initializing source docker://r.example/a:1: pinging container registry r.example: Get \"https://r.example/v2/\": dial tcp 10.0.0.1:443: connect: connection refused (retrying 3 times)"
-'''
+# skopeo's logrus lines, as a failed copy prints them (verbatim; split only to fit)
+SKOPEO = (
+    r'time="2026-11-28T10:00:00Z" level=warning msg="Failed, retrying in 1s ... (1/3). '
+    r'Error: pinging container registry r.example: connection refused"' "\n"
+    r'time="2026-11-28T10:00:01Z" level=warning msg="Failed, retrying in 1s ... (2/3). '
+    r'Error: pinging container registry r.example: connection refused"' "\n"
+    r'time="2026-11-28T10:00:03Z" level=fatal msg="initializing source '
+    r'docker://r.example/a:1: pinging container registry r.example: '
+    r'Get \"https://r.example/v2/\": dial tcp 10.0.0.1:443: connect: connection refused '
+    r'(retrying 3 times)"' "\n"
+)
 
 
 def test_logrus_noise_is_trimmed_to_the_message_and_retries_summarized():

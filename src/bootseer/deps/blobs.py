@@ -15,11 +15,11 @@ and metadata image serve a key, so a node with them mounts without asking the st
 A fetch queues every chunk not in the node cache at once (the fetcher coalesces
 neighbours in a pack into few large requests); chunks are decompressed and verified on a
 few threads in blob order and written at their slots as they arrive (the tree's one
-chunk writer, ``tree.writer.ChunkWriter``), so a chunk's bytes are held only until written and nothing is
-written twice: the blob is the node's copy of the environment, its chunks are not also put
-in the node cache. It is written to a part beside its final name, locked by its writer
-(``bootseer.node.partfile``), then renamed: a killed fetch leaves no blob that looks
-whole, and the next fetch on the node removes every part a dead process left.
+chunk writer, ``tree.writer.ChunkWriter``), so a chunk's bytes are held only until written
+and nothing is written twice: the blob is the node's copy of the environment, its chunks
+are not also put in the node cache. It is written to a part beside its final name, locked
+by its writer (``bootseer.node.partfile``), then renamed: a killed fetch leaves no blob
+that looks whole, and the next fetch on the node removes every part a dead process left.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
@@ -130,7 +130,7 @@ def local_blob(config: BootseerConfig, store, reader, layout: BlobLayout, key: s
             Path(blob).unlink(missing_ok=True)
     if not os.path.exists(blob):
         with tracing.phase("deps.fetch") as span:
-            from bootseer.tree.peers import fetch_tree   # the job's peers first
+            from bootseer.tree.peers import fetch_tree  # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
             total = sum(ref.size for ref in layout.refs)   # the data, not the padding
             span.set(**fetch(reader, layout, blob,

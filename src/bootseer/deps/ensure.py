@@ -25,9 +25,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 
 from bootseer import redact
 from bootseer import trace as tracing

@@ -135,7 +135,8 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
     return sorted(out, key=lambda e: e.last_used)
 
 
-def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
+def gc(config: BootseerConfig, max_bytes: int, *,
+       dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
     """Remove least-recently-used environments until the others fit in ``max_bytes``.
     Returns ``(env, action)`` for each one considered: removed, in use, or kept."""
     envs = environments(config)
@@ -153,7 +154,7 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
                 report.append((env, "in use (ensure or run holds its lock)"))
                 continue
             if env.kernel:
-                report.append(_drop_mounted(config, env, dry_run))
+                report.append(_drop_mounted(config, env, env.kernel, dry_run))
                 if not report[-1][1].startswith("in use"):
                     total -= env.bytes
                 continue
@@ -179,15 +180,16 @@ def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False) -> list
     return report
 
 
-def _drop_mounted(config: BootseerConfig, env: NodeEnv, dry_run: bool) -> tuple[NodeEnv, str]:
+def _drop_mounted(config: BootseerConfig, env: NodeEnv, kernel: dict,
+                  dry_run: bool) -> tuple[NodeEnv, str]:
     """Unmount an unused kernel restore (if mounted) and remove its blob (its lock is held
-    by gc)."""
+    by gc); ``kernel`` is its sidecar, ``env.kernel``."""
     pids = users(env.prefix)
     if pids:
         return env, f"in use (pid {', '.join(map(str, pids[:5]))})"
     if not dry_run:
         unmount(env.prefix)
-        drop_blob(config, env.key, env.kernel)
+        drop_blob(config, env.key, kernel)
         env.record.unlink(missing_ok=True)
         try:
             os.rmdir(env.prefix)    # the empty mount point: the environment is gone whole

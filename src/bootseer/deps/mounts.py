@@ -141,18 +141,20 @@ def mount_env(config: BootseerConfig, tree: str, prefix: str, key: str, *,
             [sys.executable, "-m", "bootseer.deps.mountd", prefix, tree, key, state,
              str(window_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
             start_new_session=True, close_fds=True)
-    proc.stdin.write(pickle.dumps(config))
-    proc.stdin.close()
+    stdin, stdout = proc.stdin, proc.stdout
+    assert stdin is not None and stdout is not None   # both PIPEs
+    stdin.write(pickle.dumps(config))
+    stdin.close()
     line = b""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        ready, _, _ = select.select([stdout], [], [], 0.1)
         if ready:
-            line = proc.stdout.readline()
+            line = stdout.readline()
             break
         if proc.poll() is not None:
             break
-    proc.stdout.close()
+    stdout.close()
     if line.strip() != b"ready":
         if proc.poll() is None:
             proc.kill()

@@ -28,9 +28,9 @@ import glob
 import json
 import os
 import re
-import stat
 import secrets
 import shutil
+import stat
 from pathlib import Path
 
 from bootseer.node import mounts
@@ -40,7 +40,7 @@ from bootseer.node.proc import pid_alive
 MARKER = ".bootseer-env.json"
 KERNEL_BACKEND = "erofs"      # the sidecar's "backend" of a kernel restore (no server)
 KINDS = ("building", "restoring", "old", "scratch")
-_SIBLING = re.compile(r"\.(?:%s)-\d+-[0-9a-f]+$" % "|".join(KINDS))
+_SIBLING = re.compile(rf"\.(?:{'|'.join(KINDS)})-\d+-[0-9a-f]+$")
 
 
 def sidecar(prefix: str) -> str:

@@ -96,7 +96,7 @@ def _logical_lines(text: str) -> list[str]:
         cur = ""
     if cur.strip():
         out.append(cur.strip())
-    return [l for l in out if l]
+    return [line for line in out if line]
 
 
 def _project(line: str) -> str | None:
@@ -118,8 +118,8 @@ def user_hashes(spec: Path, _seen: set | None = None) -> dict[str, set[str]]:
     for line in _logical_lines(spec.read_text()):
         inc = re.match(r"(?:-r|--requirement)[=\s]\s*(\S+)", line)
         if inc:
-            for name, hs in user_hashes(spec.parent / inc[1], seen).items():
-                pins.setdefault(name, set()).update(hs)
+            for project, hs in user_hashes(spec.parent / inc[1], seen).items():
+                pins.setdefault(project, set()).update(hs)
             continue
         hashes = {h.lower() for h in _HASH.findall(line)}
         name = _project(line) if hashes else None
@@ -171,8 +171,8 @@ def environment_key(locked: str, interp: dict, prefix: str | None, *, base_image
                     options: dict | None = None) -> str:
     """sha256 over what makes an environment reusable. Index URLs are not in it: the
     pins carry artifact hashes, so where they came from does not matter."""
-    pins = sorted(l.strip() for l in locked.splitlines()
-                  if l.strip() and not l.strip().startswith("#"))
+    pins = sorted(line.strip() for line in locked.splitlines()
+                  if line.strip() and not line.strip().startswith("#"))
     doc = {"format": FORMAT, "pins": pins, "python": {k: interp[k] for k in
                                                       ("impl", "version", "soabi", "platform")},
            "libc": interp.get("libc"),
@@ -182,8 +182,8 @@ def environment_key(locked: str, interp: dict, prefix: str | None, *, base_image
 
 
 def pins_key(locked: str) -> str:
-    pins = sorted(l.strip() for l in locked.splitlines()
-                  if l.strip() and not l.strip().startswith("#"))
+    pins = sorted(line.strip() for line in locked.splitlines()
+                  if line.strip() and not line.strip().startswith("#"))
     return "sha256:" + hashlib.sha256(json.dumps(pins).encode()).hexdigest()
 
 

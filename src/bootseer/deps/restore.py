@@ -17,9 +17,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
@@ -37,6 +37,7 @@ from bootseer.tree.blob_mount import image_of
 from bootseer.tree.extract import SETID
 from bootseer.tree.extract import extract as extract_tree
 from bootseer.tree.reader import TreeReader
+from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def extract(store, manifest: dict, prefix: str, config: BootseerConfig, key: str
         with tracing.phase("deps.extract") as span, client.lane() as f:
             reader = TreeReader(store, manifest["tree"], f, client.cache)
             total = sum(c.size for c in reader.all_chunks())
-            from bootseer.tree.peers import fetch_tree   # the job's peers first
+            from bootseer.tree.peers import fetch_tree  # the job's peers first
             span.set(**(fetch_tree(config, store, reader) or {}))
             n = extract_tree(reader, tmp.path, readonly=True, timing=timing,
                              progress=(lambda b: progress(b, total)) if progress else None)

@@ -17,7 +17,7 @@ import os
 import pickle
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from bootseer.errors import MountError
 from bootseer.mount.kinds import Serving

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from bootseer.config import BootseerConfig
 from bootseer.errors import MountError

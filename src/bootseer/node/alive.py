@@ -40,7 +40,7 @@ class Mark:
     """A held mark at ``path`` (created, or taken over from a dead holder); ``release``
     drops and removes it."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.new-")
         try:
@@ -54,7 +54,7 @@ class Mark:
         self._fd: int | None = fd
 
     @classmethod
-    def new_in(cls, directory: str | os.PathLike) -> "Mark":
+    def new_in(cls, directory: str | os.PathLike[str]) -> Mark:
         """A mark with a fresh name in ``directory`` (one per holder, even within a
         process)."""
         os.makedirs(directory, exist_ok=True)
@@ -72,7 +72,7 @@ class Mark:
             self._fd = None
 
 
-def held(path: str | os.PathLike, locks=None) -> bool | None:
+def held(path: str | os.PathLike[str], locks: object = None) -> bool | None:
     """Whether a live process holds the mark at ``path`` (None: there is no such file).
     ``locks`` is ignored (kept for callers of the earlier ``/proc/locks`` reader)."""
     try:
@@ -124,7 +124,7 @@ class StateDir:
         left under ``path`` and removes it."""
         self._note({"dir": os.path.realpath(path), "undo": list(undo or [])})
 
-    def _note(self, record: dict) -> None:
+    def _note(self, record: dict[str, object]) -> None:
         # 0600 whatever the umask: a sweep acts only on notes nobody else could write
         fd = os.open(self.path / NOTES, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a") as f:
@@ -149,10 +149,10 @@ class StateDir:
         if not left:
             os.rmdir(self.path)
 
-    def __enter__(self) -> "StateDir":
+    def __enter__(self) -> StateDir:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -166,7 +166,7 @@ def _private(path: Path) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)
 
 
-def _notes(state: Path) -> list[dict]:
+def _notes(state: Path) -> list[dict[str, object]]:
     try:
         fd = os.open(state / NOTES, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -176,7 +176,7 @@ def _notes(state: Path) -> list[dict]:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
             return []
         lines = f.read(1 << 20).splitlines()
-    out = []
+    out: list[dict[str, object]] = []
     for line in lines:
         try:
             record = json.loads(line)
@@ -199,7 +199,9 @@ def sweep_dead(root: str = STATE_ROOT) -> list[str]:
     candidates = [p for p in candidates if _private(p) and stat.S_ISDIR(os.lstat(p).st_mode)]
     if not candidates:
         return []
-    live_mounts, dead = set(), []
+    # (mount point, mount id) of the mounts live commands noted: never unmounted here
+    live_mounts: set[tuple[object, object]] = set()
+    dead: list[Path] = []
     for path in candidates:
         state = held(path / MARK)
         if state is None:
@@ -214,7 +216,7 @@ def sweep_dead(root: str = STATE_ROOT) -> list[str]:
     return [str(p) for p in dead]
 
 
-def _undo(state: Path, live_mounts: set) -> None:
+def _undo(state: Path, live_mounts: set[tuple[object, object]]) -> None:
     mounted = {(e.mountpoint, e.mount_id, e.dev) for e in points.table()}
     for record in _notes(state):
         undo = record.get("undo")
@@ -229,7 +231,7 @@ def _undo(state: Path, live_mounts: set) -> None:
             points.unmount_under(where)
             shutil.rmtree(where, ignore_errors=True)
         mp = record.get("mount")
-        if ((mp, record.get("id"), record.get("dev")) in mounted
+        if (isinstance(mp, str) and (mp, record.get("id"), record.get("dev")) in mounted
                 and (mp, record.get("id")) not in live_mounts):
             points.lazy_unmount(mp)
     points.unmount_under(str(state))

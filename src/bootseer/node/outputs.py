@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO, Any
 
 from bootseer.errors import BootseerError
 
@@ -43,7 +44,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def check(path: str | os.PathLike, what: str = "output") -> None:
+def check(path: str | os.PathLike[str], what: str = "output") -> None:
     """Refuse early (before any work) an output path that :func:`open_output` would refuse:
     an existing non-file, or a missing path whose directory does not exist."""
     path = os.fspath(path)
@@ -62,7 +63,7 @@ def check(path: str | os.PathLike, what: str = "output") -> None:
                           "(name a regular file, a new path, a FIFO or /dev/null)")
 
 
-def open_fd(path: str | os.PathLike, what: str = "output") -> int:
+def open_fd(path: str | os.PathLike[str], what: str = "output") -> int:
     """A write descriptor on ``path`` by the rules of this module (regular files truncated)."""
     path = os.fspath(path)
     try:
@@ -87,8 +88,8 @@ def open_fd(path: str | os.PathLike, what: str = "output") -> int:
 
 
 @contextlib.contextmanager
-def open_output(path: str | os.PathLike, mode: str = "w", what: str = "output"
-                ) -> Iterator[IO]:
+def open_output(path: str | os.PathLike[str], mode: str = "w", what: str = "output"
+                ) -> Iterator[IO[Any]]:
     """``open(path, mode)`` by the rules of this module (``mode``: ``"w"`` or ``"wb"``);
     a failed write raises OutputError naming the path."""
     if mode not in ("w", "wb"):
@@ -110,17 +111,17 @@ def open_output(path: str | os.PathLike, mode: str = "w", what: str = "output"
                 f.close()
 
 
-def write_text(path: str | os.PathLike, text: str, what: str = "output") -> None:
+def write_text(path: str | os.PathLike[str], text: str, what: str = "output") -> None:
     with open_output(path, "w", what) as f:
         f.write(text)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes, what: str = "output") -> None:
+def write_bytes(path: str | os.PathLike[str], data: bytes, what: str = "output") -> None:
     with open_output(path, "wb", what) as f:
         f.write(data)
 
 
-def is_stream(path: str | os.PathLike) -> bool:
+def is_stream(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is (or links to) a character device or FIFO: bytes written there
     cannot be taken back, so a verified copy streams to it instead of spooling first."""
     try:
@@ -130,7 +131,7 @@ def is_stream(path: str | os.PathLike) -> bool:
     return any(t(mode) for t in _STREAMS)
 
 
-def spool_beside(path: str | os.PathLike) -> IO[bytes]:
+def spool_beside(path: str | os.PathLike[str]) -> IO[bytes]:
     """An anonymous temp file (no name: nothing is left behind if killed) on the output's
     filesystem, where bytes wait until verified before :func:`copy_into` writes them out."""
     parent = os.path.dirname(os.path.abspath(os.fspath(path)))
@@ -144,7 +145,7 @@ def spool_beside(path: str | os.PathLike) -> IO[bytes]:
             return tempfile.TemporaryFile()
 
 
-def copy_into(src: IO[bytes], path: str | os.PathLike, what: str = "output") -> None:
+def copy_into(src: IO[bytes], path: str | os.PathLike[str], what: str = "output") -> None:
     """Write all of ``src`` (from its start) into ``path`` by the rules of this module."""
     src.flush()
     src.seek(0)

@@ -29,12 +29,19 @@ class PartFile:
     ``dest``; :meth:`close` (also on leaving a ``with`` block) removes what was not
     committed."""
 
-    def __init__(self, dest: str | os.PathLike, mode: int = 0o600):
+    def __init__(self, dest: str | os.PathLike[str], mode: int = 0o600):
         self.dest = str(dest)
         self.path = f"{self.dest}.part-{os.getpid()}-{secrets.token_hex(4)}"
-        self.fd: int | None = os.open(
+        self._fd: int | None = os.open(
             self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)   # held until closed: the writer is alive
+        fcntl.flock(self._fd, fcntl.LOCK_EX)   # held until closed: the writer is alive
+
+    @property
+    def fd(self) -> int:
+        """The part's descriptor, open for writing until :meth:`commit` or :meth:`close`."""
+        if self._fd is None:
+            raise ValueError(f"{self.path}: the part is closed")
+        return self._fd
 
     def commit(self, mode: int | None = None) -> None:
         """Rename the part to ``dest`` (``mode``: set first, e.g. 0o444) and close it."""
@@ -49,18 +56,18 @@ class PartFile:
         self._close_fd()
 
     def _close_fd(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
-    def __enter__(self) -> "PartFile":
+    def __enter__(self) -> PartFile:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def write_atomic(dest: str | os.PathLike, data: bytes) -> None:
+def write_atomic(dest: str | os.PathLike[str], data: bytes) -> None:
     """``data`` at ``dest`` (mode 0600), replaced whole: a reader sees the old file or
     the new."""
     with PartFile(dest) as part:
@@ -88,7 +95,7 @@ def _runs_here(pid: int | None) -> bool:
     return True
 
 
-def sweep_dead(directory: str | os.PathLike) -> list[str]:
+def sweep_dead(directory: str | os.PathLike[str]) -> list[str]:
     """Remove the parts in ``directory`` whose writer is gone (see the module docstring);
     return the parts removed."""
     removed = []

@@ -28,8 +28,9 @@ import os
 import queue
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from bootseer.node.libc import libc
 
@@ -63,14 +64,16 @@ def preexec(sig: int = signal.SIGTERM) -> Callable[[], None]:
     return _set_parent_death_signal
 
 
-def popen_kwargs(sig: int = signal.SIGTERM) -> dict:
+def popen_kwargs(sig: int = signal.SIGTERM) -> dict[str, Any]:
     """``subprocess.Popen(argv, **popen_kwargs())``: the keyword arguments that make the
     child die with this process."""
     return {"preexec_fn": preexec(sig)}
 
 
 _SPAWNER = "bootseer-spawner"
-_requests: queue.SimpleQueue | None = None
+# what the spawner thread is asked: start(*args, **kwargs), its result or error into done
+_Request = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Future[Any]]
+_requests: queue.SimpleQueue[_Request] | None = None
 _requests_lock = threading.Lock()
 
 
@@ -82,7 +85,7 @@ def _forget_spawner() -> None:   # a forked child has no spawner thread: it make
 os.register_at_fork(after_in_child=_forget_spawner)
 
 
-def _spawner_loop(requests: queue.SimpleQueue) -> None:
+def _spawner_loop(requests: queue.SimpleQueue[_Request]) -> None:
     while True:
         start, args, kwargs, done = requests.get()
         try:
@@ -105,7 +108,7 @@ def spawn(start: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             _requests = queue.SimpleQueue()
             threading.Thread(target=_spawner_loop, args=(_requests,), name=_SPAWNER,
                              daemon=True).start()
-    done: Future = Future()
+    done: Future[Any] = Future()
     _requests.put((start, args, kwargs, done))
     return done.result()
 

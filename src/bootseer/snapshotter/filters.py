@@ -7,6 +7,7 @@ matches any of the filters given."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from bootseer.snapshotter.metadata import KIND_NAMES, Snapshot, SnapshotError
 
@@ -21,9 +22,11 @@ def _unquote(s: str) -> str:
     return s
 
 
-def parse(text: str):
+def parse(text: str) -> Callable[[Snapshot], bool]:
     """A predicate over snapshots; a one-line error for what it does not understand."""
-    terms, pos = [], 0
+    # (field, operator, value, the value compiled where the operator is ~=)
+    terms: list[tuple[str, str | None, str | None, re.Pattern[str] | None]] = []
+    pos = 0
     while pos < len(text):
         m = _TERM.match(text, pos)
         if not m or m.end() == pos:
@@ -32,16 +35,19 @@ def parse(text: str):
         if field.startswith("labels."):
             field = "labels." + _unquote(field[7:])
         value = None if m["value"] is None else _unquote(m["value"])
+        pattern = None
         if m["op"] == "~=":
+            assert value is not None        # _TERM matches an operator only with its value
             try:
-                value = re.compile(value)
+                pattern = re.compile(value)
             except re.error as e:
-                raise SnapshotError("INVALID_ARGUMENT", f"bad regex in filter {text!r}: {e}")
-        terms.append((field, m["op"], value))
+                raise SnapshotError(
+                    "INVALID_ARGUMENT", f"bad regex in filter {text!r}: {e}") from e
+        terms.append((field, m["op"], value, pattern))
         pos = m.end()
 
     def matches(s: Snapshot) -> bool:
-        for field, op, value in terms:
+        for field, op, value, pattern in terms:
             have = _field(s, field)
             if op is None and have is None:
                 return False
@@ -49,7 +55,7 @@ def parse(text: str):
                 return False
             if op == "!=" and have == value:
                 return False
-            if op == "~=" and (have is None or not value.search(have)):
+            if pattern is not None and (have is None or not pattern.search(have)):
                 return False
         return True
     return matches

@@ -59,7 +59,7 @@ class SnapshotterServer:
         snapshots_pb2_grpc.add_SnapshotsServicer_to_server(self.service, self.server)
         self.server.add_insecure_port(f"unix://{self.address}")
 
-    def start(self) -> "SnapshotterServer":
+    def start(self) -> SnapshotterServer:
         self.server.start()
         os.chmod(self.address, 0o600)
         log.info("serving containerd snapshots on %s (root %s)", self.address,

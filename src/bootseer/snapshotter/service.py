@@ -13,12 +13,18 @@ from google.protobuf import empty_pb2, timestamp_pb2
 
 from bootseer.node import mounts
 from bootseer.snapshotter.filters import parse
-from bootseer.snapshotter.lazy import (REF, TREE, LazyImages, is_top,
-                                       placeholder_below_top)
-from bootseer.snapshotter.metadata import (ACTIVE, COMMITTED, VIEW, MetaStore, Snapshot,
-                                           SnapshotError)
+from bootseer.snapshotter.lazy import REF, TREE, LazyImages, is_top, placeholder_below_top
+from bootseer.snapshotter.metadata import (
+    ACTIVE,
+    COMMITTED,
+    VIEW,
+    MetaStore,
+    Snapshot,
+    SnapshotError,
+)
 from bootseer.snapshotter.overlay import OverlayLayout
-from bootseer.snapshotter.proto import mount_pb2, snapshots_pb2 as pb, snapshots_pb2_grpc
+from bootseer.snapshotter.proto import mount_pb2, snapshots_pb2_grpc
+from bootseer.snapshotter.proto import snapshots_pb2 as pb
 
 log = logging.getLogger(__name__)
 _LIST_BATCH = 100
@@ -149,6 +155,9 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
         """Commit layer ``name`` of a converted image without its content (the top one
         mounts the tree); False when the tree cannot be mounted (the layer is then
         pulled as usual)."""
+        lazy = self.lazy
+        if lazy is None:   # no lazy images: no match is made (_create), pulled as usual
+            return False
         with self.meta.transaction() as tx:
             if tx.find(name) is not None:
                 return True
@@ -157,7 +166,7 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
         if not match.top:
             return True
         try:
-            self.lazy.mount(s, self.layout.fs(s), self._lazy_state(s))
+            lazy.mount(s, self.layout.fs(s), self._lazy_state(s))
             return True
         except Exception as e:   # noqa: BLE001 - store, FUSE: the layers are pulled instead
             log.warning("tree %s cannot be mounted (%s): pulling the image's layers",

@@ -70,7 +70,7 @@ class Channel:
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self.stopping = False
 
-    def listener(self) -> "Listener":
+    def listener(self) -> Listener:
         """A wait of one's own for one worker thread (close it when the thread ends)."""
         return Listener(self)
 
@@ -167,7 +167,7 @@ class Listener:
     def close(self) -> None:
         self._epoll.close()
 
-    def __enter__(self) -> "Listener":
+    def __enter__(self) -> Listener:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,8 +8,8 @@ import functools
 import os
 import stat
 
-from bootseer.node import alive
 from bootseer.mount.view import Attr
+from bootseer.node import alive
 
 CAP_SYS_ADMIN = 21
 
@@ -73,7 +73,8 @@ def passthrough_unavailable() -> str | None:
                 return (f"the kernel offers FUSE 7.{server.kernel_minor} without passthrough "
                         "(Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH=y has it)")
             try:
-                server._channel.backing_close(server._channel.backing_open(probe_file))
+                channel = server._connected()
+                channel.backing_close(channel.backing_open(probe_file))
             except OSError as e:
                 return f"the kernel refused a backing file ({e.strerror or e})"
         finally:

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from bootseer.mount import fuse
 from bootseer.mount.kinds import Serving

@@ -1,11 +1,12 @@
 """Serve any :class:`~bootseer.mount.view.TreeView` over one /dev/fuse connection.
 
 Worker threads each wait for a request, answer it and wait again (the kernel hands each
-request to one reader and wakes one idle worker for it), so slow reads (a stripe still on the network) never hold up
-lookups or other files. A view may offer ``backing_path(path) -> str | None``: a
-complete, verified local copy of the file. An OPEN of such a file is then answered with
-FOPEN_PASSTHROUGH and a backing id: the kernel reads and mmaps that copy itself and this
-server sees no READ for it. Files without one keep the Python read path.
+request to one reader and wakes one idle worker for it), so slow reads (a stripe still on
+the network) never hold up lookups or other files. A view may offer
+``backing_path(path) -> str | None``: a complete, verified local copy of the file. An OPEN
+of such a file is then answered with FOPEN_PASSTHROUGH and a backing id: the kernel reads
+and mmaps that copy itself and this server sees no READ for it. Files without one keep
+the Python read path.
 
 The kernel refuses (EIO) an inode opened both ways at once, so the mode is decided per
 node: while any open of a file reads through Python, new opens do too, and while any
@@ -72,18 +73,19 @@ class Server:
         self._close_when_idle = False
 
     # -- life ---------------------------------------------------------------------------------
-    def start(self) -> "Server":
+    def start(self) -> Server:
         fd = mount_fd(self.mountpoint, self.name)
-        self._channel = Channel(fd)
+        channel = self._channel = Channel(fd)
         try:
-            self._init()
+            self._init(channel)
         except BaseException:
             unmount(self.mountpoint)
-            self._channel.close()
+            channel.close()
             raise
         self._live = self.threads
         for i in range(self.threads):
-            t = threading.Thread(target=self._work, name=f"devfuse-{i}", daemon=True)
+            t = threading.Thread(target=self._work, args=(channel,), name=f"devfuse-{i}",
+                                 daemon=True)
             t.start()
             self._workers.append(t)
         return self
@@ -114,21 +116,27 @@ class Server:
         self._channel = None
         self.ended.set()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _init(self) -> None:
+    def _connected(self) -> Channel:
+        """The connection, between ``start()`` and ``stop()``."""
+        if self._channel is None:
+            raise ServerError(errno.ENOTCONN, f"devfuse {self.mountpoint}: not mounted")
+        return self._channel
+
+    def _init(self, channel: Channel) -> None:
         buf = bytearray(BUFFER_BYTES)
-        n = self._channel.receive(buf)
+        n = channel.receive(buf)
         length, opcode, unique, *_ = p.IN_HEADER.unpack_from(buf)
         if n == 0 or opcode != p.INIT:
             raise ServerError(errno.EPROTO, f"FUSE: expected INIT, got opcode {opcode}")
         major, minor, readahead, flags, flags2 = p.INIT_IN.unpack_from(buf, p.IN_HEADER.size)
         if major != p.KERNEL_VERSION or minor < p.ANSWERED_MINOR:
-            self._channel.reply(unique, errno.EPROTO)
+            channel.reply(unique, errno.EPROTO)
             raise ServerError(errno.EPROTO, f"FUSE protocol {major}.{minor} (need 7.40+)")
         self.kernel_minor = minor
         offered = flags | ((flags2 << 32) if flags & p.INIT_EXT else 0)
@@ -142,11 +150,10 @@ class Server:
         out = p.INIT_OUT.pack(p.KERNEL_VERSION, p.ANSWERED_MINOR, readahead,
                               agreed & 0xFFFFFFFF, 64, 48, 4096, 1, MAX_READ // 4096, 0,
                               agreed >> 32, 1 if self.passthrough else 0)
-        self._channel.reply(unique, 0, out)
+        channel.reply(unique, 0, out)
 
     # -- requests -----------------------------------------------------------------------------
-    def _work(self) -> None:
-        channel = self._channel
+    def _work(self, channel: Channel) -> None:
         buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
         try:
@@ -223,7 +230,7 @@ class Server:
         if hasattr(self.view, "open"):
             self.view.open(path)
         backing = None
-        if self.passthrough:
+        if self.passthrough and hasattr(self.view, "backing_path"):   # as agreed at INIT
             try:
                 backing = self.view.backing_path(path)
             except Exception as e:  # noqa: BLE001 - the Python path still works
@@ -232,7 +239,7 @@ class Server:
             io = self._files.setdefault(node, _FileIO())
             if not io.passthrough and backing and not io.python:
                 try:
-                    io.backing_id = self._channel.backing_open(backing)
+                    io.backing_id = self._connected().backing_open(backing)
                 except OSError as e:   # gc removed it, or the kernel refused: Python reads
                     if not self._backing_failed_said:
                         self._backing_failed_said = True
@@ -253,7 +260,7 @@ class Server:
             if fh == FH_PASSTHROUGH:
                 io.passthrough -= 1
                 if io.passthrough == 0:
-                    self._channel.backing_close(io.backing_id)
+                    self._connected().backing_close(io.backing_id)
                     io.backing_id = -1
             else:
                 io.python -= 1

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bootseer.mount.erofs import kernel
 from bootseer.node import partfile

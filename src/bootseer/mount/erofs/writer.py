@@ -46,7 +46,7 @@ class Inode:
     target: bytes = b""
     rdev: int = 0
     xattrs: dict[str, bytes] = field(default_factory=dict)
-    entries: dict[bytes, "Inode"] | None = None
+    entries: dict[bytes, Inode] | None = None
 
 
 @dataclass(slots=True)
@@ -100,8 +100,15 @@ def _xattr_body(xattrs: dict[str, bytes], stats: ImageStats) -> bytes:
     return L.XATTR_IBODY_HEADER.pack(0, 0, b"") + b"".join(parts)
 
 
+def _entries(d: Inode) -> dict[bytes, Inode]:
+    """A directory's entries; a directory without its list cannot be written."""
+    if d.entries is None:
+        raise ImageError("a directory has no entry list")
+    return d.entries
+
+
 def _dirents(p: _Placed) -> list[tuple[bytes, Inode]]:
-    ents = [(b".", p.inode), (b"..", p.parent), *p.inode.entries.items()]
+    ents = [(b".", p.inode), (b"..", p.parent), *_entries(p.inode).items()]
     ents.sort(key=lambda e: e[0])
     return ents
 
@@ -142,7 +149,7 @@ def _walk(root: Inode) -> list[_Placed]:
         pd = placed[id(d)]
         pd.nlink = 2
         subdirs = []
-        for name, child in sorted(d.entries.items()):
+        for name, child in sorted(_entries(d).items()):
             if name in (b".", b"..") or not name or b"/" in name or b"\0" in name:
                 raise ImageError(f"invalid name {name!r} in the tree")
             if len(name) > 255:
@@ -195,13 +202,13 @@ def write_image(root: Inode, *, chunk_size: int, blob_blocks: int,
                 p.data_size = (len(blocks) - 1) * L.BLOCK + blocks[-1][2]
             else:
                 p.data_size = len(ino.target)
-            tail = p.data_size % L.BLOCK
-            if tail and fixed + tail <= L.BLOCK:
-                if pos % L.BLOCK + fixed + tail > L.BLOCK:
+            tail_size = p.data_size % L.BLOCK
+            if tail_size and fixed + tail_size <= L.BLOCK:
+                if pos % L.BLOCK + fixed + tail_size > L.BLOCK:
                     pos = _align(pos, L.BLOCK)   # the tail may not cross a block
                 p.layout = L.LAYOUT_FLAT_INLINE
                 p.data_blocks = p.data_size // L.BLOCK
-                meta = fixed + tail
+                meta = fixed + tail_size
             else:
                 p.data_blocks = L.blocks_for(p.data_size)
         p.nid = pos // L.ISLOT
@@ -240,6 +247,7 @@ def write_image(root: Inode, *, chunk_size: int, blob_blocks: int,
         at += len(p.xattr_body)
         if p.layout == L.LAYOUT_CHUNK_BASED:
             at = _align(at, L.CHUNK_INDEX.size)
+            assert ino.chunk_blocks is not None   # pass 1 chose this layout for them
             for b in ino.chunk_blocks:
                 image[at:at + 8] = L.CHUNK_INDEX.pack(b >> 32, 1, b & 0xFFFFFFFF)
                 at += 8
