@@ -31,7 +31,6 @@ from bootseer.errors import MountError
 from bootseer.mount.choose import What, choose
 from bootseer.mount.erofs import images, kernel
 from bootseer.store.client import StoreClient
-from bootseer.tree.toc import Toc
 from bootseer.tree.blob import BlobLayout, unsupported
 from bootseer.tree.blob_mount import image_of
 from bootseer.tree.extract import SETID
