@@ -34,7 +34,7 @@ class LazyImage(Pipeline):
         self.handle = None
         self.rec_dir = state / "recording"
         self.tree = None
-        self.published = None
+        self.published: str | None = None
 
     def prepare(self, timeline) -> Prepared:
         rootfs = self.state / "rootfs"
@@ -109,7 +109,7 @@ class StripedCheckpoint(Pipeline):
         self.url, self.config, self.state, self.target = url, config, state, target
         self.mirrors = mirrors
         self.handle = None
-        self.mirror = None
+        self.mirror: Path | None = None
 
     def prepare(self, timeline) -> Prepared:
         mp = self.state / "mnt"
