@@ -168,7 +168,8 @@ class NodeRun:
         self._running: C.Running | None = None
         self._proc: subprocess.Popen | None = None
         self._runtime, self._options = spec.runtime, C.Options()
-        self.on_prepared = None
+        # told of each pipeline as it becomes ready: (name, kind, attrs, seconds)
+        self.on_prepared: Callable[[str, str, dict, float], None] | None = None
         """Called ``(name, kind, attrs, seconds)`` as each pipeline is ready (the CLI's
         status line)."""
 
