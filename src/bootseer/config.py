@@ -291,12 +291,12 @@ class BootseerConfig:
                 if not isinstance(values, dict):
                     raise ConfigError(section, f"expected a [{section}] table in {path}")
                 layered.setdefault(section, {}).update(values)
-        for f in dataclasses.fields(cls):
-            sub = typing.get_type_hints(cls)[f.name]
+        for sect in dataclasses.fields(cls):
+            sub = typing.get_type_hints(cls)[sect.name]
             for sf in dataclasses.fields(sub):
-                var = setting_var(f.name, sf.name)
+                var = setting_var(sect.name, sf.name)
                 if var in env:
-                    layered.setdefault(f.name, {})[sf.name] = env[var]
+                    layered.setdefault(sect.name, {})[sf.name] = env[var]
         for section, values in (overrides or {}).items():
             layered.setdefault(section, {}).update({k: v for k, v in values.items()
                                                     if v is not None})
@@ -403,7 +403,8 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, s
             for n in unknown]
 
 
-def section_key(section: str, env: Mapping[str, str] | None = None) -> tuple:
+def section_key(section: str, env: Mapping[str, str] | None = None
+                ) -> tuple[tuple[str, str | None], ...]:
     """The variables a section's settings depend on, with their values: a cache of what
     was built from them is valid while this is unchanged."""
     env = os.environ if env is None else env
@@ -417,7 +418,8 @@ def trace_settings(env: Mapping[str, str] | None = None) -> jobenv.TraceSettings
     env = os.environ if env is None else env
     try:
         c = BootseerConfig.from_env(env).trace
-    except Exception:  # a bad setting elsewhere must not fail the traced job: raw variables
+    except Exception:  # noqa: BLE001 - a bad setting elsewhere must not fail the traced job
+        # (the raw variables instead)
         return jobenv.trace_settings(env)
     return jobenv.TraceSettings(location=c.location, job_id=c.job_id, attempt=c.attempt,
                                 node=c.node, gpus=c.gpus, start=jobenv.trace_start(env))

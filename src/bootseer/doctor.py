@@ -27,7 +27,7 @@ class Check:
     detail: str
     hint: str | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -62,6 +62,9 @@ from bootseer import redact  # errors are shown and logged: no URL credentials
 class BootseerError(Exception):
     """Root of every error bootseer raises on purpose."""
 
+    # the next step, which the CLI shows under the error's line (None: no step to suggest)
+    hint: str | None = None
+
 
 class UsageError(BootseerError, ValueError):
     """Arguments that cannot work together (a mirror of a non-http checkpoint, a rank

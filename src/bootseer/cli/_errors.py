@@ -9,6 +9,7 @@ import errno
 import sys
 import traceback
 from contextlib import contextmanager
+from typing import TypeVar
 
 from bootseer import redact
 from bootseer.errors import BootseerError, StoreError
@@ -31,7 +32,10 @@ _FSSPEC_SAYS = {"s3fs": "s3fs", "gcsfs": "gcsfs", "Google Storage": "gcsfs", "ad
                 "pyarrow": "pyarrow", "requests": "requests"}
 
 
-def with_hint(error: BaseException, hint: str | None) -> BaseException:
+_E = TypeVar("_E", bound=BootseerError)
+
+
+def with_hint(error: _E, hint: str | None) -> _E:
     """``error`` carrying ``hint``, the next step shown under its line."""
     if hint:
         error.hint = hint
@@ -61,6 +65,8 @@ def os_error_text(e: OSError) -> str:
 
 
 def os_error_hint(e: OSError) -> str | None:
+    if e.errno is None:
+        return None
     return {errno.ENOSPC: "free space on that file system (or point the path elsewhere)",
             errno.EDQUOT: "the disk quota is used up: free space or raise the quota",
             errno.ENAMETOOLONG: "use a shorter name (at most 255 bytes per path part)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 _settings = {"quiet": False, "progress": True}
 
@@ -68,7 +69,7 @@ def run_node(spec, config) -> int:
     return node.run()
 
 
-def follow(desc: str, total: int, done: Callable[[], int], finished: Callable[[float], bool],
+def follow(desc: str, total: float, done: Callable[[], float], finished: Callable[[float], bool],
            unit: str = "B") -> None:
     """Wait for work running in the background: ``finished(timeout)`` waits at most that
     long and says whether it is over. On a terminal (unless -q/--no-progress) a bar shows
@@ -91,7 +92,7 @@ class StageBars:
     closes when the next begins; ``total`` None: bytes and rate, no percentage)."""
 
     def __init__(self):
-        self.bar = None
+        self.bar: Any = None   # a tqdm bar (tqdm carries no types)
         self.stage = None
 
     def __call__(self, stage: str, done: int, total: int | None) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from typing import BinaryIO
 
 from bootseer.cli import print_json
 from bootseer.cli._flags import add_json_arg, add_store_arg
@@ -138,6 +139,7 @@ def _put(args) -> int:
     from bootseer.errors import StoreError
     from bootseer.store.digest import file_digest
     store = _open(args)
+    f: BinaryIO   # read twice: once for its digest, once to upload
     if args.file == "-":
         # stdin cannot be read twice: spool it to a temp file (bounded memory)
         import tempfile

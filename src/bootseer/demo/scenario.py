@@ -22,8 +22,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from bootseer.node import proc as procs
 from bootseer.testing.netns import Host, kill_processes_in, processes_in
@@ -103,7 +105,7 @@ class Launched:
     proc: subprocess.Popen | None
     summary: Path
     log: Path
-    out: object = field(default=None, repr=False)
+    out: BinaryIO | None = field(default=None, repr=False)   # the log, open while it runs
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the node's whole process group (what a dying machine does to its job)."""
@@ -125,7 +127,8 @@ def node_command(*, node: Host, node_dir: Path, run_args: list[str], env: dict[s
 
 
 def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
-                 base_env: dict[str, str], hold: set[str] = frozenset()) -> list[Launched]:
+                 base_env: dict[str, str], hold: AbstractSet[str] = frozenset()
+                 ) -> list[Launched]:
     """Start every node's ``bootseer run`` at once (each in its own process group); the nodes
     named in ``hold`` are not started (a machine that never comes up)."""
     launched = []
@@ -167,7 +170,8 @@ def wait_nodes(launched: list[Launched], timeout_s: float = 900) -> list[NodeRes
                 rc = n.proc.wait(max(1, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 rc = stop(n.proc)
-            n.out.close()
+            if n.out is not None:
+                n.out.close()
         data = json.loads(n.summary.read_text()) if n.summary.exists() else {}
         results.append(NodeResult(n.host.name, rc, data, n.log))
     return results

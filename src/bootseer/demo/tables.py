@@ -41,12 +41,13 @@ def gating(results: list[NodeResult]) -> str:
     problem = explain_failure(results)
     if problem:
         return problem
-    done = [r for r in results if r.ready_s is not None]
-    slowest = max(done, key=lambda r: r.ready_s)
+    done = [(r, r.ready_s) for r in results if r.ready_s is not None]
+    slowest = max(done, key=lambda d: d[1])[0]
     parts = {p: pipeline_s(slowest, p) for p in PIPELINES}
     parts["job"] = to_ready_in_job(slowest)
-    phase = max((k for k in parts if parts[k] is not None), key=lambda k: parts[k])
-    return f"{slowest.node}, {phase} ({parts[phase]:.1f} s)"
+    known = {k: v for k, v in parts.items() if v is not None}
+    phase = max(known, key=lambda k: known[k])
+    return f"{slowest.node}, {phase} ({known[phase]:.1f} s)"
 
 
 def fmt(v: float | None, unit: str = "s") -> str:
@@ -109,6 +110,7 @@ def render(starts: list[tuple[str, list[NodeResult]]], events: list[dict] | None
         if events is not None:
             row.insert(2, fmt_sources(hot_set_sources(events, results)))
         rows.append(row)
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    line = lambda cells: "  ".join(str(c).ljust(w)  # noqa: E731
+                                   for c, w in zip(cells, widths, strict=True))
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])

@@ -14,6 +14,7 @@ import argparse
 import os
 import time
 import warnings
+from typing import Any
 
 T0 = time.time()
 warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
@@ -104,7 +105,7 @@ def main():
         dist.destroy_process_group()
         return
     model_state, optim_state = get_state_dict(model, optim)   # allocates optimizer state
-    state = {"model": model_state, "optim": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     t = time.time()
     dcp.load(state, checkpoint_id=os.environ["BOOTSEER_CKPT_DIR"])   # this rank's shard
     set_state_dict(model, optim, model_state_dict=state["model"],

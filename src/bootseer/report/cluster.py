@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from bootseer import redact
@@ -129,7 +130,7 @@ def characterize(recs: list[dict], day_s: float = 86400.0) -> dict:
         _spread(hourly_start, t0, ready, g)
         _spread(hourly_train, t0 + ready, tr, g)
     box = []
-    for name, vals in zip(BIN_NAMES, bins):
+    for name, vals in zip(BIN_NAMES, bins, strict=True):
         vals.sort()
         box.append({"bin": name, "n": len(vals), **({} if not vals else {
             "min": vals[0], "q1": _q(vals, .25), "median": _q(vals, .5), "q3": _q(vals, .75),
@@ -140,13 +141,15 @@ def characterize(recs: list[dict], day_s: float = 86400.0) -> dict:
             "startup_gpu_h": lost / 3600, "train_gpu_h": train / 3600,
             "lost_share": lost / (lost + train) if train else None,
             "bins": box,
-            "phase_shares": {k: v / total_phase for k, v in sorted(phase_gpu.items(), key=lambda kv: -kv[1])},
+            "phase_shares": {k: v / total_phase
+                             for k, v in sorted(phase_gpu.items(), key=lambda kv: -kv[1])},
             "gating_phases": dict(sorted(gating.items(), key=lambda kv: -kv[1])),
-            "restarts": {"total": sum(restarts), "mean": statistics.fmean(restarts) if restarts else 0,
+            "restarts": {"total": sum(restarts),
+                         "mean": statistics.fmean(restarts) if restarts else 0,
                          "max": max(restarts, default=0),
                          "jobs_with_restarts": sum(1 for x in restarts if x)},
             "hourly": [{"hour": h, "startup_gpu_h": s / 3600, "train_gpu_h": t / 3600}
-                       for h, (s, t) in enumerate(zip(hourly_start, hourly_train))]}
+                       for h, (s, t) in enumerate(zip(hourly_start, hourly_train, strict=True))]}
 
 
 def _spread(buckets: list[float], start: float, dur: float, gpus: int) -> None:
@@ -172,7 +175,7 @@ def _q(s: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def text(c: dict, notes: list[str] = ()) -> str:
+def text(c: dict, notes: Sequence[str] = ()) -> str:
     out = [f"{c['jobs']} jobs, {c['attempts']} attempts; startup {c['startup_gpu_h']:.0f} GPU-h,"
            f" training {c['train_gpu_h']:.0f} GPU-h"]
     if c["lost_share"] is not None:
@@ -195,7 +198,8 @@ def text(c: dict, notes: list[str] = ()) -> str:
 
 def compare(new: dict, base: dict) -> str:
     rows = []
-    for a, b in zip(new["bins"], base["bins"]):
+    # both from characterize: a row per size bin, the same bins in the same order
+    for a, b in zip(new["bins"], base["bins"], strict=True):
         if "median" in a and "median" in b:
             rows.append([a["bin"], f"{b['median']:.0f}", f"{a['median']:.0f}",
                          f"{(1 - a['median'] / b['median']) * 100:.0f}%" if b["median"] else "-"])

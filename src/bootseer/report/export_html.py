@@ -259,7 +259,7 @@ def _path_table(s: Summary) -> str:
 
 def to_html(views: list[AttemptView], summaries: list[Summary], title: str, report_text: str,
             baseline: list[Summary] | None = None) -> str:
-    attempts = [_attempt_data(v, s) for v, s in zip(views, summaries)]
+    attempts = [_attempt_data(v, s) for v, s in zip(views, summaries, strict=True)]
     names = {x[3] for a in attempts for n in a["nodes"] for x in n["spans"]}
     names |= {x["phase"] for a in attempts for x in a["path"]}
     names |= {p for a in attempts for p in a["cdf"] if p != "time to ready"}
@@ -280,7 +280,7 @@ def to_html(views: list[AttemptView], summaries: list[Summary], title: str, repo
                        s.gating_phase or "-", len(s.stragglers), f"{s.gpu_seconds_lost:.0f}"]
                       for s in summaries]]),
             "<h3>phase colours</h3><div id='legend-phases'></div>"]
-    for v, s, a in zip(views, summaries, attempts):
+    for v, s, a in zip(views, summaries, attempts, strict=True):
         shown = len(a["nodes"])
         body += [f"<h2 id='attempt-{v.attempt}'>attempt {v.attempt}</h2>", _cards(s),
                  f"<p class='note'>{s.nodes} nodes; clocks aligned by {html.escape(s.alignment)}"

@@ -76,7 +76,7 @@ def text(job: str, views: list[AttemptView], summaries: list[Summary]) -> str:
     w = _Writer()
     w.metric("bootseer_startup_restarts", "gauge", "Restarts of the job seen in its trace.")
     w.sample("bootseer_startup_restarts", {"job_id": job}, max(len(summaries) - 1, 0))
-    for v, s in zip(views, summaries):
+    for v, s in zip(views, summaries, strict=True):
         gpus = sum(n.gpus for n in v.nodes)
         # job size as the simulator and `analyze` bin it, so dashboards group by it
         base = {"job_id": job, "attempt": s.attempt, "gpus_bin": BIN_NAMES[bin_of(max(gpus, 1))]}

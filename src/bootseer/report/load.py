@@ -16,6 +16,7 @@ import json
 import math
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,7 +180,7 @@ def _check(ev) -> int:
             return _OUT_OF_RANGE
     attrs = get("attrs")
     if attrs:
-        for k, v in attrs.items():
+        for v in attrs.values():
             if (type(v) is float and not math.isfinite(v)) or \
                     (type(v) is int and not -MAX_INT < v < MAX_INT):
                 return _OUT_OF_RANGE
@@ -227,7 +228,8 @@ def load(path: str | Path) -> Trace:
     p = Path(path)
     if not p.exists():
         raise TraceError(f"no trace at {p}: check the path (a trace is a directory of "
-                         f".jsonl files written by 'bootseer run --trace' or BOOTSEER_TRACE_LOCATION)")
+                         f".jsonl files written by 'bootseer run --trace' or "
+                         f"BOOTSEER_TRACE_LOCATION)")
     named = not p.is_dir()   # a file the user names is followed if it is a link
     files = [str(p)] if named else sorted(_jsonl(p))
     if not files:
@@ -243,6 +245,7 @@ def load(path: str | Path) -> Trace:
         fd, size = opened
         small = _read_small(fd, size)
         torn_at = None   # the number of an unterminated last line
+        linenos: Sequence[int]
         if small is not None:
             parsed, first = small
             linenos = range(first, first + len(parsed))
@@ -253,15 +256,14 @@ def load(path: str | Path) -> Trace:
                 t.long_lines += 1
                 t.skip(os.path.relpath(f, root), n, f"longer than {MAX_LINE // 1024} KiB")
             raws = [raw for _, raw in numbered]
-            parsed = _decode_joined(b"\n".join(raws), len(raws))
-            if parsed is None:
-                parsed = [_decoded(raw) for raw in raws]
+            decoded = _decode_joined(b"\n".join(raws), len(raws))
+            parsed = decoded if decoded is not None else [_decoded(raw) for raw in raws]
         events, problems = t.events, t.problems
-        for lineno, ev in zip(linenos, parsed):
+        for lineno, ev in zip(linenos, parsed, strict=True):
             bad = _check(ev)
             if bad:
                 t.rejected += bad == _OUT_OF_RANGE
-                why = _WHY.get(bad) if ev is not None else (
+                why = _WHY[bad] if ev is not None else (
                     "torn (no end of line: its writer was killed mid-write?)"
                     if lineno == torn_at else "not one JSON value")
                 t.skip(os.path.relpath(f, root), lineno, why)

@@ -40,14 +40,15 @@ _PROBE = b'{"bootseer": "trace location probe"}\n'
 
 
 def is_url(location: str | None) -> bool:
-    return bool(location) and "://" in location
+    return location is not None and "://" in location
 
 
 def ref_part(text: str) -> str:
     """``text`` as one ref part: itself when plain, else a cleaned prefix and a hash."""
     if _PLAIN.fullmatch(text) and "--" not in text:
         return text
-    safe = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]", "_", text)).lstrip("._-")[:24].rstrip("-")
+    cleaned = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]", "_", text))
+    safe = cleaned.lstrip("._-")[:24].rstrip("-")
     return f"{safe or 'x'}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from collections.abc import Sequence
 
 from bootseer.report import export_chrome, export_html
 from bootseer.report import sources as src
@@ -44,13 +45,18 @@ def _path_line(s: Summary) -> list[str]:
 RANK_ROWS_SHOWN = 8
 
 
+def _latest_ready_first(r: dict) -> float:
+    # a rank never ready sorts first: it is the one that held the node back
+    ready = r.get("ready")
+    return -(ready if ready is not None else float("inf"))
+
+
 def _ranks(s: Summary) -> list[str]:
     if not s.ranks:
         return []
     cols = [c for c in ("interpreter", "imports", "dist.init", "first collective",
                         "ckpt.load", "model.init", "first step") if any(c in r for r in s.ranks)]
-    rows = sorted(s.ranks, key=lambda r: -(r.get("ready") if r.get("ready") is not None
-                                           else float("inf")))
+    rows = sorted(s.ranks, key=_latest_ready_first)
     out = []
     waits = [r["rendezvous_wait"] for r in s.ranks if r.get("rendezvous_wait") is not None]
     if waits:
@@ -91,7 +97,7 @@ def sources_table(s: Summary) -> list[str]:
     return out
 
 
-def text(summaries: list[Summary], skipped: int = 0, problems: list[str] = ()) -> str:
+def text(summaries: list[Summary], skipped: int = 0, problems: Sequence[str] = ()) -> str:
     parts = []
     for s in summaries:
         parts.append(f"attempt {s.attempt}: {s.nodes} nodes, time to ready "

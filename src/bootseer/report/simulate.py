@@ -192,9 +192,9 @@ def _attempt(p: SimParams, rnd: random.Random, nodes: int, base: dict):
             v[i] *= (1.0 - rnd.random()) ** (-1 / 1.5)
         per[k] = v
     if "overlap" in p.techniques:  # image, deps and checkpoint fetches run side by side
-        totals = [c + max(i, d, k) + x + m for c, i, d, k, x, m in zip(*per.values())]
+        totals = [c + max(i, d, k) + x + m for c, i, d, k, x, m in zip(*per.values(), strict=True)]
     else:
-        totals = [sum(t) for t in zip(*per.values())]
+        totals = [sum(t) for t in zip(*per.values(), strict=True)]
     gi = max(range(nodes), key=totals.__getitem__)
     return totals[gi], per, gi
 
@@ -237,7 +237,8 @@ def simulate(p: SimParams, out: str, events_jobs: int = 0) -> SimulationRun:
             lines.append(json.dumps({"v": 1, "kind": "attempt", "job": job, "attempt": a,
                                      "gpus": gpus, "nodes": nodes, "t": round(t, 1),
                                      "ready": round(ready, 2), "train": round(seg, 1),
-                                     "phases": {k: [round(x, 2) for x in v] for k, v in phases.items()},
+                                     "phases": {k: [round(x, 2) for x in v]
+                                                for k, v in phases.items()},
                                      "gating_node": f"node{gi}", "gating_phase": gating_phase},
                                     separators=(",", ":")))
             if j < events_jobs:

@@ -97,7 +97,8 @@ def job_sources(per_node: dict[str, dict[str, list]]) -> dict[str, dict]:
     # per pipeline: [origin, peers, nodes, peer_nodes, roles]; one pass over the nodes
     acc: dict[str, list] = {}
     peer_nodes = 0
-    most, most_bytes = None, -1
+    most: str | None = None
+    most_bytes = -1
     for node, src in per_node.items():
         any_peers = False
         node_origin = 0
@@ -115,7 +116,8 @@ def job_sources(per_node: dict[str, dict[str, list]]) -> dict[str, dict]:
             if role:
                 t[4][role] = t[4].get(role, 0) + 1
         peer_nodes += any_peers
-        if node_origin > most_bytes or (node_origin == most_bytes and node > most):
+        if node_origin > most_bytes or (node_origin == most_bytes and most is not None
+                                          and node > most):
             most, most_bytes = node, node_origin
     out: dict[str, dict] = {}
     for pipeline in PIPELINES:
@@ -125,10 +127,12 @@ def job_sources(per_node: dict[str, dict[str, list]]) -> dict[str, dict]:
                              "peer_share": peer_share(origin, peers), "nodes": nodes,
                              "peer_nodes": with_peers, "roles": dict(sorted(roles.items()))}
     if out:
-        origin = peers = None
-        for t in out.values():
-            origin, peers = _add(origin, t["origin"]), _add(peers, t["peers"])
-        out[ALL] = {"origin": origin, "peers": peers, "peer_share": peer_share(origin, peers),
+        all_origin = all_peers = None
+        for figures in out.values():
+            all_origin = _add(all_origin, figures["origin"])
+            all_peers = _add(all_peers, figures["peers"])
+        out[ALL] = {"origin": all_origin, "peers": all_peers,
+                    "peer_share": peer_share(all_origin, all_peers),
                     "nodes": sum(1 for src in per_node.values() if src),
                     "peer_nodes": peer_nodes, "roles": {},
                     "most_origin": {"node": most, "origin": most_bytes}}

@@ -95,19 +95,19 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
         phases[name] = PhaseStats(statistics.median(vals), pct(vals, 0.9), max(vals), len(vals),
                                   sum(vals))
     per_node = {n.node: src for n in view.nodes if (src := sources.node_sources(n))}
-    done = [n for n in view.nodes if n.ready is not None]
+    done = [(n, n.ready) for n in view.nodes if n.ready is not None]   # (node, its ready)
     gating_node = gating_phase = gating_rank = None
     path: list = []
     stragglers: list[str] = []
     what_if = None
     if done:
-        slow = max(done, key=lambda n: n.ready)
+        slow = max(done, key=lambda d: d[1])[0]
         gating_node, gating_rank = slow.node, slow.last_rank
-        readies = [n.ready for n in done]
+        readies = [r for _, r in done]
         med = statistics.median(readies)
         mad = statistics.median(abs(r - med) for r in readies) * 1.4826
         limit = med + k * max(mad, 1e-9)
-        stragglers = [n.node for n in done if n.ready > limit and len(done) > 2]
+        stragglers = [n.node for n, r in done if r > limit and len(done) > 2]
         gating_phase = _gating_phase(slow, phases, straggler=slow.node in stragglers)
         path = cp.node_path(slow, view)
         real = [x for x in path if x.phase not in (UNTRACED, cp.NOT_STARTED)]
@@ -119,10 +119,10 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
             gating_node, gating_phase = top.node, top.phase
             gating_rank = by_name[top.node].last_rank
         fixed = []
-        for n in done:
+        for n, ready in done:
             excess = sum(max(0.0, v - phases[p].median) for p, v in n.phases.items()) \
                 if n.node in stragglers else 0.0
-            fixed.append(max(n.ready - excess, 0.0))
+            fixed.append(max(ready - excess, 0.0))
         what_if = max(fixed)
     ttr = view.ready
     wait = ttr if ttr is not None else max((n.last_end for n in view.nodes), default=0.0)

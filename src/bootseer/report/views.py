@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import statistics
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 UNTRACED = "(untraced)"   # time to ready not covered by any top-level phase on the node
 CLOCK_STEP_S = 0.5        # wall and monotonic clocks disagreeing by more: the wall clock stepped
@@ -109,8 +110,8 @@ class AttemptView:
 
     @property
     def ready(self) -> float | None:
-        vals = [n.ready for n in self.nodes]
-        return None if any(v is None for v in vals) or not vals else max(vals)
+        vals = [n.ready for n in self.nodes if n.ready is not None]
+        return None if len(vals) < len(self.nodes) or not vals else max(vals)
 
     @property
     def not_ready(self) -> list[NodeView]:
@@ -151,7 +152,7 @@ def _clock(evs: list[dict]) -> tuple[list[tuple[float, float]], int, int | None]
         s, en = e["start"], e["end"]
         times.append((s, en))
         ms, me = e.get("mono_start"), e.get("mono_end")
-        if type(ms) in _NUMBER and type(me) in _NUMBER:
+        if _is_number(ms) and _is_number(me):
             mono.append((i, s, en, ms, me))
         if rendezvous is None and e["phase"] == "rendezvous" and e.get("kind") == "mark":
             rendezvous = i
@@ -171,6 +172,13 @@ def _clock(evs: list[dict]) -> tuple[list[tuple[float, float]], int, int | None]
 
 
 _NUMBER = (int, float)
+
+
+def _is_number(v: object) -> TypeGuard[float]:
+    # a time: an int or a float (bool is an int to Python, not a time to us)
+    return type(v) in _NUMBER
+
+
 DEPS_FETCHES = ("deps.fetch", "deps.extract")   # where a restore says what it fetched
 
 
@@ -221,11 +229,12 @@ def _assign_tracks(spans: list[dict]) -> None:
             while stack and stack[-1] <= s["start"] + NEST_EPS_S:
                 stack.pop()
             if not stack or s["end"] <= stack[-1] + NEST_EPS_S:
+                s["track"] = i
                 break
         else:
             tracks.append([])
-            i, stack = len(tracks) - 1, tracks[-1]
-        s["track"], s["depth"] = i, len(stack)
+            s["track"], stack = len(tracks) - 1, tracks[-1]
+        s["depth"] = len(stack)
         stack.append(s["end"])
 
 
@@ -241,9 +250,10 @@ def _attempt(attempt: int, by_node: dict[str, list[dict]]) -> AttemptView:
                             f"event(s) placed by the monotonic clock")
     offsets = dict.fromkeys(by_node, 0.0)
     alignment = "wall clock (NTP)"
-    if len(by_node) > 1 and all(v is not None for v in rdzv.values()):
-        ref = statistics.median(rdzv.values())
-        offsets = {n: ref - v for n, v in rdzv.items()}
+    marked = {n: v for n, v in rdzv.items() if v is not None}
+    if len(by_node) > 1 and len(marked) == len(rdzv):
+        ref = statistics.median(marked.values())
+        offsets = {n: ref - v for n, v in marked.items()}
         alignment = "rendezvous marks"
     t0 = min(min(times[n])[0] + offsets[n] for n in by_node)
     nodes = [_node_view(n, evs, times[n], offsets[n] - t0) for n, evs in sorted(by_node.items())]
@@ -274,7 +284,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     collectives: dict = {}
     last_end = float("-inf")
     last_rank = last_pid = None
-    for e, (s, en) in zip(evs, times):
+    for e, (s, en) in zip(evs, times, strict=True):
         s += off
         en += off
         get = e.get
@@ -315,7 +325,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
                 collectives[phase] = s
     missing = [r for r in ranks if r not in readies]
     ready = max(readies.values()) if readies and not missing else None
-    last = max(readies, key=readies.get) if readies else None
+    last = max(readies, key=lambda who: readies[who]) if readies else None
     # the breakdown explains the time to ready: what a phase spends after the node is
     # ready (the job itself, a mount reporting at unmount) is not startup; several
     # processes on one node (ranks) run a phase side by side: the node's time in a phase
@@ -362,7 +372,7 @@ def _build_lanes(evs: list[dict], times: list[tuple[float, float]], off: float,
     spans: list[dict] = []
     marks: list[dict] = []
     by_lane: dict[str, list[dict]] = {}
-    for e, (s, en), key in zip(evs, times, lane_keys):
+    for e, (s, en), key in zip(evs, times, lane_keys, strict=True):
         get = e.get
         lane = labels[key]
         s += off

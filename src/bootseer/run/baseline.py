@@ -164,7 +164,7 @@ def single_stream_copy(url: str, dest: str, *, block: int = 1024**2,
     else:
         fs, root = fsspec.core.url_to_fs(url)
         root = root.rstrip("/")
-        files = [p for p in fs.find(root)] if fs.isdir(root) else [root]
+        files = list(fs.find(root)) if fs.isdir(root) else [root]
     total = 0
     for path in files:
         rel = os.path.relpath(path, root) if path != root else os.path.basename(path)

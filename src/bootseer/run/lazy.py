@@ -34,7 +34,7 @@ class LazyImage(Pipeline):
         self.handle = None
         self.rec_dir = state / "recording"
         self.tree = None
-        self.published = None
+        self.published: str | None = None
 
     def prepare(self, timeline) -> Prepared:
         rootfs = self.state / "rootfs"

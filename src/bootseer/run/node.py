@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bootseer import trace
 from bootseer.config import BootseerConfig
@@ -33,6 +34,10 @@ from bootseer.run import baseline, inroot, tracing
 from bootseer.run import container as C
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
+
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +157,7 @@ class NodeRun:
         self.timeline = Timeline()
         self._owns_state = spec.state_dir is None
         self._state_dir: alive.StateDir | None = None
-        if self._owns_state:   # held until we exit; a dead run's is swept by the next
+        if spec.state_dir is None:   # ours: held until we exit; the next run sweeps a dead one's
             self._state_dir = alive.StateDir(STATE_PREFIX)
             self.state = self._state_dir.path
         else:
@@ -161,9 +166,10 @@ class NodeRun:
         self.pipelines: list[Pipeline] = []
         self.ready_at: float | None = None
         self._running: C.Running | None = None
-        self._proc = None
+        self._proc: subprocess.Popen | None = None
         self._runtime, self._options = spec.runtime, C.Options()
-        self.on_prepared = None
+        # told of each pipeline as it becomes ready: (name, kind, attrs, seconds)
+        self.on_prepared: Callable[[str, str, dict, float], None] | None = None
         """Called ``(name, kind, attrs, seconds)`` as each pipeline is ready (the CLI's
         status line)."""
 
@@ -329,6 +335,8 @@ class NodeRun:
         signal_dir = self.state / "signal"
         signal_dir.mkdir(exist_ok=True)
         image = prepared.get("image")
+        waiter: Callable[[], int]          # the command's exit status, once it exits
+        forward: Callable[[int], None]     # a signal to the command
         if image is not None:
             # the image's own Env and WorkingDir, as a container engine applies them
             # (bootseer's variables and --env win); CMD replaces Entrypoint + Cmd
@@ -361,12 +369,12 @@ class NodeRun:
             env = {**os.environ, **trace_env,
                    **self._command_env(prepared, str(signal_dir / "ready"), in_container=False)}
             try:
-                self._proc = procs.spawn(subprocess.Popen, s.argv, env=env, cwd=s.workdir,
-                                         **procs.popen_kwargs(), **self._output_pipes())
+                proc = procs.spawn(subprocess.Popen, s.argv, env=env, cwd=s.workdir,
+                                   **procs.popen_kwargs(), **self._output_pipes())
             except FileNotFoundError:
                 print(f"bootseer: error: command {s.argv[0]!r} not found", file=sys.stderr)
                 return C.EXIT_NOT_FOUND
-            proc = self._proc
+            self._proc = proc
             pumps = self._pump_output(proc, signal_dir / "ready")
             waiter = lambda: (lambda rc: 128 - rc if rc < 0 else rc)(proc.wait())  # noqa: E731
             forward = proc.send_signal

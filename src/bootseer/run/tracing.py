@@ -81,13 +81,14 @@ def job_trace_env(trace, shim_dir: str, *, python_path: str | None = None,
     env = {TRACE_AUTO: trace_capture(),
            "PYTHONPATH": ":".join(p for p in (shim_dir, python_path) if p),
            **trace_env(trace, gpus=trace.gpus or gpus or None)}
-    if trace_start():
-        env[TRACE_START] = trace_start()
+    start = trace_start()
+    if start:
+        env[TRACE_START] = start
     return env
 
 
 def is_trace_dir(location: str | None) -> bool:
-    return bool(location) and "://" not in location
+    return bool(location and "://" not in location)
 
 
 # -- attempts ---------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from bootseer import jobenv
 from bootseer.trace import record
@@ -95,11 +97,11 @@ class _ImportTimer(importlib.abc.MetaPathFinder):
                 if hook is not None:
                     try:
                         hook(module)
-                    except Exception:  # capture must never break the program
+                    except Exception:  # noqa: BLE001 - capture must never break the program
                         pass
         try:
             spec.loader = _Wrapped(loader, exec_module)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a spec that refuses it is imported untimed
             pass
         return spec
 
@@ -137,6 +139,12 @@ class _Wrapped(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
+def _mark_ours(fn: Callable[..., Any]) -> None:
+    # a wrapper says so in an attribute, which a second install (or the other copy of this
+    # module) checks before it wraps again; functions take attributes, Callable cannot say so
+    fn._bootseer = True  # type: ignore[attr-defined]
+
+
 def _wrap(obj, attr: str, phase: str, after=None, size_arg: bool = False) -> None:
     fn = getattr(obj, attr, None)
     if fn is None or getattr(fn, "_bootseer", False):
@@ -146,7 +154,7 @@ def _wrap(obj, attr: str, phase: str, after=None, size_arg: bool = False) -> Non
     def inner(*a, **kw):
         if phase in record.recorder().stack():  # dcp.load calls torch.load: count once
             return fn(*a, **kw)
-        attrs = {}
+        attrs: dict[str, object] = {}
         if size_arg and a and isinstance(a[0], (str, os.PathLike)):
             try:
                 attrs["bytes"] = os.path.getsize(a[0])
@@ -158,7 +166,7 @@ def _wrap(obj, attr: str, phase: str, after=None, size_arg: bool = False) -> Non
         if after:
             after()
         return out
-    inner._bootseer = True
+    _mark_ours(inner)
     setattr(obj, attr, inner)
 
 
@@ -186,22 +194,24 @@ def _torch(torch) -> None:
     _wrap(torch, "load", "ckpt.load", size_arg=True)
     try:
         from torch.optim import optimizer as opt
-    except Exception:
+    except Exception:  # noqa: BLE001 - a torch without optimizers: no first step to time
         return
-    state = {"start": None, "handles": []}
+    first: tuple[float, float] | None = None   # the first step's start: wall, monotonic
+    handles: list[Any] = []
 
     def pre(o, args, kwargs):
-        if state["start"] is None:
-            state["start"] = (time.time(), time.monotonic())
+        nonlocal first
+        if first is None:
+            first = (time.time(), time.monotonic())
 
     def post(o, args, kwargs):
-        for h in state["handles"]:
+        for h in handles:
             h.remove()
-        start, _ = state["start"] or (time.time(), 0)
+        start, _ = first or (time.time(), 0)
         record.emit("train.first_step", start, time.time())
         ready()   # under `bootseer run`: ready without a line of the job's own code
-    state["handles"] = [opt.register_optimizer_step_pre_hook(pre),
-                        opt.register_optimizer_step_post_hook(post)]
+    handles[:] = [opt.register_optimizer_step_pre_hook(pre),
+                  opt.register_optimizer_step_post_hook(post)]
 
 
 # Collectives a job may call first (DDP's constructor: _verify_params_across_processes
@@ -218,7 +228,8 @@ def _first_collective(mod) -> None:
     rank arrives (its rendezvous wait; with NCCL it also builds the communicator). All
     ranks leave it together: the ``rendezvous`` mark at its return aligns the clocks."""
     state = {"done": False}
-    originals, wrappers = {}, {}
+    originals: dict[str, Callable[..., Any]] = {}
+    wrappers: dict[str, Callable[..., Any]] = {}
 
     def wrap(name: str) -> None:
         fn = getattr(mod, name, None)
@@ -238,7 +249,7 @@ def _first_collective(mod) -> None:
                 if getattr(mod, n, None) is wrappers[n]:   # unless someone patched it since
                     setattr(mod, n, original)
             return out
-        inner._bootseer = True
+        _mark_ours(inner)
         wrappers[name] = inner
         setattr(mod, name, inner)
     for name in _COLLECTIVES:
@@ -273,7 +284,7 @@ def install() -> bool:
         if name in sys.modules:
             try:
                 hook(sys.modules[name])
-            except Exception:
+            except Exception:  # noqa: BLE001 - capture must never break the program
                 pass
     return True
 

@@ -64,7 +64,9 @@ class Recorder:
             location = self.location = None
         self.enabled = bool(location)
         self._fd: int | None = None
-        self._pid = None
+        self._pid: int | None = None
+        # the environment's trace settings this recorder was made from (recorder())
+        self._key: tuple | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -89,6 +91,8 @@ class Recorder:
 
     @property
     def path(self) -> str:
+        if self.location is None:   # only an enabled recorder has a file
+            raise RuntimeError("not tracing: no trace location")
         start = f"-{self.start_id}" if self.start_id else ""
         return os.path.join(self.location, self.job, str(self.attempt),
                             f"{self.node}{start}-{os.getpid()}.jsonl")
@@ -147,7 +151,7 @@ def recorder() -> Recorder:
     global _recorder
     key = jobenv.trace_key()
     r = _recorder
-    if r is None or getattr(r, "_key", None) != key:
+    if r is None or r._key != key:
         with _recorder_lock:
             r = Recorder.from_env()
             r._key = key

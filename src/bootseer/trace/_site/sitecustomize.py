@@ -22,7 +22,7 @@ def _install_capture():
         except ImportError:
             from bootseer.trace import auto
         auto.install()
-    except Exception:
+    except Exception:  # noqa: BLE001 - silent on failure: it must never break a program
         pass
 
 
@@ -37,7 +37,7 @@ def _chain():
             return
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    except Exception as e:   # what Python itself does with a failing sitecustomize
+    except Exception as e:  # noqa: BLE001 - what Python does with a failing sitecustomize
         print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
               f"{type(e).__name__}: {e}", file=sys.stderr)
 
