@@ -33,8 +33,8 @@ def wait_budget_idle(e: Engine, timeout_s: float = 10) -> None:
 
 
 def engine(**kw) -> Engine:
-    cfg = dict(stripe_bytes=64 * KiB, memory_budget_bytes=1024 * KiB, max_stripes_in_flight=8,
-               per_host=4, readahead_max_bytes=512 * KiB)
+    cfg = {"stripe_bytes": 64 * KiB, "memory_budget_bytes": 1024 * KiB,
+           "max_stripes_in_flight": 8, "per_host": 4, "readahead_max_bytes": 512 * KiB}
     cfg.update(kw)
     return Engine(CkptConfig(**cfg), FetchConfig(retries=2, backoff_s=0.05, timeout_s=5,
                                                  deadline_s=20))

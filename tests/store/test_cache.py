@@ -96,7 +96,8 @@ def _killed_writer(cache_dir, digest, data):
 
 def test_killed_filler_leaves_nothing_visible(tmp_path):
     d, b = blob(3, 50_000)
-    p = multiprocessing.get_context("fork").Process(target=_killed_writer, args=(str(tmp_path), d, b))
+    p = multiprocessing.get_context("fork").Process(target=_killed_writer,
+                                                    args=(str(tmp_path), d, b))
     p.start()
     p.join(20)
     assert p.exitcode == -9

@@ -54,7 +54,8 @@ def test_demand_preempts_prefetch_and_promotes():
     with Fetcher(FetchConfig(max_inflight=1, coalesce_gap_bytes=-1)) as f:
         first = f.submit(src, 0, 10, priority=Priority.PREFETCH)   # occupies the one worker
         time.sleep(0.05)
-        queued = [f.submit(src, 1000 * i, 1000 * i + 10, priority=Priority.PREFETCH) for i in range(1, 6)]
+        queued = [f.submit(src, 1000 * i, 1000 * i + 10, priority=Priority.PREFETCH)
+                  for i in range(1, 6)]
         urgent = f.submit(src, 50_000, 50_010, priority=Priority.DEMAND)
         again = f.submit(src, 5000, 5010, priority=Priority.DEMAND)  # promotes a queued one
         assert again is queued[-1]
@@ -91,7 +92,8 @@ def test_coalescing_and_parts():
     with Fetcher(FetchConfig(max_inflight=1, part_bytes=100_000)) as f:
         hold = f.submit(blocker, 0, 10)
         time.sleep(0.05)
-        futs = [f.submit(src, s, s + 1000, priority=Priority.PREFETCH) for s in range(0, 10_000, 1000)]
+        futs = [f.submit(src, s, s + 1000, priority=Priority.PREFETCH)
+                for s in range(0, 10_000, 1000)]
         gate.set()
         hold.result()
         assert b"".join(x.result() for x in futs) == src.data[:10_000]

@@ -219,6 +219,7 @@ def test_forked_child_does_not_share_pooled_connections(tmp_path, nginx_factory)
     """The FUSE server is a forked child: it must open its own connections, or parent and
     child read each other's responses on one keep-alive socket."""
     import multiprocessing
+
     from bootseer.store import http as H
     (tmp_path / "a").write_bytes(b"A" * 100_000)
     (tmp_path / "b").write_bytes(b"B" * 100_000)

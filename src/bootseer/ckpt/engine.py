@@ -214,8 +214,12 @@ class StripedFile:
         elif not budget.try_acquire(end - start):
             return False
         with self._lock:
-            got = True if self.staged.has(idx) else self._inflight.get(idx)
-            if got is not None:  # another thread got there first
+            # another thread got there first: staged it, or has it coming
+            if self.staged.has(idx):
+                budget.release(end - start)
+                return True
+            got = self._inflight.get(idx)
+            if got is not None:
                 budget.release(end - start)
                 return got
             part = demand_part_bytes(self.S)
@@ -260,6 +264,7 @@ class StripedFile:
             got = self.issue(idx, demand=True)
             if got is True:
                 return
+            assert got is not False, "a demand waits for budget: issue() never refuses it"
             if not got.landed.is_set():
                 t0 = time.monotonic()
                 got.landed.wait()

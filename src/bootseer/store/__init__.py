@@ -5,13 +5,20 @@ range through the process's one :class:`~bootseer.store.fetch.Fetcher` (held by 
 :class:`~bootseer.store.client.StoreClient`) and verified before use.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from bootseer.store.backend import Backend
 from bootseer.store.digest import Digest, sha256_digest
+
+if TYPE_CHECKING:
+    from bootseer.config import BootseerConfig
 
 __all__ = ["Backend", "Digest", "sha256_digest", "open_store"]
 
 
-def open_store(url: str | None = None, config=None) -> Backend:
+def open_store(url: str | None = None, config: BootseerConfig | None = None) -> Backend:
     """Open the store at ``url`` (default: the configured store URL)."""
     from bootseer.store.urls import open_backend
     return open_backend(url, config)

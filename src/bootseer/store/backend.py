@@ -6,7 +6,8 @@ them (cache.py, fetch.py). A backend must be safe to call from many threads at o
 
 from __future__ import annotations
 
-from typing import BinaryIO, Iterator, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from bootseer.store.digest import Digest
 

@@ -38,8 +38,8 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bootseer.config import CacheConfig
 from bootseer.errors import CacheError, DigestMismatch
@@ -62,8 +62,8 @@ class NodeCache:
                 raise CacheError(f"cannot create node cache at {self.root}: {e}") from e
         self._guard = threading.Lock()
         self._evict_tlock = threading.Lock()
-        self._stats = dict(hits=0, misses=0, evictions=0, bytes_in=0, rejected=0,
-                           corrupt=0, uncached=0)
+        self._stats = {"hits": 0, "misses": 0, "evictions": 0, "bytes_in": 0, "rejected": 0,
+                       "corrupt": 0, "uncached": 0}
         self._logged: set[str] = set()   # what was said once already (foreign files, full)
 
     # -- paths --------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ class NodeCache:
                            "cannot take are served uncached without a log line)", e)
             return False
 
-    def _log_once(self, key: str, msg: str, *args) -> None:
+    def _log_once(self, key: str, msg: str, *args: object) -> None:
         with self._guard:
             if key in self._logged:
                 return
@@ -279,7 +279,7 @@ class NodeCache:
                              f"{used} bytes are pinned or in use (budget {self.budget})")
         return used
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         entries = self._entries()
         with self._guard:
             return {**self._stats, "entries": len(entries),

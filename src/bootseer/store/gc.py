@@ -13,14 +13,25 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from bootseer.errors import BlobNotFound
+from bootseer.store.backend import Backend
+from bootseer.store.digest import Digest
 
 _DIGEST = re.compile(rb"sha256:[0-9a-f]{64}")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SCAN_MAX_BYTES = 64 * 1024**2
 """Larger blobs are data (packs, layers), never documents that name other blobs."""
+
+
+class DirectoryStore(Protocol):
+    """A store whose blobs are files of this machine (a LocalBackend): the only kind
+    :func:`remove` can delete from."""
+
+    def path(self, digest: Digest) -> Path: ...
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,7 @@ class Unreferenced:
     age_s: float | None   # None: the backend does not say when it was written
 
 
-def _document(store, digest: str) -> bytes | None:
+def _document(store: Backend, digest: str) -> bytes | None:
     """The text of a blob that may name others (JSON, or zstd-compressed JSON); None for
     data."""
     try:
@@ -45,7 +56,7 @@ def _document(store, digest: str) -> bytes | None:
     if head == _ZSTD_MAGIC:
         import zstandard
         try:
-            text = zstandard.ZstdDecompressor().decompress(store.read(digest),
+            text: bytes = zstandard.ZstdDecompressor().decompress(store.read(digest),
                                                            max_output_size=1 << 31)
         except zstandard.ZstdError:
             return None
@@ -66,7 +77,7 @@ def _packs(text: bytes) -> set[str]:
     return {p for p in packs if isinstance(p, str)} if isinstance(packs, list) else set()
 
 
-def reachable(store, also: set[str] | frozenset[str] = frozenset()) -> set[str]:
+def reachable(store: Backend, also: set[str] | frozenset[str] = frozenset()) -> set[str]:
     """Every blob a ref (or a digest in ``also``: trees live readers use) reaches."""
     roots: set[str] = set(also)
     for name in store.list_refs(""):
@@ -95,13 +106,13 @@ def reachable(store, also: set[str] | frozenset[str] = frozenset()) -> set[str]:
     return seen
 
 
-def unreferenced(store, *, min_age_s: float = 0.0,
+def unreferenced(store: Backend, *, min_age_s: float = 0.0,
                  in_use: set[str] | frozenset[str] = frozenset()) -> list[Unreferenced]:
     """Blobs nothing reaches, older than ``min_age_s`` where the backend tells the age;
     ``in_use``: trees live processes read (``store.live``), kept with what they reach."""
     keep = reachable(store, in_use)
     now = time.time()
-    found = []
+    found: list[Unreferenced] = []
     for digest in store.list():
         if digest in keep:
             continue
@@ -116,7 +127,7 @@ def unreferenced(store, *, min_age_s: float = 0.0,
     return found
 
 
-def _age(store, digest: str, now: float) -> float | None:
+def _age(store: Backend, digest: str, now: float) -> float | None:
     path = getattr(store, "path", None)
     if path is None:
         return None
@@ -126,7 +137,7 @@ def _age(store, digest: str, now: float) -> float | None:
         return None
 
 
-def remove(store, blob: Unreferenced) -> bool:
+def remove(store: DirectoryStore, blob: Unreferenced) -> bool:
     """Remove one unreferenced blob of a directory store (the only kind whose blobs this
     process can delete); False if it is gone already."""
     try:

@@ -21,15 +21,23 @@ from __future__ import annotations
 
 import base64
 import http.client
+import ipaddress
 import os
 import re
-import ipaddress
 import threading
 import urllib.parse
 import urllib.request
-from typing import Mapping
+from collections.abc import Callable, Mapping
+from typing import IO
 
-from bootseer.errors import BlobNotFound, FetchError, RangeError, StoreError, WrongRange
+from bootseer.errors import (
+    BlobNotFound,
+    ConfigError,
+    FetchError,
+    RangeError,
+    StoreError,
+    WrongRange,
+)
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 _SKIP_CHUNK = 1 << 20
@@ -64,6 +72,9 @@ class Pool:
         proxy = proxy_for(scheme, host)
         if proxy is None:
             return cls(host, port, timeout=timeout), False
+        if proxy.hostname is None:   # "http://:8080" and the like: nowhere to connect to
+            raise ConfigError("HTTPS_PROXY" if scheme == "https" else "HTTP_PROXY",
+                              f"the proxy for {scheme}:// names no host")
         auth = _proxy_auth(proxy)
         if scheme == "https":   # a tunnel: TLS runs end to end, the proxy sees bytes only
             conn = cls(proxy.hostname, proxy.port or 80, timeout=timeout)
@@ -129,14 +140,17 @@ def proxy_for(scheme: str, host: str) -> urllib.parse.SplitResult | None:
     if not url:
         return None
     if "no" in proxies:
-        if urllib.request.proxy_bypass_environment(host, proxies):
+        # documented nowhere and missing from typeshed, but the one stdlib reading of
+        # NO_PROXY that does not consult the OS (proxy_bypass would, on macOS and Windows)
+        if urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]
+                host, proxies):
             return None
     elif _loopback(host):
         return None
     return urllib.parse.urlsplit(url if "://" in url else "http://" + url)
 
 
-def _proxy_auth(proxy: urllib.parse.SplitResult) -> dict:
+def _proxy_auth(proxy: urllib.parse.SplitResult) -> dict[str, str]:
     if proxy.username is None:
         return {}
     cred = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
@@ -157,13 +171,13 @@ def safe_url(url: str) -> str:
 _safe = safe_url  # older name, kept for callers
 
 
-def _split(url: str) -> tuple[tuple[str, str, int], str, dict]:
+def _split(url: str) -> tuple[tuple[str, str, int], str, dict[str, str]]:
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise FetchError(f"not an http(s) URL: {safe_url(url)!r}", url=safe_url(url))
     port = u.port or (443 if u.scheme == "https" else 80)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-    extra = {}
+    extra: dict[str, str] = {}
     if u.username is not None:  # user:password@host -> basic auth, never logged
         cred = f"{urllib.parse.unquote(u.username)}:{urllib.parse.unquote(u.password or '')}"
         extra["Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
@@ -174,8 +188,10 @@ class Response:
     """An open response whose body has not been read yet; ``close()`` returns the
     connection to the pool (or drops it if the body was not fully read)."""
 
-    def __init__(self, key, conn, resp: http.client.HTTPResponse, url: str):
-        self._key, self._conn, self.raw, self.url = key, conn, resp, url
+    def __init__(self, key: tuple[str, str, int], conn: http.client.HTTPConnection,
+                 resp: http.client.HTTPResponse, url: str):
+        self._key, self.raw, self.url = key, resp, url
+        self._conn: http.client.HTTPConnection | None = conn
         self.status = resp.status
         self.headers = {k.lower(): v for k, v in resp.getheaders()}
 
@@ -191,7 +207,7 @@ class Response:
         its end): for readers that check something between pieces."""
         return self._body(self.raw.read1, n)
 
-    def _body(self, how, *args) -> bytes:
+    def _body(self, how: Callable[..., bytes], *args: int) -> bytes:
         try:
             return how(*args)
         except (http.client.HTTPException, OSError) as e:
@@ -252,15 +268,15 @@ class Response:
         else:
             conn.close()
 
-    def __enter__(self) -> "Response":
+    def __enter__(self) -> Response:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def send(method: str, url: str, *, headers: Mapping[str, str] | None = None, body=None,
-         timeout: float = 30.0) -> Response:
+def send(method: str, url: str, *, headers: Mapping[str, str] | None = None,
+         body: bytes | IO[bytes] | None = None, timeout: float = 30.0) -> Response:
     """Send one request on a pooled connection; the body is left unread (use the returned
     :class:`Response` as a context manager). Reconnects once when a reused keep-alive
     connection turns out to be closed. Transport failures raise FetchError."""
@@ -269,8 +285,9 @@ def send(method: str, url: str, *, headers: Mapping[str, str] | None = None, bod
     for _ in range(2):
         conn, reused = POOL.take(key, timeout)
         try:
-            if hasattr(body, "seek") and reused:
-                body.seek(0)
+            rewind = getattr(body, "seek", None)   # a file body was read by the failed try
+            if rewind is not None and reused:
+                rewind(0)
             via = getattr(conn, "bootseer_proxy_headers", None)
             if via is not None:   # a plain-http proxy takes the whole URL as the target
                 target = urllib.parse.urlunsplit((key[0], f"{key[1]}:{key[2]}", "", "", ""))
@@ -291,8 +308,9 @@ def send(method: str, url: str, *, headers: Mapping[str, str] | None = None, bod
     raise AssertionError("unreachable")
 
 
-def request(method: str, url: str, *, headers: Mapping[str, str] | None = None, body=None,
-            timeout: float = 30.0) -> tuple[int, dict, bytes]:
+def request(method: str, url: str, *, headers: Mapping[str, str] | None = None,
+            body: bytes | IO[bytes] | None = None, timeout: float = 30.0
+            ) -> tuple[int, dict[str, str], bytes]:
     """One request; returns (status, lower-cased headers, whole body)."""
     with send(method, url, headers=headers, body=body, timeout=timeout) as r:
         data = b"" if method == "HEAD" else r.read()
@@ -398,7 +416,7 @@ def check_content_range(value: str | None, start: int, end: int | None, size: in
                          "proxy answering another range)", url=url, offset=start)
 
 
-def _total_size(headers: dict) -> int | None:
+def _total_size(headers: Mapping[str, str]) -> int | None:
     cr = headers.get("content-range", "")
     if "/" in cr and not cr.endswith("/*"):
         return int(cr.rsplit("/", 1)[1])

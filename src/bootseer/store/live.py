@@ -18,7 +18,7 @@ from bootseer.node import alive
 DIRECTORY = "live-trees"
 
 
-def hold(cache_dir: str | os.PathLike, digest: str) -> alive.Mark | None:
+def hold(cache_dir: str | os.PathLike[str], digest: str) -> alive.Mark | None:
     """A mark saying this process reads tree ``digest`` (None where the cache directory
     cannot take one: reading goes on, unprotected)."""
     try:
@@ -27,7 +27,7 @@ def hold(cache_dir: str | os.PathLike, digest: str) -> alive.Mark | None:
         return None
 
 
-def trees_in_use(cache_dir: str | os.PathLike) -> set[str]:
+def trees_in_use(cache_dir: str | os.PathLike[str]) -> set[str]:
     """The trees some live process on this node reads; dead holders' marks are removed."""
     root = Path(cache_dir) / DIRECTORY
     out: set[str] = set()

@@ -55,7 +55,7 @@ class Login:
         """An OAuth refresh token (docker's ``identitytoken``), not a password."""
         return self.username == IDENTITY_TOKEN_USER
 
-    def auth_entry(self) -> dict:
+    def auth_entry(self) -> dict[str, str]:
         """This login as an ``auths`` entry of an auth.json file."""
         if self.identity_token:
             return {"identitytoken": self.password}
@@ -77,7 +77,7 @@ def standard_authfiles() -> list[Path]:
     return out
 
 
-def find(host: str, authfile: str | os.PathLike | None = None, *,
+def find(host: str, authfile: str | os.PathLike[str] | None = None, *,
          repository: str | None = None) -> Login | None:
     """The login for registry ``host`` (``name[:port]``), for its ``repository``
     (``team/app``; None: the host's own login only): from ``authfile`` only when given,
@@ -133,12 +133,13 @@ def _auths_key(key: str) -> tuple[str, tuple[str, ...]]:
     return name.lower(), tuple(part for part in path.split("/") if part)
 
 
-def _auths_entry(table, host: str, repository: str | None):
+def _auths_entry(table: object, host: str, repository: str | None) -> object:
     """The ``auths`` entry of the most specific key for ``host``/``repository``."""
     if not isinstance(table, dict):
         return None
     wanted = tuple(part for part in (repository or "").split("/") if part)
-    best, best_depth = None, -1
+    best: object = None
+    best_depth = -1
     for key, value in table.items():
         if not isinstance(key, str):
             continue
@@ -152,7 +153,7 @@ def _auths_entry(table, host: str, repository: str | None):
     return best
 
 
-def _entry(table, host: str):
+def _entry(table: object, host: str) -> object:
     if not isinstance(table, dict):
         return None
     if host in table:
@@ -161,13 +162,14 @@ def _entry(table, host: str):
                 None)
 
 
-def _inline(entry: dict) -> Login | None:
-    if isinstance(entry.get("identitytoken"), str) and entry["identitytoken"]:
-        return Login(IDENTITY_TOKEN_USER, entry["identitytoken"])
-    if not isinstance(entry.get("auth"), str) or not entry["auth"]:
+def _inline(entry: dict[str, object]) -> Login | None:
+    token, auth = entry.get("identitytoken"), entry.get("auth")
+    if isinstance(token, str) and token:
+        return Login(IDENTITY_TOKEN_USER, token)
+    if not isinstance(auth, str) or not auth:
         return None
     try:
-        user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
+        user, sep, password = base64.b64decode(auth).decode().partition(":")
     except (ValueError, UnicodeDecodeError):
         return None
     return Login(user, password) if sep and user else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from bootseer.store.backend import Backend
 from bootseer.store.digest import Digest
 
 
@@ -22,7 +23,7 @@ class RangeSource(Protocol):
 class BlobSource:
     """A blob of a store backend."""
 
-    def __init__(self, backend, digest: Digest, size: int | None = None):
+    def __init__(self, backend: Backend, digest: Digest, size: int | None = None):
         self.backend, self.digest, self.size = backend, digest, size
         self.key = digest
         self.host = backend.host

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bootseer.config import BootseerConfig
 from bootseer.errors import ConfigError
+from bootseer.store.backend import Backend
 
 _HINTS = {"s3": "pip install 'bootseer[s3]' (s3fs)", "s3a": "pip install 'bootseer[s3]' (s3fs)",
           "gs": "pip install 'bootseer[gcs]' (gcsfs)", "gcs": "pip install 'bootseer[gcs]' (gcsfs)",
@@ -18,7 +19,7 @@ _HINTS = {"s3": "pip install 'bootseer[s3]' (s3fs)", "s3a": "pip install 'bootse
           "abfs": "pip install adlfs", "az": "pip install adlfs"}
 
 
-def open_backend(url: str | None = None, config: BootseerConfig | None = None):
+def open_backend(url: str | None = None, config: BootseerConfig | None = None) -> Backend:
     """The backend for ``url`` (default: ``config.store.url``, from BOOTSEER_STORE_URL)."""
     config = config or BootseerConfig.from_env()
     url = url or config.store.url

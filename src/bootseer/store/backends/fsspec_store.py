@@ -20,7 +20,8 @@ import hashlib
 import io
 import urllib.parse
 import uuid
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from bootseer.errors import BlobNotFound, DigestMismatch, FetchError, RangeError, StoreError
 from bootseer.store.backends import check_ref_name
@@ -32,7 +33,7 @@ _STREAM_CHUNK = 8 * 1024**2
 class FsspecBackend:
     writable = True
 
-    def __init__(self, url: str, **storage_options):
+    def __init__(self, url: str, **storage_options: object):
         """``url``: an fsspec URL of the store root; ``storage_options`` go to fsspec."""
         import fsspec
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
@@ -84,7 +85,7 @@ class FsspecBackend:
             raise FetchError(f"reading {digest} [{start}, {end}) from {self.url}: {e}",
                              digest=digest, url=self.url, offset=start) from e
 
-    def read_into(self, digest: Digest, start: int, buf) -> int:
+    def read_into(self, digest: Digest, start: int, buf: memoryview | bytearray) -> int:
         """Fill ``buf`` with the blob's bytes from ``start`` (fsspec returns bytes: one copy)."""
         view = memoryview(buf).cast("B")
         data = self.read(digest, start, start + len(view))

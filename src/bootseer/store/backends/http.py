@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from bootseer.errors import BlobNotFound, FetchError, ReadOnlyStore, StoreError
 from bootseer.store import http
@@ -77,7 +78,7 @@ class HttpBackend:
             raise FetchError(f"reading blob {digest} [{start}, {end}): {e}", digest=digest,
                              url=e.url or self.url, offset=start) from e
 
-    def read_into(self, digest: Digest, start: int, buf) -> int:
+    def read_into(self, digest: Digest, start: int, buf: memoryview | bytearray) -> int:
         """Fill ``buf`` (a writable buffer) with the blob's bytes from ``start``."""
         try:
             return http.get_range_into(self._blob_url(digest), start, buf,
@@ -88,12 +89,13 @@ class HttpBackend:
             raise FetchError(f"reading blob {digest} at {start}: {e}", digest=digest,
                              url=e.url or self.url, offset=start) from e
 
-    def write(self, digest, data, size=None) -> bool:
+    def write(self, digest: Digest, data: bytes | BinaryIO, size: int | None = None) -> bool:
         raise ReadOnlyStore(f"{self.url} is a read-only HTTP store: write blobs to the "
                             f"directory it serves (or use an oci:// or fsspec store)",
                             url=self.url, digest=digest)
 
-    def _listing(self, path: str) -> list[dict]:
+    def _listing(self, path: str) -> list[dict[str, Any]]:
+        """nginx's JSON autoindex of ``path``: entries with name, type, mtime, size."""
         status, headers, body = http.request("GET", f"{self.base}/{path}", timeout=self.timeout)
         if status == 404:
             return []
@@ -125,16 +127,16 @@ class HttpBackend:
             raise FetchError(f"ref {name} at {self.url}: HTTP {status}", url=self.url)
         return parse(body.decode(errors="replace").strip())
 
-    def set_ref(self, name, digest, *, exclusive=False) -> bool:
+    def set_ref(self, name: str, digest: Digest, *, exclusive: bool = False) -> bool:
         raise ReadOnlyStore(f"{self.url} is a read-only HTTP store: set refs in the directory "
                             f"it serves", url=self.url)
 
-    def delete_ref(self, name) -> None:
+    def delete_ref(self, name: str) -> None:
         raise ReadOnlyStore(f"{self.url} is a read-only HTTP store: delete refs in the "
                             f"directory it serves", url=self.url)
 
     def list_refs(self, prefix: str = "") -> Iterator[str]:
-        def walk(path: str):
+        def walk(path: str) -> Iterator[str]:
             for e in self._listing(f"refs/{path}"):
                 if e.get("name", "").startswith("."):
                     continue

@@ -18,13 +18,13 @@ import errno
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from bootseer.errors import BlobNotFound, DigestMismatch, RangeError, ReadOnlyStore, StoreError
 from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, hex_of, parse
-
 
 BLOB_MODE, REF_MODE, DIR_MODE = 0o444, 0o644, 0o755
 
@@ -53,7 +53,7 @@ _READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 class LocalBackend:
     host = "local"
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike[str]):
         """Open (creating if needed) the store in directory ``root``. A store this process
         cannot write (a read-only mount, a mirror) opens too, with ``writable`` False:
         reads work, writes raise ReadOnlyStore."""
@@ -100,7 +100,7 @@ class LocalBackend:
             raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
                                url=self.url) from None
 
-    def read_into(self, digest: Digest, start: int, buf) -> int:
+    def read_into(self, digest: Digest, start: int, buf: memoryview | bytearray) -> int:
         """Fill ``buf`` (a writable buffer) with the blob's bytes from ``start``; RangeError
         if the blob has fewer."""
         view = memoryview(buf).cast("B")
