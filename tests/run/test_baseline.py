@@ -24,8 +24,10 @@ def make_wheel(dest, name: str, version: str, body: str, scripts: dict | None = 
     entry points (``{"cmd": "module:function"}``)."""
     dist = f"{name}-{version}.dist-info"
     files = {f"{name}/__init__.py": body.encode(),
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+             f"{dist}/METADATA":
+                 f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n"}
     if scripts:
         files[f"{dist}/entry_points.txt"] = ("[console_scripts]\n" + "".join(
             f"{k} = {v}\n" for k, v in scripts.items())).encode()
@@ -50,7 +52,8 @@ def test_pip_install_from_a_real_index(nginx_factory, tmp_path):
     spec.write_text("bsdemo-alpha==1.0\n")
     prefix = tmp_path / "env"
     baseline.pip_install(str(spec), str(prefix), index_urls=[f"{server.url}/simple"])
-    out = subprocess.run([prefix / "bin/python", "-c", "import bsdemo_alpha; print(bsdemo_alpha.VALUE + 1)"],
+    out = subprocess.run([prefix / "bin/python", "-c",
+                          "import bsdemo_alpha; print(bsdemo_alpha.VALUE + 1)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "42"
     spec.write_text("bsdemo-alpha==9.9\n")
@@ -68,13 +71,15 @@ def push_busybox(registry, busybox_rootfs, tmp_path, config: tuple[str, ...] = (
     state = f"/tmp/bsb-t{tmp_path.name[-6:]}"
     b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
     try:
-        ctr = subprocess.run([*b, "from", "scratch"], capture_output=True, text=True, check=True).stdout.strip()
-        subprocess.run([*b, "copy", ctr, f"{busybox_rootfs}/", "/"], check=True, capture_output=True)
+        ctr = subprocess.run([*b, "from", "scratch"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        subprocess.run([*b, "copy", ctr, f"{busybox_rootfs}/", "/"], check=True,
+                       capture_output=True)
         if config:
             subprocess.run([*b, "config", *config, ctr], check=True, capture_output=True)
         subprocess.run([*b, "commit", "-q", ctr, "bb"], check=True, capture_output=True)
-        subprocess.run([*b, "push", "-q", "--tls-verify=false", "bb", f"docker://{ref}"], check=True,
-                       capture_output=True)
+        subprocess.run([*b, "push", "-q", "--tls-verify=false", "bb", f"docker://{ref}"],
+                       check=True, capture_output=True)
     finally:
         subprocess.run(["umount", "-R", "-l", f"{state}/r"], capture_output=True)
         shutil.rmtree(state, ignore_errors=True)
@@ -86,11 +91,13 @@ def test_podman_pull_and_run(registry, busybox_rootfs, tmp_path):
     image = baseline.PulledImage(ref, f"/tmp/bsp-t{tmp_path.name[-6:]}")
     try:
         root = image.pull()
-        assert C.run(C.Container(rootfs=root, argv=["sh", "-c", "test -x /bin/busybox && exit 5"])) == 5
+        argv = ["sh", "-c", "test -x /bin/busybox && exit 5"]
+        assert C.run(C.Container(rootfs=root, argv=argv)) == 5
     finally:
         image.close()
     assert not shutil.os.path.exists(image.state_dir)
-    missing = baseline.PulledImage(f"127.0.0.1:{registry.port}/test/nothing:1", f"/tmp/bsp-m{tmp_path.name[-6:]}")
+    missing = baseline.PulledImage(f"127.0.0.1:{registry.port}/test/nothing:1",
+                                   f"/tmp/bsp-m{tmp_path.name[-6:]}")
     try:
         with pytest.raises(baseline.BaselineError, match="podman pull"):
             missing.pull()

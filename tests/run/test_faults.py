@@ -40,7 +40,7 @@ def test_store_unreachable_falls_back_to_pull(need_fuse, image, tmp_path):
 
 
 def lazy_mounts() -> list[str]:
-    return [l for l in open("/proc/mounts") if "bootseer-image" in l]
+    return [m for m in open("/proc/mounts") if "bootseer-image" in m]
 
 
 def podman_started(parent: int) -> bool:

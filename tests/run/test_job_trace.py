@@ -189,7 +189,8 @@ def test_starts_without_attempt_are_attempts_0_and_1(tmp_path):
 def test_ready_call_creates_the_ready_file_and_marks(tmp_path, monkeypatch):
     monkeypatch.setenv("BOOTSEER_TRACE_LOCATION", str(tmp_path / "trace"))
     monkeypatch.setenv("BOOTSEER_READY_FILE", str(tmp_path / "ready"))
-    r = subprocess.run([sys.executable, "-c", "import bootseer; bootseer.ready(); bootseer.ready()"],
+    r = subprocess.run([sys.executable, "-c",
+                        "import bootseer; bootseer.ready(); bootseer.ready()"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "ready").exists()

@@ -164,7 +164,7 @@ def test_checkpoint_staged_before_the_command_is_read_locally(index, ckpt_dir, n
                  sys.executable, "-c", script, env=env)
     assert r.returncode == 0, r.stderr
     assert "bytes True" in r.stdout
-    line = next(l for l in r.stdout.splitlines() if l.startswith("dir "))
+    line = next(x for x in r.stdout.splitlines() if x.startswith("dir "))
     assert "mirror-" in line and line.endswith("False"), line
     assert not list((tmp_path / "node" / "ckpt").glob("mirror-*")), "mirror left behind"
 
@@ -228,7 +228,8 @@ def test_state_left_by_a_killed_node_run_is_swept_by_the_next(tmp_path):
 
 
 def _holder(path) -> int | None:
-    """The pid holding a flock (bootseer.node.alive marks) on ``path`` (from /proc/locks), if any."""
+    """The pid holding a flock (bootseer.node.alive marks) on ``path`` (from /proc/locks),
+    if any."""
     ino = os.stat(path).st_ino
     for line in open("/proc/locks"):
         f = line.split()

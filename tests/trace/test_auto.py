@@ -71,7 +71,8 @@ def test_capture_degrades_without_torch(tmp_path):
     env = _env(tmp_path, PYTHONPATH=str(fake))
     r = subprocess.run([sys.executable, "-m", "bootseer.trace.auto", str(script)], env=env,
                        capture_output=True, text=True)
-    assert r.returncode == 0 and "fallback no torch here" in r.stdout and "done" in r.stdout, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "fallback no torch here" in r.stdout and "done" in r.stdout, r.stderr
     t = load.load(tmp_path / "trace")
     names = {e["phase"] for e in t.events}
     assert "python.start" in names and "ready" not in names

@@ -26,7 +26,7 @@ def test_default_calibration_reproduces_the_figures(sims):
     recs, notes = cluster.read_attempts(sims / "base")
     c = cluster.characterize(recs)
     assert not notes and c["jobs"] == 5000
-    for b, target in zip(c["bins"], simulate.TARGET_MEDIANS):
+    for b, target in zip(c["bins"], simulate.TARGET_MEDIANS, strict=True):
         assert b["median"] == pytest.approx(target, rel=0.15), b
     assert c["lost_share"] == pytest.approx(0.035, abs=0.005)
     assert c["restarts"]["jobs_with_restarts"] > 0
@@ -37,7 +37,7 @@ def test_default_calibration_reproduces_the_figures(sims):
 def test_techniques_cut_startup_in_every_bin(sims, tmp_path):
     base = cluster.characterize(cluster.read_attempts(sims / "base")[0])
     new = cluster.characterize(cluster.read_attempts(sims / "all")[0])
-    for a, b in zip(new["bins"], base["bins"]):
+    for a, b in zip(new["bins"], base["bins"], strict=True):
         assert a["median"] < 0.6 * b["median"], (a, b)
     assert new["lost_share"] < 0.5 * base["lost_share"]
     r = subprocess.run([*BOOTSEER, "analyze", str(sims / "all"), "--baseline", str(sims / "base"),
@@ -70,7 +70,8 @@ def test_bad_input(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0 and "unknown technique(s) gpus" in r.stderr
     assert not (tmp_path / "o").exists()
-    r = subprocess.run([*BOOTSEER, "analyze", str(tmp_path / "nope")], capture_output=True, text=True)
+    r = subprocess.run([*BOOTSEER, "analyze", str(tmp_path / "nope")], capture_output=True,
+                       text=True)
     assert r.returncode != 0 and "no cluster trace at" in r.stderr
     (tmp_path / "c.jsonl").write_text('{"kind": "simulation"}\ngarbage\n')
     with pytest.raises(Exception, match="holds no job attempts"):

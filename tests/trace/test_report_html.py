@@ -154,6 +154,7 @@ def test_bytes_by_source_in_the_page(tmp_path):
     assert by_node["n0"][0] == "n0 (most from the origin)"
     # each node's row in the swim lanes carries its bytes as a tooltip
     lanes = _geometry(dom, "lanes-0")
-    tips = {row.split()[0]: tip for row, tip in zip(lanes["rows"], lanes["rowTips"]) if tip}
+    pairs = zip(lanes["rows"], lanes["rowTips"], strict=True)
+    tips = {row.split()[0]: tip for row, tip in pairs if tip}
     assert set(tips) == {"n0", "n1", "n2"}
     assert "image: 2.0 MiB origin, 64.0 MiB peers (peer)" in tips["n1"]

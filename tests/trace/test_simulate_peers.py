@@ -41,7 +41,8 @@ def test_a_simulated_cluster_with_peers_starts_large_jobs_faster(tmp_path):
         simulate.simulate(simulate.SimParams(jobs=2000, seed=1, techniques=tech),
                           str(tmp_path / name))
         runs[name] = cluster.characterize(cluster.read_attempts(tmp_path / name)[0])
-    for a, b in zip(runs["peers"]["bins"][3:], runs["lazy"]["bins"][3:]):   # 500 GPUs and up
+    big = zip(runs["peers"]["bins"][3:], runs["lazy"]["bins"][3:], strict=True)  # 500 GPUs, up
+    for a, b in big:
         assert a["median"] < b["median"], (a, b)
 
 

@@ -169,7 +169,7 @@ class RemoteDir:
         with self._lock:
             return [n for n, a in entries.items() if a is not None]
 
-    def source(self, path: str) -> FileSource:
+    def source(self, path: str) -> FileSource | Replicas:
         """The range source of one file, checked against its listed size and mtime."""
         rel = clean(path)
         a = self.attr(rel)
@@ -196,9 +196,9 @@ class RemoteDir:
         return FsspecFileSource(self.fs, full, a.size, FsspecFileSource.stamp(info),
                                 url=self.url_of(rel))
 
-    def walk(self) -> dict[str, FileSource]:
+    def walk(self) -> dict[str, FileSource | Replicas]:
         """Every file under the root (relative path -> source), listed recursively."""
-        out: dict[str, FileSource] = {}
+        out: dict[str, FileSource | Replicas] = {}
         todo = [""]
         while todo:
             rel = todo.pop()

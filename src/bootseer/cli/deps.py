@@ -12,10 +12,12 @@ from bootseer.cli._flags import add_gc_verb, add_index_url_arg, add_json_arg, ad
 def register(sub) -> None:
     p = sub.add_parser("deps", help="dependency snapshots: build once, restore everywhere")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    v = verbs.add_parser("ensure", help="make PREFIX hold SPEC's environment (warm, restore, or build once); "
-                                        "a restore mounts the snapshot where the kernel has EROFS")
+    v = verbs.add_parser("ensure", help="make PREFIX hold SPEC's environment (warm, restore, "
+                                        "or build once); a restore mounts the snapshot where "
+                                        "the kernel has EROFS")
     v.add_argument("spec", help="requirements file, pyproject.toml or uv.lock")
-    v.add_argument("--prefix", required=True, help="where the environment lives (same on every node)")
+    v.add_argument("--prefix", required=True,
+                   help="where the environment lives (same on every node)")
     v.add_argument("--python", help="interpreter (default: this one)")
     add_index_url_arg(v)
     v.add_argument("--key", help="key from 'bootseer deps key' (skips resolving on a warm node)")
@@ -152,7 +154,10 @@ def _ls(args) -> int:
     store = open_store(args.store, _config(args.store))
     envs = []
     for name in store.list_refs("deps/env/"):
-        m = json.loads(store.read(store.get_ref(name)))
+        digest = store.get_ref(name)
+        if digest is None:   # removed since it was listed
+            continue
+        m = json.loads(store.read(digest))
         envs.append({"key": f"sha256:{name.rsplit('/', 1)[1]}", "prefix": m["prefix"],
                      "tree": m["tree"]})
     if args.json:

@@ -180,7 +180,8 @@ def _rm(args) -> int:
     from bootseer.store import open_store
     from bootseer.tree import profile as prof
     store = open_store(args.store, _config(args.store))
-    names = {n: store.get_ref(n) for n in store.list_refs(IMAGE_REFS)}
+    names = {n: tree for n in store.list_refs(IMAGE_REFS)
+             if (tree := store.get_ref(n)) is not None}   # a ref removed meanwhile: gone
     chosen: list[str] = []
     for ref in args.refs:   # every REF is checked before anything is removed
         found = ([n for n, tree in names.items() if tree == ref] if ref.startswith("sha256:")
@@ -409,7 +410,8 @@ def _show(args) -> int:
         print_json({"tree": tree, "profile": {"chunks": len(p["chunks"]), "bytes": total,
                                               "runs": p["runs"]}})
         return 0
-    print(f"tree {tree}: {len(p['chunks'])} hot chunks, {total / 2**20:.1f} MiB, {p['runs']} run(s)")
+    print(f"tree {tree}: {len(p['chunks'])} hot chunks, {total / 2**20:.1f} MiB, "
+          f"{p['runs']} run(s)")
     return 0
 
 

@@ -71,9 +71,10 @@ def register(sub) -> None:
     add_fallback_arg(g)
     g.add_argument("--baseline", action="store_true",
                    help="the conventional start: --pull --no-snapshot --no-stripe")
-    g.add_argument("--trace", metavar="LOCATION", help="trace location: a directory, or a store URL "
-                   "(oci://, s3://, file:///dir, ...) the trace files are uploaded to as "
-                   "refs traces/JOB/ATTEMPT/FILE; read with 'bootseer report URL --job JOB'")
+    g.add_argument("--trace", metavar="LOCATION",
+                   help="trace location: a directory, or a store URL (oci://, s3://, "
+                   "file:///dir, ...) the trace files are uploaded to as refs "
+                   "traces/JOB/ATTEMPT/FILE; read with 'bootseer report URL --job JOB'")
     g.add_argument("--job-id", help="job id shared by every node (trace)")
     g.add_argument("--attempt", default="auto", metavar="N|auto",
                    help="restart number (trace); auto (default): SLURM_RESTART_COUNT, "
@@ -88,7 +89,8 @@ def register(sub) -> None:
                    help="extra bind mount into the container (repeatable)")
     g.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
                    help="environment variable for CMD (repeatable)")
-    g.add_argument("-w", "--workdir", help="working directory of CMD (default: the image's, else /)")
+    g.add_argument("-w", "--workdir",
+                   help="working directory of CMD (default: the image's, else /)")
     g.add_argument("--runtime", choices=["auto", "podman", "chroot"], default="auto",
                    help="container runtime (default: podman, else unshare+chroot)")
     g.add_argument("--network", default="host", metavar="MODE",
@@ -144,7 +146,8 @@ def spec_from_args(args):
                    prefix=prefix_arg(args.prefix),
                    python=args.python, index_urls=args.index_url,
                    snapshot=not (args.no_snapshot or args.baseline), ckpt=args.ckpt,
-                   ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror, stripe=not (args.no_stripe or args.baseline),
+                   ckpt_target=args.ckpt_target, ckpt_mirrors=args.ckpt_mirror,
+                   stripe=not (args.no_stripe or args.baseline),
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
                    runtime=args.runtime, network=args.network, gpus=_gpus_arg(args.gpus),
                    shm_size=_shm_arg(args.shm_size), summary=summary_arg(args.summary),

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
+
+from bootseer.tree.toc import ChunkRef
 
 BLOCK = 1 << 20
 
 
-def file_matches(path: str, chunks: list, chunk_size: int, size: int) -> bool:
+def file_matches(path: str, chunks: Sequence[ChunkRef], chunk_size: int, size: int) -> bool:
     """Whether the file at ``path`` has ``size`` bytes whose consecutive ``chunk_size``
     pieces hash to ``chunks``' digests (a TOC entry's). OSError when it cannot be read."""
     buf = bytearray(BLOCK)

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 
 from bootseer.errors import MountError
-from bootseer.mount.kinds import Serving
 from bootseer.mount.errno_map import to_errno
 from bootseer.mount.handle import MountHandle
+from bootseer.mount.kinds import Serving
 from bootseer.mount.view import TreeView
 from bootseer.node import alive, mounts
 from bootseer.node import proc as procs

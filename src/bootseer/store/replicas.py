@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from bootseer import redact
@@ -41,9 +41,9 @@ class Replicas:
     """One object's replicas (the primary first). Identity is the primary's: what the
     bytes are keyed by does not depend on which replica served a range."""
 
-    def __init__(self, sources: list[Replica]):
+    def __init__(self, sources: Sequence[Replica]):
         primary = sources[0]
-        self.sources = sources
+        self.sources = list(sources)
         self.url, self.size, self.key, self.host = (primary.url, primary.size, primary.key,
                                                     primary.host)
         self.credentialed = any(getattr(s, "credentialed", False) for s in sources)

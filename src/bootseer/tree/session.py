@@ -117,7 +117,7 @@ class TreeSession:
             coverage=rec.coverage, precision=(used / pre_bytes) if pre_bytes else None,
             stall_s=round(self.reader.counters["stall_s"], 3),
             demand_chunks=int(self.reader.counters["chunks_fetched"]),
-            store_bytes=fc["bytes"], store_requests=fc["requests"],
+            store_bytes=int(fc["bytes"]), store_requests=int(fc["requests"]),
             prefetch=dict(pre.stats) if pre else None)   # a copy: the prefetch may go on
 
     def finish(self) -> None:

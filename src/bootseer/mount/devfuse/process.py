@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable
 
 from bootseer.mount import fuse
-from bootseer.mount.kinds import Serving
 from bootseer.mount.devfuse.server import Server
 from bootseer.mount.handle import MountHandle
+from bootseer.mount.kinds import Serving
 from bootseer.mount.view import TreeView
 from bootseer.node import proc as procs
 
