@@ -54,8 +54,10 @@ def test_sigterm_with_lazy_image_leaves_nothing(need_fuse, image, tmp_path, when
     store = str(tmp_path / "store")
     assert bootseer("image", "convert", image, "--to", store).returncode == 0
     before = lazy_mounts()
+    # a sleep of its own length: other runs on this machine may have sleeps of their own
+    nap = f"sleep {600 + os.getpid() % 3000}"
     proc = subprocess.Popen([sys.executable, "-m", "bootseer", "run", "--image", image, "--",
-                             "sh", "-c", "touch /run/bootseer/up; sleep 60"],
+                             "sh", "-c", f"touch /run/bootseer/up; {nap}"],
                             env={**os.environ, "BOOTSEER_STORE_URL": store,
                                  "BOOTSEER_CACHE_DIR": str(tmp_path / "c")},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -72,7 +74,7 @@ def test_sigterm_with_lazy_image_leaves_nothing(need_fuse, image, tmp_path, when
     out, err = proc.communicate(timeout=60)
     assert proc.returncode in (143, 130, 1), err
     assert lazy_mounts() == before
-    assert subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).stdout.strip() == b""
+    assert subprocess.run(["pgrep", "-f", nap], capture_output=True).stdout.strip() == b""
 
 
 def test_killed_node_is_named_by_the_report(tmp_path):
