@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -85,6 +86,34 @@ def test_wheel_declares_what_runs(wheel):
     extras = {line.split(":", 1)[1].strip() for line in meta.splitlines()
               if line.startswith("Provides-Extra:")}
     assert {"s3", "gcs", "hdfs", "webhdfs", "containerd", "p2p"} <= extras
+
+
+def test_wheel_metadata_is_complete_for_the_index(wheel):
+    """What a package index shows: the SPDX license with its file, URLs, classifiers and
+    keywords; the README with no relative link (they would point nowhere there); and only
+    dependencies some module uses (aiohttp comes with fsspec's http driver)."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (meta_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        meta = z.read(meta_name).decode()
+    head, _, readme = meta.partition("\n\n")
+    fields = [line.split(": ", 1) for line in head.splitlines() if ": " in line]
+    values: dict[str, list[str]] = {}
+    for k, v in fields:
+        values.setdefault(k, []).append(v)
+    assert values["License-Expression"] == ["Apache-2.0"]
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert {u.split(",")[0] for u in values["Project-URL"]} >= {"Homepage", "Documentation",
+                                                                 "Source", "Issues"}
+    assert "Operating System :: POSIX :: Linux" in values["Classifier"]
+    assert "checkpoint" in values["Keywords"][0].split(",")
+    requires = values["Requires-Dist"]
+    assert not any(r.startswith("aiohttp") for r in requires)
+    assert any(r.startswith("fsspec[http]") for r in requires)
+    targets = re.findall(r"\]\(\s*<?([^)\s>]+)", readme)
+    assert targets and "bench" in readme
+    assert not [t for t in targets if not re.match(r"^(https?:|#)", t)]
+    assert "https://github.com/bootseer/bootseer/blob/main/docs/benchmarks.md" in targets
 
 
 def test_wheel_holds_no_test_only_code(wheel):
