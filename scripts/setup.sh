@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman catatonit runc skopeo buildah
               busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs debootstrap
               apache2-utils erofs-utils containerd chromium
-              slurmctld slurmd slurm-client munge)
+              slurmctld slurmd slurm-client munge zsh fish)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
