@@ -108,3 +108,32 @@ def test_the_writer_round_trips_what_it_cannot_avoid(tmp_path):
     conf = {"version": 2, "timeouts": {"io.containerd.timeout.shim.load": "5s"},
             "a": {"list": [1, "x\"y\\z"], "f": 0.5, "empty": {}, "t": True}}
     assert tomllib.loads(install.dumps(conf)) == conf
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "bootseer", "snapshotter", "install", *args],
+                          capture_output=True, text=True)
+
+
+def test_the_command_dry_runs_installs_and_rolls_back(config):
+    original = config.read_bytes()
+    r = _cli("--config", str(config), "--dry-run")
+    assert r.returncode == 0 and tomllib.loads(r.stdout)["proxy_plugins"]["bootseer"]
+    assert config.read_bytes() == original and len(list(config.parent.iterdir())) == 1
+    r = _cli("--config", str(config))
+    assert r.returncode == 0 and "patched" in r.stderr
+    r = _cli("--config", str(config))
+    assert r.returncode == 0 and "unchanged" in r.stderr
+    r = _cli("--config", str(config), "--uninstall")
+    assert r.returncode == 0 and config.read_bytes() == original
+    r = _cli("--config", str(config), "--uninstall")
+    assert r.returncode == 2 and r.stderr.count("\n") == 2 and "hint:" in r.stderr
+
+
+def test_the_command_refuses_a_missing_config_in_one_line(tmp_path):
+    r = _cli("--config", str(tmp_path / "none.toml"))
+    lines = r.stderr.splitlines()
+    assert r.returncode != 0 and len(lines) == 2 and "no containerd config" in lines[0]
+    assert "containerd config default" in lines[1] and not list(tmp_path.iterdir())
