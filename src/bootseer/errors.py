@@ -45,6 +45,7 @@ listed below.
     ├── run.devices.DeviceError             GPUs asked for cannot be passed in
     ├── run.node.RunError                   a node's start failed
     ├── snapshotter.metadata.SnapshotError  a containerd snapshot request cannot be met
+    ├── snapshotter.install.InstallError(ValueError)  containerd's config cannot be patched
     ├── slurm.policy.SlurmSettingsError     the site's Slurm settings file is wrong
     ├── demo.assets.AssetError              the demo's images, environment or checkpoint
     ├── testing.netns.NetnsError(RuntimeError)    a test network namespace failed

@@ -31,12 +31,28 @@ def register(sub) -> None:
                    "traceparent (default: $TRACEPARENT)")
     p.add_argument("--prom", metavar="FILE", help="write Prometheus metrics (text format, for "
                    "node_exporter's textfile collector: name it *.prom)")
+    p.add_argument("--prom-max-age", metavar="AGE", help="with --prom: also remove bootseer's "
+                   "*.prom files in that directory last written more than AGE ago (24h, 7d), "
+                   "so finished jobs' series do not pile up")
     p.set_defaults(func=_run)
+
+
+def _prom_max_age(args) -> float | None:
+    if args.prom_max_age is None:
+        return None
+    from bootseer.errors import UsageError
+    from bootseer.report import prom_files
+    if not args.prom:
+        e = UsageError("--prom-max-age prunes the directory of --prom; there is none")
+        e.hint = "add --prom DIR/JOB.prom (node_exporter's textfile directory)"
+        raise e
+    return prom_files.parse_age(args.prom_max_age)
 
 
 def _run(args) -> int:
     from bootseer.cli import text_stream, write_output
     from bootseer.report import explain, export_otlp, render
+    max_age = _prom_max_age(args)
     otlp_send = args.otlp is not None and (not args.otlp or export_otlp.is_url(args.otlp))
     text_out = text_stream({"--json": args.json, "--chrome": args.chrome, "--html": args.html,
                             "--otlp": None if otlp_send else args.otlp, "--prom": args.prom})
@@ -69,4 +85,11 @@ def _run(args) -> int:
     if args.prom:
         from bootseer.report import export_prom
         write_output(args.prom, export_prom.text(job, views, sums))
+        if max_age is not None and args.prom != "-":
+            from pathlib import Path
+
+            from bootseer.report import prom_files
+            prom = Path(args.prom)
+            for gone in prom_files.prune(prom.parent, max_age, keep=prom):
+                print(f"removed stale {gone}", file=text_out)
     return 0
