@@ -33,7 +33,7 @@ def job(tmp_path):
     (work / "train.py").write_text(SCRIPT)
     (work / "conf.yaml").write_text("lr: 1\n")
     env = {**os.environ, "PYTHONPATH": f"{SRC}:{work}", "BOOTSEER_WARM_DIR": str(tmp_path / "w"),
-           "BOOTSEER_WARM_TIMEOUT": "3"}
+           "BOOTSEER_WARM_TIMEOUT_S": "3"}
     env.pop("BOOTSEER_TRACE_LOCATION", None)
     started: list[subprocess.Popen] = []
 
@@ -199,3 +199,29 @@ def test_another_uid_is_refused():
             z.wait(10)
     finally:
         shutil.rmtree(shared)
+
+
+def test_bootseer_run_warm_keeps_only_by_setting(job):
+    work, env, _zygote, _worker = job
+    wdir = Path(env["BOOTSEER_WARM_DIR"])
+
+    def run(x: str, keep: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "bootseer", "run", "--warm", "-e", f"X={x}",
+                               "--", sys.executable, "train.py", "conf.yaml"], cwd=work,
+                              env={**env, "BOOTSEER_WARM_KEEP_S": keep}, capture_output=True,
+                              text=True, timeout=60)
+    first = run("1", "20")
+    assert first.returncode == 0 and "kept for 20 s idle" in first.stderr, first.stderr
+    pid = int(first.stderr.split("warm: zygote ")[1].split()[0])
+    assert __import__("json").loads(first.stdout)["parent"] == pid   # served warm
+    second = run("2", "0")
+    assert f"kept zygote {pid}" in second.stderr and "zygote stopped" in second.stderr
+    assert __import__("json").loads(second.stdout)["parent"] == pid
+    for _ in range(100):   # nothing left running, no socket left
+        if not os.path.exists(f"/proc/{pid}") and not list(wdir.iterdir()):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") and not list(wdir.iterdir())
+    assert subprocess.run([sys.executable, "-m", "bootseer", "run", "--warm", "--", "bash", "-c",
+                           "true"], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=60).stderr.count("no Python script in the command") == 1

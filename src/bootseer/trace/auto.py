@@ -223,6 +223,20 @@ _COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_
                 "_broadcast_coalesced", "_verify_params_across_processes")
 
 
+def _write_modules() -> None:
+    """The top-level modules imported so far, for the next start's zygote (if asked)."""
+    path = os.environ.get(jobenv.WARM_MODULES)
+    if not path:
+        return
+    names = sorted({n.split(".")[0] for n in list(sys.modules)} - {"__main__"})
+    try:
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            f.write("".join(f"{n}\n" for n in names if not n.startswith("_")))
+        os.replace(f"{path}.{os.getpid()}", path)
+    except OSError:
+        pass
+
+
 def _first_collective(mod) -> None:
     """Time the first collective of the process: a rank waits in it until the slowest
     rank arrives (its rendezvous wait; with NCCL it also builds the communicator). All
@@ -241,6 +255,7 @@ def _first_collective(mod) -> None:
         def inner(*a, **kw):
             if state["done"] or "dist.first_collective" in record.recorder().stack():
                 return fn(*a, **kw)
+            _write_modules()
             with record.phase("dist.first_collective", op=name):
                 out = fn(*a, **kw)
             state["done"] = True

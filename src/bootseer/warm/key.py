@@ -14,6 +14,9 @@ KEYED_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "TORCH_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV",
               "BOOTSEER_ENV_PREFIX", "BOOTSEER_DEPS_KEY", "BOOTSEER_IMAGE_KEY")
 
+DIR_VAR = "BOOTSEER_WARM_DIR"
+"""The setting ``warm.dir``, read here from the environment: the launcher runs in the job."""
+
 
 def _digest(path: str) -> str:
     h = hashlib.sha256()
@@ -56,10 +59,10 @@ def key_difference(have: Mapping[str, str], want: Mapping[str, str]) -> str | No
     return None
 
 
-def socket_dir(uid: int | None = None) -> str:
+def socket_dir(env: Mapping[str, str] | None = None) -> str:
     """This user's zygote directory, made 0700 and checked: two users never share one."""
-    uid = os.getuid() if uid is None else uid
-    base = os.environ.get("BOOTSEER_WARM_DIR") or f"/tmp/bootseer-warm-{uid}"
+    uid = os.getuid()
+    base = (os.environ if env is None else env).get(DIR_VAR) or f"/tmp/bootseer-warm-{uid}"
     os.makedirs(base, mode=0o700, exist_ok=True)
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
@@ -67,8 +70,8 @@ def socket_dir(uid: int | None = None) -> str:
     return base
 
 
-def socket_path(argv: Sequence[str], cwd: str) -> str:
+def socket_path(argv: Sequence[str], cwd: str, env: Mapping[str, str] | None = None) -> str:
     """The socket of the zygote slot for this script in this directory (the full key is
     checked over the socket, so a stale zygote answers with what differs)."""
     slot = hashlib.sha256(f"{os.path.realpath(cwd)}\0{argv[0] if argv else ''}".encode())
-    return os.path.join(socket_dir(), f"z-{slot.hexdigest()[:16]}.sock")
+    return os.path.join(socket_dir(env), f"z-{slot.hexdigest()[:16]}.sock")

@@ -21,48 +21,48 @@ from bootseer import trace
 from bootseer.warm import proto
 from bootseer.warm.key import socket_path, warm_key
 
-TIMEOUT_VAR = "BOOTSEER_WARM_TIMEOUT"
+TIMEOUT_VAR = "BOOTSEER_WARM_TIMEOUT_S"
 """Seconds to wait for the zygote's answer before starting cold (default 5)."""
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-class Miss(Exception):
-    """The zygote cannot serve this worker; the message says why."""
-
-
-def _ask(cmd: list[str]) -> tuple[socket.socket, int]:
-    """A forked child serving ``cmd`` and the connection its exit status comes back on."""
+def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
+    """A forked child serving ``cmd`` and the connection its exit status comes back on, or
+    why the zygote cannot serve it."""
     try:
         path = socket_path(cmd, os.getcwd())
     except PermissionError as e:
-        raise Miss(str(e)) from None
+        return str(e)
     if not os.path.exists(path):
-        raise Miss("no zygote for this script here")
+        return "no zygote for this script here"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(float(os.environ.get(TIMEOUT_VAR) or 5))
     except ValueError:
         sock.close()
-        raise Miss(f"{TIMEOUT_VAR} is not a number of seconds") from None
+        return f"{TIMEOUT_VAR} is not a number of seconds"
     try:
         sock.connect(path)
         if proto.peer_uid(sock) != os.getuid():
-            raise Miss("the zygote socket belongs to another user")
+            sock.close()
+            return "the zygote socket belongs to another user"
+        unbuffered = bool(getattr(sys.stdout, "write_through", False))   # python -u
         proto.send(sock, {"op": "fork", "argv": cmd, "env": dict(os.environ),
-                          "cwd": os.getcwd(), "key": warm_key(cmd, os.environ, os.getcwd())},
+                          "cwd": os.getcwd(), "unbuffered": unbuffered,
+                          "key": warm_key(cmd, os.environ, os.getcwd())},
                    [0, 1, 2])
         reply = proto.recv(sock, bytearray())
     except ConnectionResetError:
         reply = None
     except (OSError, ValueError) as e:
         sock.close()
-        raise Miss(f"zygote unreachable ({e.__class__.__name__}: {e})") from None
+        return f"zygote unreachable ({e.__class__.__name__}: {e})"
     if reply is None:
         sock.close()
-        raise Miss("zygote closed the connection (died mid-fork?)")
+        return "zygote closed the connection (died mid-fork?)"
     if not reply.get("ok"):
         sock.close()
-        raise Miss(str(reply.get("why", "refused")))
+        return str(reply.get("why", "refused"))
     return sock, int(reply["pid"])
 
 
@@ -106,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
               "train.py ARGS)", file=sys.stderr)
         return 2
     start = time.time()
-    try:
-        sock, pid = _ask(cmd)
-    except Miss as e:
-        trace.emit("job.warm", start, time.time(), hit=False, why=str(e))
-        print(f"bootseer warm: cold start ({e})", file=sys.stderr, flush=True)
+    served = _ask(cmd)
+    if isinstance(served, str):
+        trace.emit("job.warm", start, time.time(), hit=False, why=served)
+        print(f"bootseer warm: cold start ({served})", file=sys.stderr, flush=True)
         os.execv(sys.executable, [sys.executable, *cmd])
+    sock, pid = served
     trace.emit("job.warm", start, time.time(), hit=True, pid=pid)
     return _wait(sock, pid)
 

@@ -69,8 +69,8 @@ def safety_problem(own_fds: set[int], workers: set[int]) -> str | None:
     return None
 
 
-def _stdio(fd: int, name: str, env: dict[str, str]):
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+def _stdio(fd: int, name: str, env: dict[str, str], unbuffered: bool):
+    unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
     raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
     if fd == 0:
         return io.TextIOWrapper(io.BufferedReader(raw), encoding=getattr(sys, name).encoding)
@@ -102,8 +102,10 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
         os.environ.clear()
         os.environ.update(env)
         os.chdir(msg["cwd"])
-        sys.stdin, sys.stdout, sys.stderr = (_stdio(0, "stdin", env), _stdio(1, "stdout", env),
-                                             _stdio(2, "stderr", env))
+        u = bool(msg.get("unbuffered"))
+        sys.stdin, sys.stdout, sys.stderr = (_stdio(0, "stdin", env, u),
+                                             _stdio(1, "stdout", env, u),
+                                             _stdio(2, "stderr", env, u))
         argv = list(msg["argv"])
         sys.argv = argv
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
