@@ -225,3 +225,49 @@ def test_bootseer_run_warm_keeps_only_by_setting(job):
     assert subprocess.run([sys.executable, "-m", "bootseer", "run", "--warm", "--", "bash", "-c",
                            "true"], cwd=work, env=env, capture_output=True, text=True,
                           timeout=60).stderr.count("no Python script in the command") == 1
+
+
+TORCH_SCRIPT = """\
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+x = torch.randn(16, 8)
+loss = model(x).pow(2).mean()
+loss.backward()
+t = torch.tensor([loss.item()])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} loss {loss.item():.6f} sum {t.item():.6f} ppid {os.getppid()}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+def test_torchrun_workers_served_warm_give_the_cold_loss(job):
+    pytest.importorskip("torch")
+    work, env, _zygote, _worker = job
+    (work / "train.py").write_text(TORCH_SCRIPT)
+    env.update(OMP_NUM_THREADS="1")
+    z = subprocess.Popen([sys.executable, "-m", "bootseer.warm.zygote", "--modules", "torch",
+                          "--idle", "30", "--", "train.py"], cwd=work, env=env,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert z.stderr is not None and "zygote ready" in z.stderr.readline()
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--master-port", "29731"]
+
+        def lines(argv: list[str]) -> tuple[list[str], str]:
+            p = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
+                               timeout=60)
+            assert p.returncode == 0, p.stderr
+            return sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank")), p.stderr
+        cold, _ = lines([*torchrun, "train.py"])
+        warm, err = lines([*torchrun, "--no-python", sys.executable, "-u", "-m",
+                           "bootseer.warm.worker", "--", "train.py"])
+        assert "cold start" not in err, err
+        assert [ln.rsplit(" ppid", 1)[0] for ln in warm] == \
+            [ln.rsplit(" ppid", 1)[0] for ln in cold]
+        assert all(ln.endswith(f"ppid {z.pid}") for ln in warm)
+    finally:
+        z.terminate()
+        z.wait(10)

@@ -162,7 +162,11 @@ class Zygote:
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
         print(f"zygote ready: {self.path} ({rss_mb()} MiB)", file=sys.stderr, flush=True)
         try:
-            while not self.done:
+            # done (stopped, unsafe, too big): no new worker, but running ones are still
+            # reaped and reported, so that their launchers end as they did
+            while not (self.done and not self.pidfds):
+                if self.done:
+                    self._close_listener()
                 idle = not self.conns and not self.pidfds
                 events = self.sel.select(self.idle_s if idle and self.idle_s > 0 else None)
                 if not events and idle:
@@ -170,12 +174,18 @@ class Zygote:
                 for sk, _ in events:
                     self._event(sk)
         finally:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
-            self.listener.close()
+            self._close_listener()
         return 0
+
+    def _close_listener(self) -> None:
+        if self.listener.fileno() < 0:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        self.sel.unregister(self.listener)
+        self.listener.close()
 
     def _event(self, sk) -> None:
         if sk.data == "listen":
@@ -230,7 +240,8 @@ class Zygote:
             why = f"zygote holds {rss_mb()} MiB > warm.max_rss_mb {self.max_rss_mb}"
             self.done = True
         if why is None:
-            own = {self.listener.fileno(), *self.conns}
+            own = {self.listener.fileno(), *self.conns,
+                   *(c.fileno() for _, c in self.pidfds.values())}
             why = safety_problem(own, {p for p, _ in self.pidfds.values()})
             if why is not None:
                 why, self.done = f"unsafe to fork: {why}", True
@@ -243,7 +254,8 @@ class Zygote:
         _flush()
         pid = os.fork()
         if pid == 0:
-            close = [self.listener.fileno(), *self.conns, *self.pidfds, self.sel.fileno()]
+            close = [self.listener.fileno(), *self.conns, *self.pidfds, self.sel.fileno(),
+                     *(c.fileno() for _, c in self.pidfds.values())]
             _become(msg, fds, close)
         for fd in fds:
             os.close(fd)
