@@ -242,26 +242,41 @@ dist.destroy_process_group()
 """
 
 
+def _ready(z: subprocess.Popen) -> bool:
+    assert z.stderr is not None
+    for line in z.stderr:   # "not imported" lines may come first
+        if "zygote ready" in line:
+            return True
+    return False
+
+
 @pytest.mark.torch
 def test_torchrun_workers_served_warm_give_the_cold_loss(job):
     pytest.importorskip("torch")
     work, env, _zygote, _worker = job
     (work / "train.py").write_text(TORCH_SCRIPT)
     env.update(OMP_NUM_THREADS="1")
-    z = subprocess.Popen([sys.executable, "-m", "bootseer.warm.zygote", "--modules", "torch",
-                          "--idle", "30", "--", "train.py"], cwd=work, env=env,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert z.stderr is not None and "zygote ready" in z.stderr.readline()
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", "29731"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", "29731"]
 
-        def lines(argv: list[str]) -> tuple[list[str], str]:
-            p = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
-                               timeout=60)
-            assert p.returncode == 0, p.stderr
-            return sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank")), p.stderr
-        cold, _ = lines([*torchrun, "train.py"])
+    def lines(argv: list[str], **extra: str) -> tuple[list[str], str]:
+        p = subprocess.run(argv, cwd=work, env={**env, **extra}, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank")), p.stderr
+    # the cold start, captured: it records the modules imported before its first collective
+    modules = work / "modules"
+    from bootseer.trace import auto
+    cold, _ = lines([*torchrun, "train.py"], BOOTSEER_TRACE_AUTO="1",
+                    BOOTSEER_TRACE_LOCATION=str(work / "trace"), BOOTSEER_WARM_MODULES=str(modules),
+                    PYTHONPATH=f"{auto.site_dir()}:{env['PYTHONPATH']}")
+    recorded = modules.read_text().split()
+    assert "torch" in recorded and "__main__" not in recorded
+    z = subprocess.Popen([sys.executable, "-m", "bootseer.warm.zygote", "--modules",
+                          ",".join(recorded), "--idle", "30", "--", "train.py"], cwd=work,
+                         env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _ready(z)
         warm, err = lines([*torchrun, "--no-python", sys.executable, "-u", "-m",
                            "bootseer.warm.worker", "--", "train.py"])
         assert "cold start" not in err, err

@@ -15,9 +15,11 @@ where a rank waits for the slowest) ended by a ``rendezvous`` mark (every rank l
 the same instant: it aligns the nodes' clocks), ``ckpt.load`` (``torch.load``,
 ``torch.distributed.checkpoint.load``/``load_state_dict``), ``train.first_step`` and the
 ``ready`` mark after the first optimizer step (which also creates ``$BOOTSEER_READY_FILE``).
-Torch is never imported by the capture: hooks are attached when the program itself imports
-it. Every hook failure is swallowed; without torch only ``python.start`` and imports are
-recorded.
+With ``$BOOTSEER_WARM_MODULES`` set (``bootseer run --warm``), the top-level modules imported
+before the first collective are written to that file: the next start's zygote imports them
+(docs/warm-start.md). Torch is never imported by the capture: hooks are attached when the
+program itself imports it. Every hook failure is swallowed; without torch only
+``python.start`` and imports are recorded.
 
 Standard library only (and ``record``, ``jobenv``): ``bootseer run`` ships this module,
 ``record`` and what they import from bootseer (``jobenv``, ``redact``) as a read-only shim

@@ -280,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no worker command: python -m bootseer.warm.zygote -- SCRIPT ARGS")
     sys.path.insert(0, os.path.dirname(os.path.abspath(cmd[0])))
     for name in filter(None, args.modules.split(",")):
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - a recorded module need not import here
+            print(f"zygote: {name} not imported ({e.__class__.__name__}: {e})", file=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     z = Zygote(socket_path(cmd, os.getcwd()), warm_key(cmd, os.environ, os.getcwd()),
                args.max_rss, args.idle)
