@@ -115,6 +115,7 @@ def _served_child(launcher: int) -> int:
 @pytest.mark.parametrize("module,why", [
     ("startthread", "a thread was started"),
     ("opensocket", "a socket is open"),
+    ("startchild", "child process"),
 ])
 def test_unsafe_zygote_is_never_forked_from(job, module, why):
     work, _env, zygote, worker = job
@@ -122,11 +123,38 @@ def test_unsafe_zygote_is_never_forked_from(job, module, why):
         "import threading, time\n"
         "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
     (work / "opensocket.py").write_text("import socket\nS = socket.socket()\n")
+    (work / "startchild.py").write_text(
+        "import subprocess\nP = subprocess.Popen(['sleep', '2'])\n")
     z = zygote("json", module)
     rc, out, err = _run(worker())
     assert rc == 0 and f"unsafe to fork: {why}" in err and "cold start" in err
     assert __import__("json").loads(out)["parent"] != z.pid
     assert z.wait(10) == 0  # an unsafe zygote ends itself
+
+
+def test_unsafe_zygote_still_reports_the_workers_it_served(job):
+    work, _env, zygote, worker = job
+    # on SIGUSR1 the zygote opens a socket: unsafe from then on
+    (work / "lateopen.py").write_text(
+        "import signal, socket\nHELD = []\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: HELD.append(socket.socket()))\n")
+    z = zygote("json", "lateopen")
+    running = worker({"SLEEP": "1", "CODE": "4"})
+    assert running.stdout is not None and running.stdout.readline() == "ready\n"
+    os.kill(z.pid, signal.SIGUSR1)
+    rc, out, err = _run(worker())
+    assert rc == 0 and "unsafe to fork: a socket is open" in err
+    assert __import__("json").loads(out)["parent"] != z.pid
+    rc, _out, err = _run(running)   # the worker it served still ends as it ended
+    assert rc == 4 and "cold start" not in err and "status lost" not in err
+    assert z.wait(10) == 0   # and then the zygote is gone
+
+
+def test_bad_timeout_setting_is_one_line_and_cold(job):
+    _work, _env, zygote, worker = job
+    zygote()
+    rc, _out, err = _run(worker({"BOOTSEER_WARM_TIMEOUT_S": "soon"}))
+    assert rc == 0 and "BOOTSEER_WARM_TIMEOUT_S is not a number of seconds" in err
 
 
 def test_changed_script_is_not_served_by_stale_zygote(job):
@@ -286,3 +314,18 @@ def test_torchrun_workers_served_warm_give_the_cold_loss(job):
     finally:
         z.terminate()
         z.wait(10)
+
+
+def test_route_rewrites_python_and_torchrun_and_says_why_not():
+    from bootseer.warm.session import Routed, route
+    r = route(["torchrun", "--nproc-per-node", "2", "train.py", "--cfg", "c.yaml"],
+              {"PATH": os.path.dirname(sys.executable)})
+    assert isinstance(r, Routed) and r.worker == ["train.py", "--cfg", "c.yaml"]
+    assert r.argv[:4] == ["torchrun", "--nproc-per-node", "2", "--no-python"]
+    assert r.argv[5:10] == ["-u", "-m", "bootseer.warm.worker", "--", "train.py"]
+    r = route(["python3", "train.py", "a"], {})
+    assert isinstance(r, Routed) and r.argv == ["python3", "-m", "bootseer.warm.worker", "--",
+                                                "train.py", "a"]
+    assert "no Python script" in str(route(["bash", "-c", "true"], {}))
+    assert "neither python nor torchrun" in str(route(["env", "train.py"], {}))
+    assert "module" in str(route(["torchrun", "--no-python", "x.py"], {}))
