@@ -20,8 +20,8 @@ import json, email.parser, decimal, os, sys, time
 if os.environ.get("SLEEP"):
     print("ready", flush=True)
     time.sleep(float(os.environ["SLEEP"]))
-print(json.dumps({"rank": os.environ.get("RANK"), "argv": sys.argv[1:], "cwd": os.getcwd(),
-                  "parent": os.getppid()}))
+print(json.dumps({"rank": os.environ.get("RANK"), "argv": sys.argv, "cwd": os.getcwd(),
+                  "parent": os.getppid(), "file": __file__, "name": __name__}))
 sys.exit(int(os.environ.get("CODE", "0")))
 """
 
@@ -75,8 +75,8 @@ def test_hit_matches_cold_output_and_exit_code(job):
         assert rc == crc == int(code)
         hot, cold = __import__("json").loads(out), __import__("json").loads(cout)
         assert hot["parent"] == z.pid  # served by a fork of the zygote
-        assert {k: hot[k] for k in ("rank", "argv", "cwd")} == \
-            {k: cold[k] for k in ("rank", "argv", "cwd")}
+        same = ("rank", "argv", "cwd", "file", "name")
+        assert {k: hot[k] for k in same} == {k: cold[k] for k in same}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])

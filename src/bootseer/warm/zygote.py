@@ -13,15 +13,16 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
+import importlib.machinery
 import io
 import os
-import runpy
 import selectors
 import signal
 import socket
 import sys
 import threading
 import traceback
+import types
 
 from bootseer.warm import proto
 from bootseer.warm.key import key_difference, socket_path, warm_key
@@ -112,7 +113,7 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
         if "random" in sys.modules:
             sys.modules["random"].seed()  # a cold worker seeds from the OS too
         try:
-            runpy.run_path(argv[0], run_name="__main__")
+            _run_main(argv[0])
             code = 0
         except SystemExit as e:
             if e.code is None:
@@ -134,6 +135,20 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
     finally:
         _flush()
         os._exit(code & 0xFF)
+
+
+def _run_main(script: str) -> None:
+    """Run ``script`` as ``python script`` would: a fresh ``__main__`` whose ``__file__`` is
+    absolute while ``sys.argv[0]`` stays as given (``runpy.run_path`` would change it)."""
+    path = os.path.abspath(script)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)   # the job's own script, as the job's user
 
 
 def _flush() -> None:
