@@ -262,6 +262,19 @@ class PeersConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class WarmConfig:
+    """Warm starts (``bootseer run --warm``, docs/warm-start.md)."""
+    max_rss_mb: int = 4096
+    """A zygote holding more resident memory than this is dropped instead of forked from."""
+    keep_s: float = 0.0
+    """How long a node's zygote waits for the next start after the job (0: stopped with it)."""
+    dir: str = ""
+    """This user's zygote sockets (a 0700 directory; default ``/tmp/bootseer-warm-<uid>``)."""
+    timeout_s: float = 5.0
+    """A worker waits this long for the zygote's answer, then starts cold."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BootseerConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -270,6 +283,7 @@ class BootseerConfig:
     ckpt: CkptConfig = field(default_factory=CkptConfig)
     mount: MountConfig = field(default_factory=MountConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
+    warm: WarmConfig = field(default_factory=WarmConfig)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
@@ -372,7 +386,7 @@ OTHER_VARIABLES = frozenset({
     jobenv.CONFIG_FILE,                    # the settings TOML file
     # set by `bootseer run` for the command and its processes (docs/configuration.md)
     "BOOTSEER_ENV_PREFIX", "BOOTSEER_CKPT_DIR", jobenv.READY_FILE,
-    "BOOTSEER_RESTART_COUNT", jobenv.TRACE_START, jobenv.TRACE_AUTO,
+    "BOOTSEER_RESTART_COUNT", jobenv.TRACE_START, jobenv.TRACE_AUTO, jobenv.WARM_MODULES,
     # read by the deployment hooks and manifests in deploy/
     "BOOTSEER_SLURM_CONFIG", "BOOTSEER_SLURM_STATE",
     "BOOTSEER_IMAGE", "BOOTSEER_CKPT",

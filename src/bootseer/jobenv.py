@@ -25,6 +25,9 @@ TRACE_AUTO = "BOOTSEER_TRACE_AUTO"
 """``1``: the ``sitecustomize`` hook installs the capture in every Python process."""
 READY_FILE = "BOOTSEER_READY_FILE"
 """Created by the job when it is ready (it can train)."""
+WARM_MODULES = "BOOTSEER_WARM_MODULES"
+"""A file the capture writes the top-level modules imported before the first collective
+to (one a line): what the next start's zygote imports (docs/warm-start.md)."""
 TRACE_FIELDS = ("location", "job_id", "attempt", "node", "gpus")
 """The trace settings a job inherits, each ``BOOTSEER_TRACE_<FIELD>``."""
 

@@ -101,6 +101,9 @@ def register(sub) -> None:
                         "a CDI spec is preferred, else the NVIDIA device nodes)")
     g.add_argument("--shm-size", metavar="SIZE",
                    help="a private /dev/shm of SIZE (e.g. 16GiB) instead of the host's IPC")
+    g.add_argument("--warm", action="store_true",
+                   help="serve the job's Python workers from this node's zygote, cold on any "
+                        "miss (docs/warm-start.md; host environments only for now)")
     g.add_argument("--summary", metavar="FILE",
                    help="write per-phase timings (JSON) here (- : standard output)")
     add_ready_regex_arg(g, "the job is ready at the first line of CMD's output matching "
@@ -151,7 +154,8 @@ def spec_from_args(args):
                    binds=[_parse_bind(b) for b in args.bind], env=env, workdir=args.workdir,
                    runtime=args.runtime, network=args.network, gpus=_gpus_arg(args.gpus),
                    shm_size=_shm_arg(args.shm_size), summary=summary_arg(args.summary),
-                   ready_regex=ready_regex(args.ready_regex), fallback=args.fallback)
+                   ready_regex=ready_regex(args.ready_regex), fallback=args.fallback,
+                   warm=args.warm)
 
 
 def summary_arg(path: str | None) -> str | None:

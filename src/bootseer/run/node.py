@@ -14,6 +14,7 @@ JSON summary that the demo and the e2e benchmark read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from bootseer.run import baseline, inroot, tracing
 from bootseer.run import container as C
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
+from bootseer.warm.session import Session, open_session
 
 if TYPE_CHECKING:
     import subprocess
@@ -88,6 +90,8 @@ class RunSpec:
     summary: str | None = None
     """Write per-phase timings (JSON) here when the run ends."""
     state_dir: str | None = None
+    warm: bool = False
+    """Serve the job's Python workers from the node's zygote (docs/warm-start.md)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,7 @@ class NodeRun:
         self.ready_at: float | None = None
         self._running: C.Running | None = None
         self._proc: subprocess.Popen | None = None
+        self._warm: Session | None = None
         self._runtime, self._options = spec.runtime, C.Options()
         # told of each pipeline as it becomes ready: (name, kind, attrs, seconds)
         self.on_prepared: Callable[[str, str, dict, float], None] | None = None
@@ -338,6 +343,8 @@ class NodeRun:
         waiter: Callable[[], int]          # the command's exit status, once it exits
         forward: Callable[[int], None]     # a signal to the command
         if image is not None:
+            if s.warm:
+                log.warning("warm: not inside containers yet: workers start cold")
             # the image's own Env and WorkingDir, as a container engine applies them
             # (bootseer's variables and --env win); CMD replaces Entrypoint + Cmd
             img_env = dict(kv.split("=", 1) for kv in image.image_config.get("env") or []
@@ -368,8 +375,13 @@ class NodeRun:
             trace_env, _ = tracing.job_setup(self.config.trace, self.state, in_container=False)
             env = {**os.environ, **trace_env,
                    **self._command_env(prepared, str(signal_dir / "ready"), in_container=False)}
+            argv = s.argv
+            if s.warm:
+                argv, self._warm = open_session(s.argv, env, s.workdir or os.getcwd(),
+                                                **dataclasses.asdict(self.config.warm))
+                env.update(self._warm.job_env() if self._warm else {})
             try:
-                proc = procs.spawn(subprocess.Popen, s.argv, env=env, cwd=s.workdir,
+                proc = procs.spawn(subprocess.Popen, argv, env=env, cwd=s.workdir,
                                    **procs.popen_kwargs(), **self._output_pipes())
             except FileNotFoundError:
                 print(f"bootseer: error: command {s.argv[0]!r} not found", file=sys.stderr)
@@ -398,6 +410,8 @@ class NodeRun:
             watcher.join(5)
             if self._running is not None:
                 self._running.kill()
+            if self._warm is not None:
+                log.warning("%s", self._warm.close())
         return rc
 
     # -- the whole start ---------------------------------------------------------------------

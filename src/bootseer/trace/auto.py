@@ -15,9 +15,11 @@ where a rank waits for the slowest) ended by a ``rendezvous`` mark (every rank l
 the same instant: it aligns the nodes' clocks), ``ckpt.load`` (``torch.load``,
 ``torch.distributed.checkpoint.load``/``load_state_dict``), ``train.first_step`` and the
 ``ready`` mark after the first optimizer step (which also creates ``$BOOTSEER_READY_FILE``).
-Torch is never imported by the capture: hooks are attached when the program itself imports
-it. Every hook failure is swallowed; without torch only ``python.start`` and imports are
-recorded.
+With ``$BOOTSEER_WARM_MODULES`` set (``bootseer run --warm``), the top-level modules imported
+before the first collective are written to that file: the next start's zygote imports them
+(docs/warm-start.md). Torch is never imported by the capture: hooks are attached when the
+program itself imports it. Every hook failure is swallowed; without torch only
+``python.start`` and imports are recorded.
 
 Standard library only (and ``record``, ``jobenv``): ``bootseer run`` ships this module,
 ``record`` and what they import from bootseer (``jobenv``, ``redact``) as a read-only shim
@@ -223,6 +225,20 @@ _COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_
                 "_broadcast_coalesced", "_verify_params_across_processes")
 
 
+def _write_modules() -> None:
+    """The top-level modules imported so far, for the next start's zygote (if asked)."""
+    path = os.environ.get(jobenv.WARM_MODULES)
+    if not path:
+        return
+    names = sorted({n.split(".")[0] for n in list(sys.modules)} - {"__main__"})
+    try:
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            f.write("".join(f"{n}\n" for n in names if not n.startswith("_")))
+        os.replace(f"{path}.{os.getpid()}", path)
+    except OSError:
+        pass
+
+
 def _first_collective(mod) -> None:
     """Time the first collective of the process: a rank waits in it until the slowest
     rank arrives (its rendezvous wait; with NCCL it also builds the communicator). All
@@ -241,6 +257,7 @@ def _first_collective(mod) -> None:
         def inner(*a, **kw):
             if state["done"] or "dist.first_collective" in record.recorder().stack():
                 return fn(*a, **kw)
+            _write_modules()
             with record.phase("dist.first_collective", op=name):
                 out = fn(*a, **kw)
             state["done"] = True
