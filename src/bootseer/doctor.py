@@ -7,6 +7,7 @@ EROFS probe mounts a temporary image and removes it)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -289,12 +290,34 @@ def check_user_namespaces() -> Check:
                  f"available to every user (max {limit})" if limit else "available")
 
 
+CRIU_MIN = (4, 1)
+
+
+def check_criu() -> Check:
+    """CRIU, for the warm-start design's snapshot backend (docs/warm-start.md): versions
+    before 4.1 fail on recent kernels (the vDSO). Never required: warm starts fork from a
+    zygote without it."""
+    found = shutil.which("criu")
+    if found is None:
+        return Check("criu", False, False, "not found: warm starts use the fork server only",
+                     f"CRIU >= {CRIU_MIN[0]}.{CRIU_MIN[1]} (criu.org) would let a warm "
+                     "process be snapshotted; nothing needs it today")
+    line = _version([found, "--version"])
+    m = re.search(r"(\d+)\.(\d+)", line)
+    version = (int(m.group(1)), int(m.group(2))) if m else None
+    if version is None or version < CRIU_MIN:
+        return Check("criu", False, False, f"{line}: older than "
+                     f"{CRIU_MIN[0]}.{CRIU_MIN[1]} (fails on recent kernels: the vDSO)",
+                     f"CRIU >= {CRIU_MIN[0]}.{CRIU_MIN[1]}; warm starts use the fork server")
+    return Check("criu", True, False, f"{line} (warm-start snapshots: design only)")
+
+
 def run_checks(config: BootseerConfig | None = None) -> list[Check]:
     config = config or BootseerConfig.from_env()
     steps: list[Callable[[], Check | list[Check]]] = [
         check_dev_fuse, check_fuse_mount_permission, check_container_runtimes, check_uv,
         check_tools, lambda: check_store(config), lambda: check_cache_dir(config),
-        check_gpus, check_erofs, check_fuse_passthrough, check_user_namespaces]
+        check_gpus, check_erofs, check_fuse_passthrough, check_user_namespaces, check_criu]
     checks: list[Check] = []
     for step in steps:
         found = step()

@@ -16,7 +16,7 @@ from bootseer.node import tools
 NAMES = {"/dev/fuse", "mount permission", "podman", "runc", "container runtime",
          "containerd", "uv", "store", "cache directory", "GPUs / CDI", "kernel: EROFS",
          "kernel: FUSE passthrough", "skopeo", "libfuse3", "grpcio", "protobuf", "libtorrent",
-         "user namespaces"}
+         "user namespaces", "criu"}
 
 
 def _doc(r):
@@ -136,3 +136,22 @@ def test_a_local_path_that_does_not_exist_is_no_such_file(world, tmp_path):
     lines = [x for x in r.stderr.splitlines() if x.startswith("bootseer: error:")]
     assert lines == [f"bootseer: error: {tmp_path / 'nope.tar'}: no such file or directory"]
     assert "skopeo" not in r.stderr and "invalid reference" not in r.stderr
+
+
+@pytest.mark.parametrize("version, ok", [(None, False), ("Version: 3.17", False),
+                                         ("Version: 4.1", True)])
+def test_doctor_says_whether_criu_can_snapshot_warm_processes(world, tmp_path, version, ok):
+    """Never required (warm starts fork from a zygote without it); below 4.1 it fails on
+    recent kernels, so it is reported as not usable with the version it has."""
+    path = _path_without(tmp_path, "criu")
+    if version is not None:   # a criu of that version on PATH: only --version is asked
+        fake = tmp_path / "criu-bin"
+        fake.mkdir()
+        (fake / "criu").write_text(f"#!/bin/sh\necho '{version}'\n")
+        (fake / "criu").chmod(0o755)
+        path = f"{fake}:{path}"
+    doc, by = _doc(world.run("doctor", "--json", env={"PATH": path}))
+    assert by["criu"]["ok"] is ok and by["criu"]["required"] is False
+    assert (by["criu"]["hint"] is None) is ok
+    if version:
+        assert version.split()[-1] in by["criu"]["detail"]
