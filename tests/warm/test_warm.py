@@ -331,3 +331,19 @@ def test_route_rewrites_python_and_torchrun_and_says_why_not():
     assert "no Python script" in str(route(["bash", "-c", "true"], {}))
     assert "neither python nor torchrun" in str(route(["env", "train.py"], {}))
     assert "module" in str(route(["torchrun", "--no-python", "x.py"], {}))
+
+
+def test_an_environment_restored_again_at_the_same_prefix_is_another_key(tmp_path):
+    """The prefix's completion marker (the snapshot's key) is part of the key: the same
+    path holding other packages must not be served by a zygote that imported the old ones."""
+    from bootseer.warm.key import ENV_MARKER, key_difference, warm_key
+    prefix = tmp_path / "env"
+    prefix.mkdir()
+    (tmp_path / "train.py").write_text("print(1)\n")
+    env = {"BOOTSEER_ENV_PREFIX": str(prefix)}
+    (prefix / ENV_MARKER).write_text('{"key": "sha256:aaa"}')
+    before = warm_key(["train.py"], env, str(tmp_path))
+    assert key_difference(before, warm_key(["train.py"], env, str(tmp_path))) is None
+    (prefix / ENV_MARKER).write_text('{"key": "sha256:bbb"}')
+    assert key_difference(before, warm_key(["train.py"], env, str(tmp_path))) == \
+        "key differs: installed.BOOTSEER_ENV_PREFIX"

@@ -8,11 +8,14 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 
-# Thread settings change numerics and what a parent may have run; the environment and
-# image keys name the installed files. Per-start values (RANK, MASTER_ADDR...) stay out.
+# Thread settings change numerics and what a parent may have run; the prefixes name the
+# installed files. Per-start values (RANK, MASTER_ADDR...) stay out.
 KEYED_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "TORCH_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV",
-              "BOOTSEER_ENV_PREFIX", "BOOTSEER_DEPS_KEY", "BOOTSEER_IMAGE_KEY")
+              "BOOTSEER_ENV_PREFIX")
+# What a restored or built environment says it holds (deps.prefix.MARKER: its key); a
+# prefix restored again with other packages at the same path is another environment.
+ENV_MARKER = ".bootseer-env.json"
 
 DIR_VAR = "BOOTSEER_WARM_DIR"
 """The setting ``warm.dir``, read here from the environment: the launcher runs in the job."""
@@ -46,6 +49,13 @@ def warm_key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> dict[str,
            "uid": str(os.getuid()), "cwd": os.path.realpath(cwd)}
     for name in KEYED_VARS:
         key[f"env.{name}"] = env.get(name, "")
+    for name in ("BOOTSEER_ENV_PREFIX", "VIRTUAL_ENV"):
+        marker = os.path.join(env.get(name) or "", ENV_MARKER)
+        if env.get(name) and os.path.isfile(marker):
+            try:
+                key[f"installed.{name}"] = _digest(marker)
+            except OSError:
+                key[f"installed.{name}"] = "unreadable"
     for name, digest in _files(argv, cwd).items():
         key[f"file.{name}"] = digest
     return key
