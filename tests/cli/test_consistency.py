@@ -89,7 +89,7 @@ def test_report_json_dash_is_stdout(world):
     demo_node(trace, "n0").write()
     r = world.run("report", str(trace), "--json", "-")
     assert r.returncode == 0, r.stderr
-    json.loads(r.stdout)                     # only the JSON: the text report went to stderr
+    assert json.loads(r.stdout)["schema"] == 1   # only the JSON: the text went to stderr
     assert not (world.root / "-").exists()
     assert r.stderr.strip()                  # (the text report)
     r = world.run("report", str(trace), "--json", "-", "--chrome", "-")

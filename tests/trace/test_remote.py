@@ -122,7 +122,7 @@ def test_trace_exec_uploads_to_a_store_url(tmp_path):
     assert [p for p in tmp_path.rglob("trace-spool/*") if p.is_dir()] == []
     r = _bootseer("report", url, "--job", "j2", "--json", "-")
     assert r.returncode == 0, r.stderr
-    assert {"deps.install", "image.pull"} <= set(json.loads(r.stdout)[0]["phases"])
+    assert {"deps.install", "image.pull"} <= set(json.loads(r.stdout)["attempts"][0]["phases"])
 
 
 def test_trace_exec_without_a_location_says_so(tmp_path):

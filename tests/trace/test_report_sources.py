@@ -162,6 +162,6 @@ def test_report_text_and_json_show_bytes_by_source(tmp_path):
     # against the baseline: the origin's bytes per pipeline
     image = next(x for x in against.splitlines() if x.startswith("image")).split()
     assert image == ["image", "128", "71.0", "45%"]
-    (summary,) = json.loads((tmp_path / "r.json").read_text())
+    (summary,) = json.loads((tmp_path / "r.json").read_text())["attempts"]
     assert summary["sources"]["image"]["origin"] == 71 * MiB
     assert summary["node_sources"]["n1"]["ckpt"] == [0, 200 * MiB, "peer"]

@@ -117,7 +117,8 @@ def test_report_names_gating_node_stragglers_and_killed(tmp_path):
     # the charting library embedded, nothing loaded from a network
     assert "uPlot" in page and not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page)
     assert json.loads((tmp_path / "c.json").read_text())["traceEvents"]
-    assert json.loads((tmp_path / "r.json").read_text())[0]["gating_node"] == "n4"
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["schema"] == 1 and doc["attempts"][0]["gating_node"] == "n4"
 
 
 def test_clock_alignment_on_rendezvous(tmp_path):

@@ -23,6 +23,7 @@ def _run(args) -> int:
     import json
 
     from bootseer.cli import text_stream, write_output
+    from bootseer.cli._flags import JSON_SCHEMA
     from bootseer.report import cluster
     text_out = text_stream({"--json": args.json, "--html": args.html})
     recs, notes = cluster.read_attempts(args.dir)
@@ -34,7 +35,7 @@ def _run(args) -> int:
         print(file=text_out)
         print(cluster.compare(c, b), file=text_out)
     if args.json:
-        write_output(args.json, json.dumps(c, indent=1))
+        write_output(args.json, json.dumps({"schema": JSON_SCHEMA, **c}, indent=1))
     if args.html:
         write_output(args.html, cluster.to_html(c, f"bootseer analyze: {args.dir}", out))
     return 0

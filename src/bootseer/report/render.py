@@ -181,18 +181,25 @@ def _origin_against(a: Summary, b: Summary) -> str:
             + table(["pipeline", "baseline", "this", "reduction"], rows))
 
 
+JSON_SCHEMA = 1
+"""Version of ``report --json``'s document (``{"schema": 1, "attempts": [...]}``), as every
+``--json`` of the CLI has one (``cli._flags.JSON_SCHEMA``): raised when a field changes
+meaning or goes away."""
+
+
 def to_json(summaries: list[Summary]) -> str:
-    """One line per field of each summary: readable, and encoded by json's C encoder (an
-    ``indent`` selects its pure-Python one; ``dataclasses.asdict`` deep-copies every
-    per-rank row: together most of a 10,000-node report's time). Its records (a phase's
-    figures, a step of the path) become objects of their fields."""
+    """``{"schema", "attempts"}``, one summary per attempt, one line per field of each:
+    readable, and encoded by json's C encoder (an ``indent`` selects its pure-Python one;
+    ``dataclasses.asdict`` deep-copies every per-rank row: together most of a 10,000-node
+    report's time). Its records (a phase's figures, a step of the path) become objects of
+    their fields."""
     out = []
     for s in summaries:
         fields = ",\n ".join(f"{json.dumps(f.name)}: "
                              f"{json.dumps(getattr(s, f.name), default=dataclasses.asdict)}"
                              for f in dataclasses.fields(s))
         out.append("{" + fields + "}")
-    return "[\n" + ",\n".join(out) + "\n]"
+    return (f'{{"schema": {JSON_SCHEMA}, "attempts": [\n' + ",\n".join(out) + "\n]}\n")
 
 
 def chrome(views: list[AttemptView], summaries: list[Summary] | None = None) -> str:
