@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import NoReturn
 
 from bootseer.cli._flags import JSON_SCHEMA
 
@@ -33,10 +34,54 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kw)
 
+    def error(self, message: str) -> NoReturn:
+        """argparse's error line, with the closest known name for a mistyped one."""
+        near = did_you_mean(self, message)
+        super().error(f"{message} (did you mean {near}?)" if near else message)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option of ``parser`` and of its commands and verbs, at any depth."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
+def did_you_mean(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """The known command, verb, choice or option closest to the one an error message of
+    argparse names as invalid or unrecognized (None when nothing is close)."""
+    import difflib
+    import re
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        known = re.findall(r"'([^']*)'", choice.group(2))
+        close = difflib.get_close_matches(choice.group(1), known, n=1, cutoff=0.6)
+        return close[0] if close else None
+    extra = re.match(r"unrecognized arguments: (.*)", message)
+    if extra:
+        options = sorted(_option_strings(parser))
+        for word in extra.group(1).split():
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1,
+                                                  cutoff=0.7)
+                if close:
+                    return close[0]
+    return None
+
 
 def print_json(document: dict) -> None:
     """``document``, with its schema version, on standard output."""
     print(json.dumps({"schema": JSON_SCHEMA, **document}, indent=1))
+
+
+def say_none(what: str, where: str, hint: str) -> None:
+    """An empty listing says so on standard error (standard output stays empty for
+    scripts): ``bootseer: no converted images in STORE (hint: ...)``."""
+    print(f"bootseer: no {what} in {where} (hint: {hint})", file=sys.stderr)
 
 
 def write_output(path: str, text: str) -> None:

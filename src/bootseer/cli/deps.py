@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from bootseer.cli import print_json
+from bootseer.cli import print_json, say_none
 from bootseer.cli._flags import add_gc_verb, add_index_url_arg, add_json_arg, add_store_arg
 
 
@@ -163,6 +163,9 @@ def _ls(args) -> int:
     if args.json:
         print_json({"store": store.url, "environments": envs})
         return 0
+    if not envs:
+        say_none("published environments", store.url,
+                 "bootseer deps ensure SPEC --prefix DIR publishes one")
     for e in envs:
         print(f"{e['key']}\t{e['prefix']}\t{e['tree']}")
     return 0

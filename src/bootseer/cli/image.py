@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from bootseer.cli import print_json
+from bootseer.cli import print_json, say_none
 from bootseer.cli._flags import (
     IMAGE_REF_HELP,
     JSON_SCHEMA,
@@ -168,6 +168,9 @@ def _ls(args) -> int:
               for n in store.list_refs(IMAGE_REFS)]
     if args.json:
         print_json({"store": store.url, "images": images})
+    elif not images:
+        say_none("converted images", store.url,
+                 f"bootseer image convert SRC --to {store.url}")
     else:
         for i in images:
             print(f"{i['name']}\t{i['tree']}")

@@ -17,7 +17,7 @@ import functools
 import sys
 from typing import BinaryIO
 
-from bootseer.cli import print_json
+from bootseer.cli import print_json, say_none
 from bootseer.cli._flags import add_json_arg, add_store_arg
 
 DIGEST_HELP = "blob digest, sha256:<64 hex>"
@@ -227,11 +227,19 @@ def _ls(args) -> int:
             print_json({"store": store.url, "blobs": list(store.list())})
         return 0
     if args.refs:
-        for name in store.list_refs(args.prefix or ""):
+        names = list(store.list_refs(args.prefix or ""))
+        if not names:
+            say_none(f"refs{' under ' + repr(args.prefix) if args.prefix else ''}", store.url,
+                     "bootseer store ref set NAME DIGEST, or convert an image")
+        for name in names:
             print(f"{name}\t{store.get_ref(name)}")
     else:
+        empty = True
         for d in store.list():
+            empty = False
             print(d)
+        if empty:
+            say_none("blobs", store.url, "bootseer store put FILE")
     return 0
 
 
