@@ -24,8 +24,16 @@ def test_env_overrides_toml(tmp_path):
 def test_bad_values_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match="fetch.retries"):
         BootseerConfig.from_env({"BOOTSEER_FETCH_RETRIES": "many"})
-    with pytest.raises(ConfigError, match="cache.budget_bytes"):
+    # a size names the forms it takes (not "not a valid int"), from the environment or a file
+    with pytest.raises(ConfigError, match=r"cache.budget_bytes: 'lots' is not a size: bytes "
+                       r"\(1048576\) or a number with a unit \(512MiB, 10GiB"):
         BootseerConfig.from_env({"BOOTSEER_CACHE_BUDGET_BYTES": "lots"})
+    sized = tmp_path / "sized.toml"
+    sized.write_text('[cache]\nbudget_bytes = "12XB"\n')
+    with pytest.raises(ConfigError, match="'12XB' is not a size: bytes"):
+        BootseerConfig.from_env({"BOOTSEER_CONFIG": str(sized)})
+    assert BootseerConfig.from_env({"BOOTSEER_CACHE_BUDGET_BYTES": "1.5GiB"}).cache \
+        .budget_bytes == int(1.5 * 2**30)
     toml = tmp_path / "c.toml"
     toml.write_text("[fetch]\nnope = 1\n")
     with pytest.raises(ConfigError, match="fetch.nope"):
@@ -40,7 +48,7 @@ def test_parse_size():
 
 
 def test_every_setting_is_documented():
-    """docs/configuration.md lists every variable (the docstring of config.py says so)."""
+    """docs/configuration.md lists every variable (the docstring of bootseer.config says so)."""
     import dataclasses
     import typing
     from pathlib import Path

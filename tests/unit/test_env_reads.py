@@ -1,4 +1,4 @@
-"""config.py (with jobenv.py, the job-side half it ships into a job) is the only reader of
+"""bootseer.config (with jobenv.py, the job-side half it ships into a job) is the only reader of
 ``BOOTSEER_*`` variables: a setting read anywhere else would escape ``config show``, the
 config file and the flags. Writing them into a child's environment is fine everywhere."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import bootseer
 
 SRC = Path(bootseer.__file__).parent
-READERS = {"config.py", "jobenv.py"}
+READERS = {"config/settings.py", "config/env.py", "jobenv.py"}
 # The demo's job script runs inside the image without bootseer installed: the variables
 # are its whole interface with the node, as RANK is torchrun's.
 JOB_SCRIPTS = {"demo/train.py"}

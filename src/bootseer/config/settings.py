@@ -5,15 +5,18 @@ The environment is read only here, in :meth:`BootseerConfig.from_env`:
 
 * ``BOOTSEER_<SECTION>_<FIELD>`` sets one field, e.g. ``BOOTSEER_FETCH_RETRIES=3``;
 * ``BOOTSEER_CONFIG`` names a TOML file with one table per section (``[fetch] retries = 3``);
-  without it, ``$XDG_CONFIG_HOME/bootseer/config.toml`` is read when present.
+  without it, ``$XDG_CONFIG_HOME/bootseer/config.toml`` is read when present;
+* the node's file, /etc/bootseer/config.toml (``BOOTSEER_SYSTEM_CONFIG`` names another), is
+  read first: the user's file, then the environment, override it field by field.
 
-Precedence: explicit overrides > environment > TOML file > defaults. Every variable is
+Precedence: explicit overrides > environment > user's file > system's file > defaults
+(:func:`effective` says where each setting in force came from). Every variable is
 listed in docs/configuration.md. Sizes accept suffixes (``64MiB``, ``10G``).
 
-This module is the one reader of ``BOOTSEER_*`` variables: the few that are not settings
-(a start's id, the ready file, the restart count) have an accessor below. Those a job's own
-processes read live in :mod:`bootseer.jobenv`, which the trace capture ships into images
-without bootseer; this module builds on it.
+This package is the one reader of ``BOOTSEER_*`` variables: the few that are not settings
+(a start's id, the ready file, the restart count) have an accessor in :mod:`.env`. Those a
+job's own processes read live in :mod:`bootseer.jobenv`, which the trace capture ships into
+images without bootseer; this package builds on it.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ def parse_size(value: str | int, field_name: str = "size") -> int:
         return value
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(field_name, f"{value!r} is not a size (try 512MiB or 10GiB)")
+        raise ConfigError(field_name, f"{value!r} is not a size: bytes (1048576) or a number "
+                          "with a unit (512MiB, 10GiB, 1.5TB: KiB/MiB/GiB/TiB are powers of "
+                          "1024, k/M/G/T or kB/MB/GB/TB of 1000)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
@@ -288,33 +293,32 @@ class BootseerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
                  overrides: Mapping[str, Mapping[str, Any]] | None = None) -> BootseerConfig:
+        merged: dict[str, dict[str, Any]] = {}
+        for layer in cls.layers(env, overrides=overrides):
+            for section, values in layer.values.items():
+                merged.setdefault(section, {}).update(values)
+        return cls.from_dict(merged)
+
+    @classmethod
+    def layers(cls, env: Mapping[str, str] | None = None, *,
+               overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[Layer]:
+        """Where settings come from, lowest precedence first: the system's file, the user's
+        file, the environment, explicit overrides (flags)."""
         env = os.environ if env is None else env
-        layered: dict[str, dict[str, Any]] = {}
-        path = env.get(jobenv.CONFIG_FILE)
-        if path is None:
-            xdg = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-            candidate = Path(xdg) / "bootseer" / "config.toml"
-            path = str(candidate) if candidate.is_file() else None
-        if path:
-            try:
-                with open(path, "rb") as f:
-                    data = tomllib.load(f)
-            except (OSError, tomllib.TOMLDecodeError) as e:
-                raise ConfigError(jobenv.CONFIG_FILE, f"cannot read {path}: {e}") from e
-            for section, values in data.items():
-                if not isinstance(values, dict):
-                    raise ConfigError(section, f"expected a [{section}] table in {path}")
-                layered.setdefault(section, {}).update(values)
+        found: list[Layer] = [Layer(path, _read_toml(path, var))
+                              for path, var in config_files(env)]
+        from_vars: dict[str, dict[str, Any]] = {}
         for sect in dataclasses.fields(cls):
             sub = typing.get_type_hints(cls)[sect.name]
             for sf in dataclasses.fields(sub):
                 var = setting_var(sect.name, sf.name)
                 if var in env:
-                    layered.setdefault(sect.name, {})[sf.name] = env[var]
-        for section, values in (overrides or {}).items():
-            layered.setdefault(section, {}).update({k: v for k, v in values.items()
-                                                    if v is not None})
-        return cls.from_dict(layered)
+                    from_vars.setdefault(sect.name, {})[sf.name] = env[var]
+        found.append(Layer("environment", from_vars))
+        flags = {section: {k: v for k, v in values.items() if v is not None}
+                 for section, values in (overrides or {}).items()}
+        found.append(Layer("flags", flags))
+        return found
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> BootseerConfig:
@@ -337,6 +341,76 @@ class BootseerConfig:
             new[name] = (dataclasses.replace(current, **value) if isinstance(value, dict)
                          else value)
         return dataclasses.replace(self, **new)
+
+
+SYSTEM_CONFIG_VAR = "BOOTSEER_SYSTEM_CONFIG"
+SYSTEM_CONFIG = "/etc/bootseer/config.toml"
+"""The node's settings file, read before the user's: a fleet sets its store and cache once."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One source of settings: a file's path, ``environment`` or ``flags``, and the raw
+    values it gives (section -> field -> value, not yet checked)."""
+    source: str
+    values: dict[str, dict[str, Any]]
+
+
+def config_files(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The TOML files read, (path, the variable that names it), lowest precedence first:
+    the system's (``BOOTSEER_SYSTEM_CONFIG``, else /etc/bootseer/config.toml when present),
+    then the user's (``BOOTSEER_CONFIG``, else $XDG_CONFIG_HOME/bootseer/config.toml when
+    present). A file a variable names must exist; a default path may be absent."""
+    files = []
+    system = env.get(SYSTEM_CONFIG_VAR)
+    if system is None and Path(SYSTEM_CONFIG).is_file():
+        system = SYSTEM_CONFIG
+    if system:
+        files.append((system, SYSTEM_CONFIG_VAR))
+    user = env.get(jobenv.CONFIG_FILE)
+    if user is None:
+        xdg = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        candidate = Path(xdg) / "bootseer" / "config.toml"
+        user = str(candidate) if candidate.is_file() else None
+    if user:
+        files.append((user, jobenv.CONFIG_FILE))
+    return files
+
+
+def _read_toml(path: str, var: str) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(var, f"cannot read {path}: {e}") from e
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(section, f"expected a [{section}] table in {path}")
+    return data
+
+
+def effective(env: Mapping[str, str] | None = None, *,
+              overrides: Mapping[str, Mapping[str, Any]] | None = None
+              ) -> list[tuple[str, str, Any, str]]:
+    """Every setting as (section, field, value in force, where it came from: a file's path,
+    the variable's name, ``flags`` or ``default``); secrets shown as ``***`` when set."""
+    env = os.environ if env is None else env
+    layers = BootseerConfig.layers(env, overrides=overrides)
+    config = BootseerConfig.from_env(env, overrides=overrides)
+    rows = []
+    for sect in dataclasses.fields(config):
+        values = getattr(config, sect.name)
+        for sf in dataclasses.fields(values):
+            source = "default"
+            for layer in layers:
+                if sf.name in layer.values.get(sect.name, {}):
+                    source = (setting_var(sect.name, sf.name) if layer.source == "environment"
+                              else layer.source)
+            value = getattr(values, sf.name)
+            if not sf.repr and value:   # a secret (never logged, never shown)
+                value = "***"
+            rows.append((sect.name, sf.name, value, source))
+    return rows
 
 
 def _build(cls: type, section: str, values: Mapping[str, Any]) -> Any:
@@ -370,142 +444,13 @@ def _coerce(raw: Any, typ: Any, name: str) -> Any:
             return parse_size(raw, name) if name.endswith("bytes") else int(raw)
         if typ is float:
             return float(raw)
+    except ConfigError:
+        raise   # parse_size's own message names the forms a size takes
     except ValueError as e:
         raise ConfigError(name, f"{raw!r} is not a valid {typ.__name__}") from e
     return raw
 
 
-# -- the environment ---------------------------------------------------------------------------
-
 def setting_var(section: str, name: str) -> str:
     """``("fetch", "retries")`` -> ``BOOTSEER_FETCH_RETRIES``."""
     return f"BOOTSEER_{section.upper()}_{name.upper()}"
-
-
-OTHER_VARIABLES = frozenset({
-    jobenv.CONFIG_FILE,                    # the settings TOML file
-    # set by `bootseer run` for the command and its processes (docs/configuration.md)
-    "BOOTSEER_ENV_PREFIX", "BOOTSEER_CKPT_DIR", jobenv.READY_FILE,
-    "BOOTSEER_RESTART_COUNT", jobenv.TRACE_START, jobenv.TRACE_AUTO, jobenv.WARM_MODULES,
-    # read by the deployment hooks and manifests in deploy/
-    "BOOTSEER_SLURM_CONFIG", "BOOTSEER_SLURM_STATE",
-    "BOOTSEER_IMAGE", "BOOTSEER_CKPT",
-    # a Kubernetes Indexed Job's spec.completions, for peers (bootseer.peers.job)
-    "BOOTSEER_JOB_COMPLETIONS",
-})
-"""``BOOTSEER_*`` variables that are not ``<SECTION>_<FIELD>`` settings."""
-
-_OTHER_PREFIXES = ("BOOTSEER_TEST_",)   # the test suite's own switches
-
-
-def known_variables() -> frozenset[str]:
-    hints = typing.get_type_hints(BootseerConfig)
-    fields = {setting_var(f.name, sf.name) for f in dataclasses.fields(BootseerConfig)
-              for sf in dataclasses.fields(hints[f.name])}
-    return frozenset(fields | OTHER_VARIABLES)
-
-
-def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
-    """``BOOTSEER_*`` names in ``env`` that nothing reads (a typo silently ignored would
-    leave the default in force), each with the closest known name, if one is close."""
-    import difflib
-    env = os.environ if env is None else env
-    known = known_variables()
-    unknown = sorted(n for n in env if n.startswith("BOOTSEER_") and n not in known
-                     and not n.startswith(_OTHER_PREFIXES))
-    return [(n, next(iter(difflib.get_close_matches(n, known, n=1, cutoff=0.8)), None))
-            for n in unknown]
-
-
-def section_key(section: str, env: Mapping[str, str] | None = None
-                ) -> tuple[tuple[str, str | None], ...]:
-    """The variables a section's settings depend on, with their values: a cache of what
-    was built from them is valid while this is unchanged."""
-    env = os.environ if env is None else env
-    hints = typing.get_type_hints(BootseerConfig)
-    names = [setting_var(section, f.name) for f in dataclasses.fields(hints[section])]
-    return tuple((n, env.get(n)) for n in (*names, jobenv.CONFIG_FILE, "XDG_CONFIG_HOME"))
-
-
-def trace_settings(env: Mapping[str, str] | None = None) -> jobenv.TraceSettings:
-    """The recorder's settings: ``[trace]`` of the settings object, and this start's id."""
-    env = os.environ if env is None else env
-    try:
-        c = BootseerConfig.from_env(env).trace
-    except Exception:  # noqa: BLE001 - a bad setting elsewhere must not fail the traced job
-        # (the raw variables instead)
-        return jobenv.trace_settings(env)
-    return jobenv.TraceSettings(location=c.location, job_id=c.job_id, attempt=c.attempt,
-                                node=c.node, gpus=c.gpus, start=jobenv.trace_start(env))
-
-
-def section_env(section: str, **values: Any) -> dict[str, str]:
-    """Settings as the variables that give them to a process this one starts (it inherits
-    the environment); a value that is None is left out."""
-    return {setting_var(section, name): str(value) for name, value in values.items()
-            if value is not None}
-
-
-def trace_env(trace: TraceConfig, **values: Any) -> dict[str, str]:
-    """``trace`` (with ``values`` in place of its fields) as variables: what a process
-    started with them records under."""
-    return section_env("trace", **{name: values.get(name, getattr(trace, name))
-                                   for name in jobenv.TRACE_FIELDS})
-
-
-def start_env(start: str) -> dict[str, str]:
-    """This start's id as the variable its processes name their trace files with."""
-    return {jobenv.TRACE_START: start}
-
-
-def trace_start(env: Mapping[str, str] | None = None) -> str | None:
-    """This start's id, when ``bootseer run`` gave it one (read as the job reads it)."""
-    return jobenv.trace_start(env)
-
-
-def trace_capture(env: Mapping[str, str] | None = None) -> str:
-    """``BOOTSEER_TRACE_AUTO`` as given (``1``, the default: the job's Python processes
-    record their start-up)."""
-    return (os.environ if env is None else env).get(jobenv.TRACE_AUTO, "1")
-
-
-def store_url_from_env(env: Mapping[str, str] | None = None) -> str | None:
-    """The store URL the environment names, if it names one (not the file's, not the
-    default)."""
-    return (os.environ if env is None else env).get(setting_var("store", "url"))
-
-
-def job_completions(env: Mapping[str, str] | None = None) -> str | None:
-    """``BOOTSEER_JOB_COMPLETIONS``: a Kubernetes Indexed Job's ``spec.completions`` (its
-    node count, for peers), as the pod template passes it."""
-    return (os.environ if env is None else env).get("BOOTSEER_JOB_COMPLETIONS")
-
-
-def slurm_settings_file(env: Mapping[str, str] | None = None) -> str:
-    """``BOOTSEER_SLURM_CONFIG``: the site's settings for the Slurm hooks (docs/slurm.md)."""
-    return (os.environ if env is None else env).get("BOOTSEER_SLURM_CONFIG") \
-        or "/etc/bootseer/slurm.toml"
-
-
-def slurm_job_vars(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What slurmd tells its prolog and epilog of the job (``SLURM_JOB_*``,
-    ``SLURMD_NODENAME``)."""
-    env = os.environ if env is None else env
-    return {k: v for k, v in env.items() if k.startswith("SLURM_JOB_") or k == "SLURMD_NODENAME"}
-
-
-RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
-                      "BOOTSEER_RESTART_COUNT")
-
-
-def attempt_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
-    """The attempt the environment gives, (number, variable), or None: the trace setting
-    ``BOOTSEER_TRACE_ATTEMPT``, else the restart count a scheduler gives (Slurm's requeue
-    count, torchelastic's restart count, a Kubernetes restart count passed by the downward
-    API as ``BOOTSEER_RESTART_COUNT``)."""
-    env = os.environ if env is None else env
-    for name in (jobenv.trace_var("attempt"), *RESTART_COUNT_VARS):
-        value = (env.get(name) or "").strip()
-        if value.isdigit():
-            return int(value), name
-    return None
