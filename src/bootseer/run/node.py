@@ -35,6 +35,8 @@ from bootseer.run import baseline, inroot, tracing
 from bootseer.run import container as C
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
+from bootseer.warm import ship
+from bootseer.warm.key import DIR_VAR
 from bootseer.warm.session import Session, open_session
 
 if TYPE_CHECKING:
@@ -302,6 +304,21 @@ class NodeRun:
                 return
             stop.wait(0.05)
 
+    def _warm_container(self, env: dict[str, str], binds: list) -> list[str]:
+        """The zygote lives in the job's container: the warm package shipped read-only,
+        a per-image host directory for its socket and module list, the supervisor as the
+        container's command (docs/warm-start.md)."""
+        w = self.config.warm
+        pkg = ship.write_package(self.state / "warmpkg")
+        binds += [C.Bind(pkg, ship.CONTAINER_PKG_DIR),
+                  C.Bind(ship.host_dir(w.dir, self.spec.image or ""), ship.CONTAINER_DIR,
+                         readonly=False)]
+        env["PYTHONPATH"] = ":".join(p for p in (ship.CONTAINER_PKG_DIR,
+                                                 env.get("PYTHONPATH")) if p)
+        env[DIR_VAR] = ship.CONTAINER_DIR
+        return ship.container_command(self.spec.argv, max_rss_mb=w.max_rss_mb,
+                                      timeout_s=w.timeout_s)
+
     def _output_pipes(self) -> dict:
         """With --ready-regex, CMD's output comes through us (to be matched); else it is
         CMD's own, untouched."""
@@ -343,8 +360,6 @@ class NodeRun:
         waiter: Callable[[], int]          # the command's exit status, once it exits
         forward: Callable[[int], None]     # a signal to the command
         if image is not None:
-            if s.warm:
-                log.warning("warm: not inside containers yet: workers start cold")
             # the image's own Env and WorkingDir, as a container engine applies them
             # (bootseer's variables and --env win); CMD replaces Entrypoint + Cmd
             img_env = dict(kv.split("=", 1) for kv in image.image_config.get("env") or []
@@ -364,7 +379,8 @@ class NodeRun:
             binds += trace_binds + s.binds
             env = {**img_env, **trace_env,
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
-            container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
+            argv = self._warm_container(env, binds) if s.warm else s.argv
+            container = C.Container(rootfs=image.path, argv=argv, workdir=workdir,
                                     env=env, binds=binds, options=self._options)
             self._running = C.start(container, runtime=self._runtime, on_state=self._note_dir,
                                     **self._output_pipes())

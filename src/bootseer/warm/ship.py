@@ -1,0 +1,62 @@
+"""The warm package shipped read-only into a container whose image has no bootseer (like
+the trace shim): the zygote, the launcher and the supervisor with what they import, as a
+``bootseer_warm`` package made from the very source files bootseer runs."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+PACKAGE = "bootseer_warm"
+CONTAINER_PKG_DIR = "/run/bootseer/warmpkg"
+CONTAINER_DIR = "/run/bootseer/warm"
+"""Where the zygote's socket and the module list live inside the container (bound from a
+host directory per image and user, so the next start finds the list)."""
+SHIPPED = {"key": "bootseer.warm.key", "proto": "bootseer.warm.proto",
+           "session": "bootseer.warm.session", "worker": "bootseer.warm.worker",
+           "zygote": "bootseer.warm.zygote", "supervisor": "bootseer.warm.supervisor",
+           "jobenv": "bootseer.jobenv", "record": "bootseer.trace.record",
+           "redact": "bootseer.redact"}
+_REWRITES = (   # absolute bootseer imports -> the package's own copies
+    (re.compile(r"^from bootseer import trace$", re.M), "from . import record as trace"),
+    (re.compile(r"^from bootseer\.warm\.(\w+) import", re.M), r"from .\1 import"),
+    (re.compile(r"^from bootseer(?:\.warm|\.trace)? import", re.M), "from . import"),
+)
+
+
+def write_package(dest) -> str:
+    """Write ``bootseer_warm`` into ``dest`` (a directory to put on PYTHONPATH)."""
+    pkg = Path(dest) / PACKAGE
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name, dotted in SHIPPED.items():
+        spec = importlib.util.find_spec(dotted)
+        assert spec is not None and spec.origin, dotted
+        text = Path(spec.origin).read_text()
+        for pattern, repl in _REWRITES:
+            text = pattern.sub(repl, text)
+        (pkg / f"{name}.py").write_text(text)
+    (pkg / "__init__.py").write_text('"""bootseer\'s warm starts, shipped by bootseer run '
+                                     '(generated; standard library only)."""\n')
+    return str(dest)
+
+
+def host_dir(base: str, image: str) -> str:
+    """This user's directory for ``image``'s zygote (0700): bound at CONTAINER_DIR."""
+    uid = os.getuid()
+    root = base or f"/tmp/bootseer-warm-{uid}"
+    path = os.path.join(root, "image-" + hashlib.sha256(image.encode()).hexdigest()[:16])
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(root, 0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def container_command(argv: list[str], *, max_rss_mb: int, timeout_s: float) -> list[str]:
+    """The container's command: the supervisor, on the job's interpreter when the command
+    names one (else the image's python3)."""
+    python = argv[0] if os.path.basename(argv[0]).startswith("python") else "python3"
+    return [python, "-m", f"{PACKAGE}.supervisor", "--max-rss", str(max_rss_mb),
+            "--timeout", str(timeout_s), "--", *argv]
