@@ -47,7 +47,9 @@ def route(argv: Sequence[str], env: Mapping[str, str]) -> Routed | str:
         python = shutil.which("python3", path=env.get("PATH")) or "python3"
         if os.path.basename(head[0]).startswith("python"):
             python = head[0]
-        if "--no-python" in head or "-m" in head[1:] and head[-1] not in _TORCHRUN:
+        # `python -m torch.distributed.run` is torchrun itself; any other -m runs a module
+        modules = [head[i + 1] for i, a in enumerate(head[:-1]) if a in ("-m", "--module")]
+        if "--no-python" in head or any(m not in _TORCHRUN for m in modules):
             return "torchrun runs a module or no Python: its workers are not routed"
         return Routed([*head, "--no-python", python, "-u", "-m", f"{_PKG}.worker", "--",
                        *worker], worker, python)
