@@ -12,6 +12,7 @@ import pytest
 
 from bootseer.run import container as C
 from bootseer.warm import ship
+from bootseer.warm.key import socket_path
 from tests.conftest import BUSYBOX, is_root, need
 from tests.run.test_job_trace import make_python_rootfs
 
@@ -32,10 +33,10 @@ def rootfs(tmp_path_factory):
     return make_python_rootfs(tmp_path_factory.mktemp("warmroot"))
 
 
-def _run(rootfs: Path, tmp: Path, argv: list[str], warm: bool):
-    job, out = tmp / "job", tmp / f"out-{warm}"
+def _run(rootfs: Path, tmp: Path, argv: list[str], warm: bool, out: str = ""):
+    job, out_dir = tmp / "job", tmp / f"out-{warm}{out}"
     job.mkdir(exist_ok=True)
-    out.mkdir()
+    out_dir.mkdir()
     (job / "train.py").write_text(JOB)
     env, binds = {"RANK": "0", "PYTHONUNBUFFERED": "1"}, [C.Bind(str(job), "/job")]
     if warm:
@@ -46,7 +47,7 @@ def _run(rootfs: Path, tmp: Path, argv: list[str], warm: bool):
         env |= {"PYTHONPATH": ship.CONTAINER_PKG_DIR, "BOOTSEER_WARM_DIR": ship.CONTAINER_DIR}
         argv = ship.container_command(argv, max_rss_mb=0, timeout_s=5)
     c = C.Container(rootfs=str(rootfs), argv=argv, workdir="/job", env=env, binds=binds)
-    stdout, stderr = out / "stdout", out / "stderr"
+    stdout, stderr = out_dir / "stdout", out_dir / "stderr"
     with open(stdout, "wb") as o, open(stderr, "wb") as e:
         running = C.start(c, runtime="chroot", stdout=o, stderr=e)
         try:
@@ -64,6 +65,12 @@ def test_worker_served_warm_in_an_image_matches_cold(rootfs, tmp_path):
     assert "zygote" in warm[2] and "started" in warm[2], warm[2]
     assert "cold start" not in warm[2] and "zygote stopped" in warm[2], warm[2]
     assert not list((tmp_path / "warm").glob("image-*/*.sock")), "the zygote ended with the job"
+    # the next start of the image imports the list this one's capture wrote (bound dir)
+    host = ship.host_dir(str(tmp_path / "warm"), "img")
+    slot = socket_path(["train.py"], "/job", {"BOOTSEER_WARM_DIR": host})
+    Path(slot[:-len(".sock")] + ".modules").write_text("json\nemail\n")
+    again = _run(rootfs, tmp_path, ["python3", "train.py", "3", "--x=1"], warm=True, out="again")
+    assert again[:2] == cold[:2] and "2 modules imported" in again[2], again[2]
 
 
 def test_shipped_package_is_standard_library_only(tmp_path):
@@ -108,3 +115,12 @@ def test_lazy_image_run_warm_matches_cold(need_fuse, python_image, tmp_path):
     assert cold.stdout == warm_run.stdout and "file /job/train.py" in cold.stdout
     assert "started" in warm_run.stderr and "cold start" not in warm_run.stderr, warm_run.stderr
     assert "zygote" not in cold.stderr
+    # a warm.dir that is not a 0700 directory of this user: one line, and the job runs cold
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    bad = _bootseer("run", "--image", python_image, "--warm", "--runtime", "chroot", "--bind",
+                    f"{job}:/job", "--workdir", "/job", "--", "python3", "train.py", "5",
+                    env={**env, "BOOTSEER_WARM_DIR": str(loose)})
+    assert bad.returncode == 5 and bad.stdout == cold.stdout, bad.stderr
+    assert "is not a 0700 directory" in bad.stderr and "workers start cold" in bad.stderr

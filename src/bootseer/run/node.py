@@ -379,7 +379,12 @@ class NodeRun:
             binds += trace_binds + s.binds
             env = {**img_env, **trace_env,
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
-            argv = self._warm_container(env, binds) if s.warm else s.argv
+            argv = s.argv
+            if s.warm:
+                try:
+                    argv = self._warm_container(env, binds)
+                except PermissionError as e:
+                    log.warning("warm: %s: workers start cold", e)
             container = C.Container(rootfs=image.path, argv=argv, workdir=workdir,
                                     env=env, binds=binds, options=self._options)
             self._running = C.start(container, runtime=self._runtime, on_state=self._note_dir,

@@ -10,6 +10,8 @@ import os
 import re
 from pathlib import Path
 
+from bootseer.warm.key import DIR_VAR, socket_dir
+
 PACKAGE = "bootseer_warm"
 CONTAINER_PKG_DIR = "/run/bootseer/warmpkg"
 CONTAINER_DIR = "/run/bootseer/warm"
@@ -44,13 +46,12 @@ def write_package(dest) -> str:
 
 
 def host_dir(base: str, image: str) -> str:
-    """This user's directory for ``image``'s zygote (0700): bound at CONTAINER_DIR."""
-    uid = os.getuid()
-    root = base or f"/tmp/bootseer-warm-{uid}"
+    """This user's directory for ``image``'s zygote (0700): bound at CONTAINER_DIR.
+    PermissionError: ``base`` is not a 0700 directory of this user."""
+    root = socket_dir({DIR_VAR: base} if base else {})   # made 0700 and checked
     path = os.path.join(root, "image-" + hashlib.sha256(image.encode()).hexdigest()[:16])
     os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(root, 0o700)
-    os.chmod(path, 0o700)
+    os.chmod(path, 0o700)   # ours: made just above inside our own 0700 directory
     return path
 
 
