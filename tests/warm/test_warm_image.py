@@ -124,3 +124,46 @@ def test_lazy_image_run_warm_matches_cold(need_fuse, python_image, tmp_path):
                     env={**env, "BOOTSEER_WARM_DIR": str(loose)})
     assert bad.returncode == 5 and bad.stdout == cold.stdout, bad.stderr
     assert "is not a 0700 directory" in bad.stderr and "workers start cold" in bad.stderr
+
+
+SLEEPER = """\
+import time
+try:
+    print("up", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    raise
+"""
+
+
+def _signalled(rootfs: Path, tmp: Path, sig: int, warm: bool) -> tuple[int, bytes]:
+    job = tmp / "sleeper"
+    job.mkdir(exist_ok=True)
+    (job / "train.py").write_text(SLEEPER)
+    env, binds, argv = {"PYTHONUNBUFFERED": "1"}, [C.Bind(str(job), "/job")], ["python3",
+                                                                             "train.py"]
+    if warm:
+        binds += [C.Bind(ship.write_package(tmp / "pkg"), ship.CONTAINER_PKG_DIR),
+                  C.Bind(ship.host_dir(str(tmp / "warm"), "img"), ship.CONTAINER_DIR,
+                         readonly=False)]
+        env |= {"PYTHONPATH": ship.CONTAINER_PKG_DIR, "BOOTSEER_WARM_DIR": ship.CONTAINER_DIR}
+        argv = ship.container_command(argv, max_rss_mb=0, timeout_s=5)
+    c = C.Container(rootfs=str(rootfs), argv=argv, workdir="/job", env=env, binds=binds)
+    running = C.start(c, runtime="chroot", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert running.proc.stdout.readline() == b"up\n"
+        running.send_signal(sig)
+        return running.wait(), running.proc.stdout.read()
+    finally:
+        running.kill()
+
+
+def test_ctrl_c_and_sigterm_in_an_image(rootfs, tmp_path):
+    """Ctrl-C reads as cold (KeyboardInterrupt in the job, 130); SIGTERM ends the warm job
+    with 143, as outside a container (a cold job that is the container's PID 1 ignores it)."""
+    import signal
+    cold = _signalled(rootfs, tmp_path, signal.SIGINT, warm=False)
+    assert _signalled(rootfs, tmp_path, signal.SIGINT, warm=True) == cold == (130,
+                                                                              b"interrupted\n")
+    assert _signalled(rootfs, tmp_path, signal.SIGTERM, warm=True) == (143, b"")
