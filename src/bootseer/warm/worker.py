@@ -75,6 +75,7 @@ def _wait(sock: socket.socket, pid: int) -> int:
             pass
     for sig in RELAYED:
         signal.signal(sig, relay)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # one that came meanwhile: relayed
     sock.settimeout(None)
     buf = bytearray()
     while True:
@@ -106,10 +107,14 @@ def main(argv: list[str] | None = None) -> int:
               "train.py ARGS)", file=sys.stderr)
         return 2
     start = time.time()
+    # Held from before the fork until the relay is set up: a Ctrl-C or SIGTERM that comes
+    # once the child runs must reach the child, not end the launcher and orphan it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     served = _ask(cmd)
     if isinstance(served, str):
         trace.emit("job.warm", start, time.time(), hit=False, why=served)
         print(f"bootseer warm: cold start ({served})", file=sys.stderr, flush=True)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # exec keeps the mask
         os.execv(sys.executable, [sys.executable, *cmd])
     sock, pid = served
     trace.emit("job.warm", start, time.time(), hit=True, pid=pid)
