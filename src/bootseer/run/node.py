@@ -36,7 +36,6 @@ from bootseer.run import container as C
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
 from bootseer.warm import ship
-from bootseer.warm.key import DIR_VAR
 from bootseer.warm.session import Session, open_session
 
 if TYPE_CHECKING:
@@ -304,21 +303,6 @@ class NodeRun:
                 return
             stop.wait(0.05)
 
-    def _warm_container(self, env: dict[str, str], binds: list) -> list[str]:
-        """The zygote lives in the job's container: the warm package shipped read-only,
-        a per-image host directory for its socket and module list, the supervisor as the
-        container's command (docs/warm-start.md)."""
-        w = self.config.warm
-        pkg = ship.write_package(self.state / "warmpkg")
-        binds += [C.Bind(pkg, ship.CONTAINER_PKG_DIR),
-                  C.Bind(ship.host_dir(w.dir, self.spec.image or ""), ship.CONTAINER_DIR,
-                         readonly=False)]
-        env["PYTHONPATH"] = ":".join(p for p in (ship.CONTAINER_PKG_DIR,
-                                                 env.get("PYTHONPATH")) if p)
-        env[DIR_VAR] = ship.CONTAINER_DIR
-        return ship.container_command(self.spec.argv, max_rss_mb=w.max_rss_mb,
-                                      timeout_s=w.timeout_s)
-
     def _output_pipes(self) -> dict:
         """With --ready-regex, CMD's output comes through us (to be matched); else it is
         CMD's own, untouched."""
@@ -380,9 +364,11 @@ class NodeRun:
             env = {**img_env, **trace_env,
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
             argv = s.argv
-            if s.warm:
+            if s.warm:   # the zygote lives in the job's container (docs/warm-start.md)
                 try:
-                    argv = self._warm_container(env, binds)
+                    argv, more = ship.in_container(self.state / "warmpkg", self.config.warm,
+                                                   s.image or "", s.argv, env)
+                    binds += [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
                 except PermissionError as e:
                     log.warning("warm: %s: workers start cold", e)
             container = C.Container(rootfs=image.path, argv=argv, workdir=workdir,

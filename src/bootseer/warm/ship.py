@@ -61,3 +61,18 @@ def container_command(argv: list[str], *, max_rss_mb: int, timeout_s: float) -> 
     python = argv[0] if os.path.basename(argv[0]).startswith("python") else "python3"
     return [python, "-m", f"{PACKAGE}.supervisor", "--max-rss", str(max_rss_mb),
             "--timeout", str(timeout_s), "--", *argv]
+
+
+def in_container(pkg_dir, settings, image: str, argv: list[str], env: dict[str, str]
+                 ) -> tuple[list[str], list[tuple[str, str, bool]]]:
+    """What a container needs for its job to be served warm: the command (the supervisor
+    around ``argv``) and its binds ``(source, target, readonly)``: the package read-only,
+    this user's per-image directory read-write; ``env`` gets PYTHONPATH and the directory.
+    ``settings``: the ``warm`` settings. PermissionError: a bad ``warm.dir``."""
+    host = host_dir(settings.dir, image)
+    pkg = write_package(pkg_dir)
+    env["PYTHONPATH"] = ":".join(p for p in (CONTAINER_PKG_DIR, env.get("PYTHONPATH")) if p)
+    env[DIR_VAR] = CONTAINER_DIR
+    return (container_command(argv, max_rss_mb=settings.max_rss_mb,
+                              timeout_s=settings.timeout_s),
+            [(pkg, CONTAINER_PKG_DIR, True), (host, CONTAINER_DIR, False)])
