@@ -20,8 +20,9 @@ def _node(root, node: str, rank: int, *, imports_s: float, build_s: float, warm:
     if warm is not None:   # the launcher: its own pid, the worker's rank
         t.span("job.warm", 1.1, 1.12, pid=300, rank=rank, **warm)
     p = 1.2
-    t.span("python.start", p, p + 0.1, pid=200, rank=rank)
-    t.span("import.torch", p + 0.1, p + 0.1 + imports_s, pid=200, rank=rank)
+    if not (warm or {}).get("hit"):   # a worker forked from the zygote imports nothing
+        t.span("python.start", p, p + 0.1, pid=200, rank=rank)
+        t.span("import.torch", p + 0.1, p + 0.1 + imports_s, pid=200, rank=rank)
     p += 0.1 + imports_s
     t.span("dist.init", p, p + 0.5, pid=200, rank=rank)   # init, then the model is built
     p += 0.5 + build_s
@@ -40,13 +41,15 @@ def test_imports_model_build_and_warm_outcome_per_rank(tmp_path):
     (view,) = attempts(load.load(tmp_path / "job").events)
     s = summarize(view)
     rows = {r["node"]: r for r in s.ranks}
-    assert rows["n0"]["model build"] == pytest.approx(2.0, abs=1e-3)   # dist.init left out
+    # served warm: from the fork (job.warm's end, 1.12) to the first collective, less init
+    assert rows["n0"]["model build"] == pytest.approx(1.2 + 0.15 + 2.0 - 1.12, abs=1e-3)
+    assert "imports" not in rows["n0"] and "interpreter" not in rows["n0"]
     assert rows["n1"]["model build"] == pytest.approx(3.0, abs=1e-3)
     assert rows["n1"]["imports"] == pytest.approx(6.0)
     assert rows["n0"]["warm"] == "hit"
     assert rows["n1"]["warm"] == "miss: key differs: file.train.py"
     out = text([s])
-    assert "job init (median over ranks): imports 3.02 s, model build 2.50 s, served warm " \
+    assert "job init (median over ranks): imports 6.00 s, model build 2.62 s, served warm " \
            "1 of 2 ranks (cold: key differs: file.train.py)" in out, out
     assert "model build s" in out and "warm" in out.split("model build s")[1].splitlines()[0]
     page = _rank_table(s)
@@ -62,3 +65,16 @@ def test_a_cold_start_has_no_warm_column_and_model_build_needs_both_ends(tmp_pat
     assert model_build({"first collective": [(2.0, 3.0)]}) is None     # no imports traced
     assert model_build({"imports": [(0.0, 1.0)], "ckpt.load": [(3.0, 4.0)],
                         "dist.init": [(0.5, 1.5)]}) == pytest.approx(1.5)
+
+
+def test_a_forked_worker_records_under_its_own_rank(tmp_path):
+    """A zygote's child takes the worker's environment after the fork: its recorder is
+    made again with the worker's RANK, so its phases land in its rank's row."""
+    import subprocess
+    import sys
+    probe = ("import os; from bootseer.trace import record; a = record.recorder().rank; "
+             "os.environ['RANK'] = '3'; print(a, record.recorder().rank)")
+    env = {"PATH": "/usr/bin:/bin", "BOOTSEER_TRACE_LOCATION": str(tmp_path),
+           "PYTHONPATH": ":".join(sys.path)}
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert r.stdout.split() == ["None", "3"], r.stderr

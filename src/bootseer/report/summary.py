@@ -138,10 +138,11 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
 
 
 def model_build(cols: dict) -> float | None:
-    """A rank's model build, as its events bound it: from the end of its last import to
+    """A rank's model build, as its events bound it: from the end of its last import (a
+    worker served warm, which imports nothing itself: from when it was forked) to
     the start of its first collective (or its checkpoint load, whichever comes first), less
     its ``dist.init`` in between (None: no imports, or nothing after them)."""
-    imports = cols.get("imports")
+    imports = cols.get("imports") or cols.get("warm start")
     after = [s for c in ("first collective", "ckpt.load") for s, _ in cols.get(c, [])]
     if not imports or not after:
         return None

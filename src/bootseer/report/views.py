@@ -402,7 +402,7 @@ def _build_lanes(evs: list[dict], times: list[tuple[float, float]], off: float,
 RANK_COLUMNS = [("python.start", "interpreter"), ("import.*", "imports"),
                 ("dist.init", "dist.init"), ("dist.first_collective", "first collective"),
                 ("ckpt.load", "ckpt.load"), ("model.init", "model.init"),
-                ("train.first_step", "first step")]
+                ("train.first_step", "first step"), ("job.warm", "warm start")]
 # where every rank waits for the slowest: the first collective (auto-capture) if traced,
 # else init_process_group (its store rendezvous)
 COLLECTIVES = ("dist.first_collective", "dist.init")
