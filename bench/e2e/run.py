@@ -17,16 +17,24 @@ Starts, each on fresh nodes (empty node caches, no environment) unless said:
   ideal               the same nodes started a second time (after a warm-up start not
                       reported): image blocks in the node cache, environment present,
                       checkpoint staged on the node: the floor no startup tool can beat
+  ideal, warm-up      the same nodes with --warm: records the modules the job imported
+                      before its first collective (its zygotes import nothing yet)
+  2nd, warm           fresh node caches, --warm: workers forked from zygotes that import
+                      what the previous start recorded
+  ideal, warm         the ideal start with warm workers
 Prints time to ready (max over nodes), each start's startup overhead (its time to ready
 minus the ideal's) and the ratio of overheads to the conventional start's, spread
 (slowest/median) and each node's wait at rendezvous for the last node; writes
-bench/results/e2e.json. Goals: 2nd's overhead <= 0.2 x conventional's, spread <= 1.2.
+bench/results/e2e.json. Goals: 2nd's overhead <= 0.2 x conventional's, spread <= 1.2;
+job phase of "2nd, warm" <= 0.5 x "bootseer 2nd"'s, "ideal, warm" <= 0.6 x "ideal"; the
+memory idle zygotes held is printed (per node, from its "zygote stopped" line).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -45,7 +53,12 @@ STARTS = [Start("conventional", ["--baseline"], attempt=0),
           Start("2nd --no-snapshot", ["--no-snapshot"], attempt=4),
           Start("2nd --no-stripe", ["--no-stripe"], attempt=5),
           Start("ideal warm-up", [], attempt=6, fresh_nodes=False),
-          Start("ideal", [], attempt=7, fresh_nodes=False)]
+          Start("ideal", [], attempt=7, fresh_nodes=False),
+          Start("ideal, warm-up", ["--warm"], attempt=8, fresh_nodes=False),
+          Start("2nd, warm", ["--warm"], attempt=9),
+          Start("ideal, warm", ["--warm"], attempt=10, fresh_nodes=False)]
+WARMUPS = ("ideal warm-up", "ideal, warm-up")
+ZYGOTE_MB = re.compile(r"warm: zygote stopped \((\d+) MiB held\)")
 
 
 def overheads(rows: dict[str, dict]) -> dict[str, dict]:
@@ -55,7 +68,7 @@ def overheads(rows: dict[str, dict]) -> dict[str, dict]:
     conv = rows["conventional"]["ready"]
     out = {}
     for name, row in rows.items():
-        if name == "ideal warm-up" or row["ready"] is None or ideal is None:
+        if name in WARMUPS or row["ready"] is None or ideal is None:
             continue
         over = row["ready"] - ideal
         base = (conv - ideal) if conv is not None else None
@@ -76,6 +89,38 @@ def render_overheads(table: dict[str, dict], waits: dict[str, dict[str, float]])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def zygote_mb(results) -> list[int]:
+    """Per node, the memory its zygote held when the job ended (its supervisor's line)."""
+    found = []
+    for r in results:
+        text = r.log.read_text(errors="replace") if r.log.exists() else ""
+        found += [int(m) for m in ZYGOTE_MB.findall(text)]
+    return found
+
+
+def warm_summary(rows: dict[str, dict], done) -> str:
+    """The warm rows against their cold counterparts: job phase, time to ready, and the
+    memory idle zygotes held."""
+    lines = []
+    for warm, cold, goal, col in (("2nd, warm", "bootseer 2nd", 0.5, "job"),
+                                  ("ideal, warm", "ideal", 0.6, "ready")):
+        w, c = rows.get(warm, {}).get(col), rows.get(cold, {}).get(col)
+        if w is not None and c:
+            what = "job phase" if col == "job" else "time to ready"
+            lines.append(f"{what}: {warm} {w:.1f} s vs {cold} {c:.1f} s = {w / c:.2f} "
+                         f"(goal <= {goal:.2f})")
+    if "ideal, warm" in rows and "ideal" in rows:
+        w, c = rows["ideal, warm"].get("job"), rows["ideal"].get("job")
+        if w is not None and c:
+            lines.append(f"job phase: ideal, warm {w:.1f} s vs ideal {c:.1f} s = {w / c:.2f}")
+    held = {name: zygote_mb(results) for name, results in done if "warm" in name}
+    for name, mbs in held.items():
+        if mbs:
+            lines.append(f"idle zygote memory, {name}: {max(mbs)} MiB max per node "
+                         f"({sum(mbs)} MiB over {len(mbs)} nodes)")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -105,10 +150,14 @@ def main() -> int:
     if second and second["vs_conventional"] is not None:
         print(f"\n2nd start's overhead / conventional's = {second['vs_conventional']:.2f} "
               f"(goal <= 0.20); spread of 2nd = {second['spread']:.2f} (goal <= 1.20)")
+    warm = warm_summary(rows, done)
+    if warm:
+        print("\n" + warm)
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e.json").write_text(json.dumps(
         {"args": vars(args), "rows": rows, "overheads": table, "rendezvous_wait": waits,
+         "zygote_mb": {name: zygote_mb(results) for name, results in done},
          "nodes": {name: [{"node": r.node, "rc": r.rc, **r.summary} for r in results]
                    for name, results in done}}, indent=1, default=str))
     return 0

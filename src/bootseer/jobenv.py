@@ -84,11 +84,12 @@ def trace_settings(env: Mapping[str, str] | None = None) -> TraceSettings:
 
 def trace_key(env: Mapping[str, str] | None = None) -> tuple:
     """What the process-wide recorder depends on: when it changes (``bootseer run`` sets
-    the trace settings after start-up), the recorder is made again."""
+    the trace settings after start-up; a warm worker forked from a zygote takes its own
+    RANK), the recorder is made again."""
     env = _env(env)
     return tuple(env.get(name) for name in (
         trace_var("location"), trace_var("job_id"), trace_var("attempt"), trace_var("node"),
-        TRACE_START, CONFIG_FILE))
+        TRACE_START, CONFIG_FILE, "RANK", "GROUP_RANK"))
 
 
 def capture_on(env: Mapping[str, str] | None = None) -> bool:

@@ -331,6 +331,11 @@ def test_route_rewrites_python_and_torchrun_and_says_why_not():
     assert "no Python script" in str(route(["bash", "-c", "true"], {}))
     assert "neither python nor torchrun" in str(route(["env", "train.py"], {}))
     assert "module" in str(route(["torchrun", "--no-python", "x.py"], {}))
+    # the demo's form: torchrun by -m, options with values before the script
+    r = route(["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--monitor-interval",
+               "0.5", "train.py", "a"], {})
+    assert not isinstance(r, str) and r.worker == ["train.py", "a"], r
+    assert "module" in str(route(["torchrun", "--nnodes", "1", "-m", "pkg", "x.py"], {}))
 
 
 def test_an_environment_restored_again_at_the_same_prefix_is_another_key(tmp_path):

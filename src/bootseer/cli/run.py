@@ -103,7 +103,8 @@ def register(sub) -> None:
                    help="a private /dev/shm of SIZE (e.g. 16GiB) instead of the host's IPC")
     g.add_argument("--warm", action="store_true",
                    help="serve the job's Python workers from this node's zygote, cold on any "
-                        "miss (docs/warm-start.md; host environments only for now)")
+                        "miss; with --image the zygote runs inside the container "
+                        "(docs/warm-start.md)")
     g.add_argument("--summary", metavar="FILE",
                    help="write per-phase timings (JSON) here (- : standard output)")
     add_ready_regex_arg(g, "the job is ready at the first line of CMD's output matching "

@@ -144,7 +144,10 @@ def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
             launched.append(Launched(host, None, summary, log))
             continue
         env = {**base_env, "BOOTSEER_CACHE_DIR": str(node_dir / "cache"),
-               "BOOTSEER_TRACE_NODE": host.name}
+               "BOOTSEER_TRACE_NODE": host.name,
+               # per host, kept across starts: a --warm start finds the module list of
+               # the previous one on this host (the hosts share the machine's /tmp)
+               "BOOTSEER_WARM_DIR": str(work / "nodes" / "warm" / host.name)}
         if start.attempt is not None:
             env["BOOTSEER_TRACE_ATTEMPT"] = str(start.attempt)
         argv = node_command(node=host, node_dir=node_dir, env=env,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bootseer.report import sources as src
 from bootseer.report.critical_path import NOT_STARTED
-from bootseer.report.summary import Summary
+from bootseer.report.summary import RANK_TABLE_COLUMNS, Summary, job_init_line
 from bootseer.report.views import AttemptView, pipeline_of
 
 VENDOR = Path(__file__).with_name("vendor")
@@ -177,15 +177,19 @@ def _cards(s: Summary) -> str:
 def _rank_table(s: Summary) -> str:
     if not s.ranks:
         return '<p class="note">no per-rank phases in this trace (no auto-capture)</p>'
-    cols = [c for c in ("interpreter", "imports", "dist.init", "first collective",
-                        "ckpt.load", "model.init", "first step") if any(c in r for r in s.ranks)]
+    cols = [c for c in RANK_TABLE_COLUMNS if any(c in r for r in s.ranks)]
+    warm = any("warm" in r for r in s.ranks)
     rows = sorted(s.ranks, key=lambda r: -(r.get("ready") or float("inf")))
     note = (f'<p class="note">the {MAX_RANK_ROWS} last-ready of {len(rows)} ranks</p>'
             if len(rows) > MAX_RANK_ROWS else "")
+    init = job_init_line(s.ranks)
+    if init:
+        note = f'<p class="note">{html.escape(init)}</p>' + note
     return note + _table(["node", "rank", *[f"{c} s" for c in cols], "waited at rendezvous s",
-                          "ready at s"],
+                          "ready at s", *(["warm"] if warm else [])],
                          [[r["node"], r["rank"], *[_f(r.get(c)) for c in cols],
-                           _f(r.get("rendezvous_wait")), _f(r.get("ready"))]
+                           _f(r.get("rendezvous_wait")), _f(r.get("ready")),
+                           *([r.get("warm") or "-"] if warm else [])]
                           for r in rows[:MAX_RANK_ROWS]])
 
 

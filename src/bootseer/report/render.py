@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from bootseer.report import export_chrome, export_html
 from bootseer.report import sources as src
-from bootseer.report.summary import Summary
+from bootseer.report.summary import RANK_TABLE_COLUMNS, Summary, job_init_line
 from bootseer.report.views import AttemptView
 
 
@@ -54,10 +54,13 @@ def _latest_ready_first(r: dict) -> float:
 def _ranks(s: Summary) -> list[str]:
     if not s.ranks:
         return []
-    cols = [c for c in ("interpreter", "imports", "dist.init", "first collective",
-                        "ckpt.load", "model.init", "first step") if any(c in r for r in s.ranks)]
+    cols = [c for c in RANK_TABLE_COLUMNS if any(c in r for r in s.ranks)]
+    warm = any("warm" in r for r in s.ranks)
     rows = sorted(s.ranks, key=_latest_ready_first)
     out = []
+    init = job_init_line(s.ranks)
+    if init:
+        out.append(f"  {init}")
     waits = [r["rendezvous_wait"] for r in s.ranks if r.get("rendezvous_wait") is not None]
     if waits:
         worst = max(s.ranks, key=lambda r: r.get("rendezvous_wait") or -1.0)
@@ -68,9 +71,11 @@ def _ranks(s: Summary) -> list[str]:
         f" (the {RANK_ROWS_SHOWN} last ready of {len(rows)}; all in --json)"
         if len(rows) > RANK_ROWS_SHOWN else "")
     out.append(head)
-    out.append(table(["node", "rank", *[f"{c} s" for c in cols], "rdzv wait s", "ready s"],
+    out.append(table(["node", "rank", *[f"{c} s" for c in cols], "rdzv wait s", "ready s",
+                      *(["warm"] if warm else [])],
                      [[r["node"], r["rank"], *[_f(r.get(c)) for c in cols],
-                       _f(r.get("rendezvous_wait")), _f(r.get("ready"))]
+                       _f(r.get("rendezvous_wait")), _f(r.get("ready")),
+                       *([r.get("warm") or "-"] if warm else [])]
                       for r in rows[:RANK_ROWS_SHOWN]]))
     return out
 

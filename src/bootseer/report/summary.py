@@ -137,17 +137,49 @@ def summarize(view: AttemptView, k: float = K_MAD) -> Summary:
                    node_sources=per_node, problems=list(view.problems))
 
 
+def model_build(cols: dict) -> float | None:
+    """A rank's model build, as its events bound it: from the end of its last import (a
+    worker served warm, which imports nothing itself: from when it was forked) to
+    the start of its first collective (or its checkpoint load, whichever comes first), less
+    its ``dist.init`` in between (None: no imports, or nothing after them)."""
+    imports = cols.get("imports") or cols.get("warm start")
+    after = [s for c in ("first collective", "ckpt.load") for s, _ in cols.get(c, [])]
+    if not imports or not after:
+        return None
+    start = max(en for _, en in imports)
+    end = min(after)
+    if end <= start:
+        return None
+    inside = [(max(s, start), min(en, end)) for s, en in cols.get("dist.init", [])
+              if en > start and s < end]
+    return end - start - covered(inside)
+
+
+def warm_text(attrs: dict | None) -> str | None:
+    """A rank's ``job.warm`` outcome: "hit", "miss: why" (None: not a warm start)."""
+    if attrs is None:
+        return None
+    return "hit" if attrs.get("hit") else f"miss: {attrs.get('why', '?')}"
+
+
 def rank_rows(view: AttemptView) -> list[dict]:
     """Per node and rank: seconds in each of the job's phases, how long the rank waited at
     the first collective for the slowest one (its ``dist.first_collective``, else its
     ``dist.init``, less the shortest of the attempt: the last rank to arrive waited for no
-    one; durations, so clock skew does not matter), and when it was ready."""
+    one; durations, so clock skew does not matter), when it was ready, its model build
+    (:func:`model_build`) and, in a warm start, whether its worker was served warm."""
     rows = []
     for n in view.nodes:
         readies = n.rank_ready
-        for who, cols in n.rank_phases.items():
+        for who, cols in n.rank_phases.items():   # (a rank with only job.warm: no row)
             row = {"node": n.node, "rank": who, "ready": readies.get(who)}
             row.update({col: covered(iv) for col, iv in cols.items()})
+            build = model_build(cols)
+            if build is not None:
+                row["model build"] = build
+            warm = warm_text(n.rank_warm.get(who))
+            if warm is not None:
+                row["warm"] = warm
             rows.append(row)
     col = next((RANK_COLUMN[p] for p in COLLECTIVES
                 if any(RANK_COLUMN[p] in r for r in rows)), None)
@@ -155,6 +187,28 @@ def rank_rows(view: AttemptView) -> list[dict]:
     for r in rows:
         r["rendezvous_wait"] = r[col] - floor if col in r else None
     return rows
+
+
+# the per-rank table's columns of seconds, in the order a job runs them
+RANK_TABLE_COLUMNS = ("interpreter", "imports", "dist.init", "model build", "first collective",
+                      "ckpt.load", "model.init", "first step")
+
+
+def job_init_line(ranks: list[dict]) -> str | None:
+    """The job's own init split for the reader (medians over ranks): imports, model build,
+    and how many workers a warm start served from the zygote (with the misses' reasons)."""
+    parts = []
+    for col in ("imports", "model build"):
+        vals = [r[col] for r in ranks if r.get(col) is not None]
+        if vals:
+            parts.append(f"{col} {statistics.median(vals):.2f} s")
+    warm = [r["warm"] for r in ranks if r.get("warm")]
+    if warm:
+        hits = sum(1 for w in warm if w == "hit")
+        whys = sorted({w[len("miss: "):] for w in warm if w != "hit"})
+        parts.append(f"served warm {hits} of {len(warm)} ranks"
+                     + (f" (cold: {'; '.join(whys)})" if whys else ""))
+    return "job init (median over ranks): " + ", ".join(parts) if parts else None
 
 
 def technique_figures(view: AttemptView) -> dict[str, dict]:

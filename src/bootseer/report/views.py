@@ -67,6 +67,7 @@ class NodeView:
     # per rank (or "pid N"): the job's phases as RANK_COLUMNS name them -> intervals
     rank_phases: dict = field(default_factory=dict)
     rank_ready: dict = field(default_factory=dict)            # per rank: its ready mark
+    rank_warm: dict = field(default_factory=dict)             # per rank: its job.warm attrs
     windows: list[dict] = field(default_factory=list)         # image.window marks' attrs
     ckpt_loads: list[tuple] = field(default_factory=list)     # ckpt.load: (attrs, seconds)
     deps_fetches: list[tuple] = field(default_factory=list)   # deps.fetch/extract: (phase, attrs)
@@ -278,6 +279,7 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
     failed: list = []
     rank_phases: dict = {}
     rank_ready: dict = {}
+    rank_warm: dict = {}
     windows: list = []
     ckpt_loads: list = []
     deps_fetches: list = []
@@ -315,6 +317,8 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
             ckpt_loads.append((get("attrs") or {}, en - s))
         elif phase in DEPS_FETCHES:
             deps_fetches.append((phase, get("attrs") or {}))
+        elif phase == "job.warm":   # the warm launcher's outcome (warm/worker.py)
+            rank_warm[rank if rank is not None else f"pid {pid}"] = get("attrs") or {}
         if not parent:
             tops.append((phase, pid, s, en))
             col = _rank_column(phase)
@@ -352,7 +356,8 @@ def _node_view(n: str, evs: list[dict], times: list[tuple[float, float]],
                     last_rank=last if last in ranks else None,
                     missing_ranks=sorted(missing, key=str),
                     last_end=last_end if last_end > float("-inf") else 0.0,
-                    rank_phases=rank_phases, rank_ready=rank_ready, windows=windows,
+                    rank_phases=rank_phases, rank_ready=rank_ready, rank_warm=rank_warm,
+                    windows=windows,
                     ckpt_loads=ckpt_loads, deps_fetches=deps_fetches,
                     collectives=collectives,
                     _source=(evs, times, off, pid_rank, nested))
@@ -397,7 +402,7 @@ def _build_lanes(evs: list[dict], times: list[tuple[float, float]], off: float,
 RANK_COLUMNS = [("python.start", "interpreter"), ("import.*", "imports"),
                 ("dist.init", "dist.init"), ("dist.first_collective", "first collective"),
                 ("ckpt.load", "ckpt.load"), ("model.init", "model.init"),
-                ("train.first_step", "first step")]
+                ("train.first_step", "first step"), ("job.warm", "warm start")]
 # where every rank waits for the slowest: the first collective (auto-capture) if traced,
 # else init_process_group (its store rendezvous)
 COLLECTIVES = ("dist.first_collective", "dist.init")

@@ -35,6 +35,7 @@ from bootseer.run import baseline, inroot, tracing
 from bootseer.run import container as C
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
+from bootseer.warm import ship
 from bootseer.warm.session import Session, open_session
 
 if TYPE_CHECKING:
@@ -343,8 +344,6 @@ class NodeRun:
         waiter: Callable[[], int]          # the command's exit status, once it exits
         forward: Callable[[int], None]     # a signal to the command
         if image is not None:
-            if s.warm:
-                log.warning("warm: not inside containers yet: workers start cold")
             # the image's own Env and WorkingDir, as a container engine applies them
             # (bootseer's variables and --env win); CMD replaces Entrypoint + Cmd
             img_env = dict(kv.split("=", 1) for kv in image.image_config.get("env") or []
@@ -364,7 +363,15 @@ class NodeRun:
             binds += trace_binds + s.binds
             env = {**img_env, **trace_env,
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
-            container = C.Container(rootfs=image.path, argv=s.argv, workdir=workdir,
+            argv = s.argv
+            if s.warm:   # the zygote lives in the job's container (docs/warm-start.md)
+                try:
+                    argv, more = ship.in_container(self.state / "warmpkg", self.config.warm,
+                                                   s.image or "", s.argv, env)
+                    binds += [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
+                except PermissionError as e:
+                    log.warning("warm: %s: workers start cold", e)
+            container = C.Container(rootfs=image.path, argv=argv, workdir=workdir,
                                     env=env, binds=binds, options=self._options)
             self._running = C.start(container, runtime=self._runtime, on_state=self._note_dir,
                                     **self._output_pipes())

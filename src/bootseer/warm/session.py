@@ -20,6 +20,8 @@ from bootseer.warm.key import DIR_VAR, key_difference, socket_path, warm_key
 log = logging.getLogger("bootseer.warm")
 READY_WAIT_S = 120.0
 _TORCHRUN = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+# this package's own name: bootseer.warm, or bootseer_warm where it is shipped into an image
+_PKG = __package__ or "bootseer.warm"
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,14 @@ def route(argv: Sequence[str], env: Mapping[str, str]) -> Routed | str:
         python = shutil.which("python3", path=env.get("PATH")) or "python3"
         if os.path.basename(head[0]).startswith("python"):
             python = head[0]
-        if "--no-python" in head or "-m" in head[1:] and head[-1] not in _TORCHRUN:
+        # `python -m torch.distributed.run` is torchrun itself; any other -m runs a module
+        modules = [head[i + 1] for i, a in enumerate(head[:-1]) if a in ("-m", "--module")]
+        if "--no-python" in head or any(m not in _TORCHRUN for m in modules):
             return "torchrun runs a module or no Python: its workers are not routed"
-        return Routed([*head, "--no-python", python, "-u", "-m", "bootseer.warm.worker", "--",
+        return Routed([*head, "--no-python", python, "-u", "-m", f"{_PKG}.worker", "--",
                        *worker], worker, python)
     if len(head) == 1 and os.path.basename(head[0]).startswith("python"):
-        return Routed([head[0], "-m", "bootseer.warm.worker", "--", *worker], worker, head[0])
+        return Routed([head[0], "-m", f"{_PKG}.worker", "--", *worker], worker, head[0])
     return f"{os.path.basename(head[0])!r} is neither python nor torchrun"
 
 
@@ -97,7 +101,7 @@ class Session:
         if os.path.exists(self.modules_file):
             with open(self.modules_file) as f:
                 modules = [m.strip() for m in f if m.strip()]
-        cmd = [self.routed.python, "-m", "bootseer.warm.zygote", "--modules", ",".join(modules),
+        cmd = [self.routed.python, "-m", f"{_PKG}.zygote", "--modules", ",".join(modules),
                "--idle", str(self.keep_s), "--max-rss", str(self.max_rss_mb), "--",
                *self.routed.worker]
         self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,

@@ -66,43 +66,16 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
     return sock, int(reply["pid"])
 
 
-class _Relay:
-    """Signals for the child, caught from before the zygote is asked: one that arrives
-    while the child starts is held and passed on once its pid is known, never lost (nor
-    taken by the launcher alone, which would leave the child running)."""
-
-    def __init__(self) -> None:
-        self.pid = 0
-        self.pending: list[int] = []
-        for sig in RELAYED:
-            signal.signal(sig, self._caught)
-
-    def _caught(self, signum, _frame) -> None:
-        if not self.pid:
-            self.pending.append(signum)
-            return
+def _wait(sock: socket.socket, pid: int) -> int:
+    """Relay signals to the child until the zygote reports how it ended; end the same way."""
+    def relay(signum, _frame):
         try:
-            os.kill(self.pid, signum)
+            os.kill(pid, signum)
         except ProcessLookupError:
             pass
-
-    def to(self, pid: int) -> None:
-        self.pid = pid
-        for signum in self.pending:
-            self._caught(signum, None)
-
-    def release(self) -> None:
-        """Default handling again (before a cold exec): a signal held meanwhile ends this
-        process as it would have ended the worker."""
-        for sig in RELAYED:
-            signal.signal(sig, signal.SIG_DFL)
-        for signum in self.pending:
-            os.kill(os.getpid(), signum)
-
-
-def _wait(sock: socket.socket, pid: int, relay: _Relay) -> int:
-    """Relay signals to the child until the zygote reports how it ended; end the same way."""
-    relay.to(pid)
+    for sig in RELAYED:
+        signal.signal(sig, relay)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # one that came meanwhile: relayed
     sock.settimeout(None)
     buf = bytearray()
     while True:
@@ -134,16 +107,18 @@ def main(argv: list[str] | None = None) -> int:
               "train.py ARGS)", file=sys.stderr)
         return 2
     start = time.time()
-    relay = _Relay()
+    # Held from before the fork until the relay is set up: a Ctrl-C or SIGTERM that comes
+    # once the child runs must reach the child, not end the launcher and orphan it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     served = _ask(cmd)
     if isinstance(served, str):
         trace.emit("job.warm", start, time.time(), hit=False, why=served)
         print(f"bootseer warm: cold start ({served})", file=sys.stderr, flush=True)
-        relay.release()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # exec keeps the mask
         os.execv(sys.executable, [sys.executable, *cmd])
     sock, pid = served
     trace.emit("job.warm", start, time.time(), hit=True, pid=pid)
-    return _wait(sock, pid, relay)
+    return _wait(sock, pid)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""The container's command when ``bootseer run --image ... --warm``: the zygote must live
+in the job's own rootfs and mount namespace, so this runs there as the job's command.
+
+    python -m bootseer_warm.supervisor --max-rss MB --timeout S -- CMD ARGS
+
+Starts the zygote (importing the module list the previous start's capture wrote next to
+its socket), runs CMD with its workers routed through the launcher, relays SIGTERM, SIGINT
+and SIGHUP to it, stops the zygote and ends with CMD's exit code (128+N for a signal, as a
+shell reports it: this may be the container's PID 1, which cannot kill itself). A command
+that cannot be routed or a zygote that does not start: CMD runs cold, said in one line.
+Standard library only (shipped into images without bootseer, like the trace shim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+
+from bootseer.warm.session import Session, route
+
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _say(line: str) -> None:
+    print(f"bootseer {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bootseer_warm.supervisor")
+    p.add_argument("--max-rss", type=int, default=0, metavar="MB")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS (the job's command)")
+    args = p.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        p.error("no command: python -m bootseer_warm.supervisor -- CMD ARGS")
+    env = {**os.environ, "BOOTSEER_WARM_TIMEOUT_S": str(args.timeout)}
+    routed = route(cmd, env)
+    session = None
+    if isinstance(routed, str):
+        _say(f"warm: {routed}: workers start cold")
+        run = cmd
+    else:
+        session = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
+        session.env.update(session.job_env())
+        env = session.env
+        said = session.start()
+        _say(said)
+        run = cmd if "no zygote" in said else routed.argv
+        if "no zygote" in said:
+            session = None
+    try:
+        proc = subprocess.Popen(run, env=env)
+    except FileNotFoundError:
+        _say(f"error: command {cmd[0]!r} not found")
+        if session is not None:
+            session.close(keep=False)
+        return 127
+
+    def relay(signum, _frame):
+        proc.send_signal(signum)
+    for sig in RELAYED:
+        signal.signal(sig, relay)
+    try:
+        rc = proc.wait()
+    finally:
+        if session is not None:
+            _say(session.close(keep=False))
+    return 128 - rc if rc < 0 else rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
