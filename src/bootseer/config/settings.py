@@ -293,8 +293,13 @@ class BootseerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
                  overrides: Mapping[str, Mapping[str, Any]] | None = None) -> BootseerConfig:
+        return cls.from_layers(cls.layers(env, overrides=overrides))
+
+    @classmethod
+    def from_layers(cls, layers: list[Layer]) -> BootseerConfig:
+        """The settings the layers give, a later layer's field over an earlier one's."""
         merged: dict[str, dict[str, Any]] = {}
-        for layer in cls.layers(env, overrides=overrides):
+        for layer in layers:
             for section, values in layer.values.items():
                 merged.setdefault(section, {}).update(values)
         return cls.from_dict(merged)
@@ -396,7 +401,7 @@ def effective(env: Mapping[str, str] | None = None, *,
     the variable's name, ``flags`` or ``default``); secrets shown as ``***`` when set."""
     env = os.environ if env is None else env
     layers = BootseerConfig.layers(env, overrides=overrides)
-    config = BootseerConfig.from_env(env, overrides=overrides)
+    config = BootseerConfig.from_layers(layers)   # the files read once, for both
     rows = []
     for sect in dataclasses.fields(config):
         values = getattr(config, sect.name)
