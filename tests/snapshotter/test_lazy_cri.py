@@ -14,6 +14,7 @@ import pytest
 from bootseer.testing.containerd import push_pause
 from tests.conftest import need
 from tests.snapshotter.test_containerd import push_two_layers
+from tests.snapshotter.test_metrics import get, samples
 
 READY = "/tmp/bootseer-ready"
 JOB = ["sh", "-c", "cat /data/b.txt /data/keep.txt; test -e /data/a.txt && echo WRONG; "
@@ -119,6 +120,13 @@ def test_an_unreachable_store_falls_back_to_a_normal_pull(nodes, converted, regi
         c.close()
 
 
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 STRIDE, READS = 64 << 10, 48   # 4 KiB reads this far apart: each one new to the page cache
 
 
@@ -137,7 +145,9 @@ def test_running_containers_read_their_image_through_snapshotter_restarts(
     payload = (busybox_rootfs / "data/payload.bin").read_bytes()
     want = [hashlib.md5(payload[i * STRIDE:i * STRIDE + 4096]).hexdigest()
             for i in range(READS)]
-    n = nodes("r", snapshotter_args=["--store", store], cri=(pause, f"127.0.0.1:{registry.port}"),
+    port = free_port()
+    n = nodes("r", snapshotter_args=["--store", store, "--metrics-addr", f"127.0.0.1:{port}"],
+              cri=(pause, f"127.0.0.1:{registry.port}"),
               env={"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")})
     c = CriClient(n.containerd.sock)
 
@@ -184,6 +194,13 @@ def test_running_containers_read_their_image_through_snapshotter_restarts(
         got = [line.split()[1] if len(line.split()) > 1 else line for line in out[1:]]
         assert code == 0 and out[0] == "kept" and got == want, out
         assert "adopted" in n.snapshotter.log.read_text()
+        _, text = get(port, "/metrics")   # the tree goes on, served and counted
+        got = samples(text)
+        assert got["bootseer_snapshotter_trees_served"] == 1, text
+        assert got['bootseer_snapshotter_mounts_total{how="adopted"}'] == 1, text
+        assert got["bootseer_snapshotter_cache_hits_total"] + \
+            got["bootseer_snapshotter_cache_misses_total"] > 0, text
+        assert get(port, "/readyz") == (200, "ready\n")
         code, out = c.run(image, JOB, str(tmp_path / "logs2"))
         assert code == 0 and out[0] == "from layer two", out
     finally:
