@@ -202,7 +202,8 @@ def users(prefix: str, *, ignore_option: str | None = None,
     ``ignore_option`` (``--prefix``), a command-line argument given as that option's value
     is not a use: it names the environment to make (another ``deps ensure`` waiting for
     this one). ``view``: whose processes (the node's, from a pod: ``node.procfs``); the
-    PIDs are numbered as it numbers them."""
+    PIDs are numbered as it numbers them, and one it does not let us read counts as a
+    user (never removed on a guess)."""
     prefix = os.path.realpath(prefix)
     found = []
     me = view.own_pid()
@@ -228,6 +229,10 @@ def users(prefix: str, *, ignore_option: str | None = None,
             with open(f"{base}/maps") as f:
                 paths += [line.split(None, 5)[5].strip() for line in f
                           if len(line.split(None, 5)) == 6]
+        except PermissionError:
+            if view is not LOCAL:   # the node's process, hidden from this pod: cannot tell
+                found.append(pid)
+            continue
         except OSError:   # exited meanwhile, or not ours to look at
             continue
         if any(_under(p, prefix) for p in paths):
