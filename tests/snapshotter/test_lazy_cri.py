@@ -14,6 +14,7 @@ import pytest
 from bootseer.testing.containerd import push_pause
 from tests.conftest import need
 from tests.snapshotter.test_containerd import push_two_layers
+from tests.snapshotter.test_metrics import get, samples
 
 READY = "/tmp/bootseer-ready"
 JOB = ["sh", "-c", "cat /data/b.txt /data/keep.txt; test -e /data/a.txt && echo WRONG; "
@@ -119,44 +120,88 @@ def test_an_unreachable_store_falls_back_to_a_normal_pull(nodes, converted, regi
         c.close()
 
 
-def test_a_restarted_snapshotter_fails_running_containers_loudly_and_serves_new_ones(
-        nodes, converted, registry, tmp_path):
-    """The tree's server dies with the snapshotter: a running container's next read of the
-    image fails (never wrong bytes); after the restart the tree is mounted again and a new
-    pod runs."""
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+STRIDE, READS = 64 << 10, 48   # 4 KiB reads this far apart: each one new to the page cache
+
+
+def test_running_containers_read_their_image_through_snapshotter_restarts(
+        nodes, converted, registry, busybox_rootfs, tmp_path):
+    """A container reads uncached parts of its lazily mounted image while the snapshotter
+    is stopped (SIGTERM) and a new one started, then SIGKILLed and started again: every
+    read returns the right bytes (the trees' holders outlive the snapshotter and are
+    adopted), the snapshots listed are the same, and a new pod runs after."""
+    import hashlib
     import signal
     import threading
 
     from tests.support.cri.pods import CriClient
     image, pause, store, _ = converted
-    n = nodes("r", snapshotter_args=["--store", store], cri=(pause, f"127.0.0.1:{registry.port}"),
+    payload = (busybox_rootfs / "data/payload.bin").read_bytes()
+    want = [hashlib.md5(payload[i * STRIDE:i * STRIDE + 4096]).hexdigest()
+            for i in range(READS)]
+    port = free_port()
+    n = nodes("r", snapshotter_args=["--store", store, "--metrics-addr", f"127.0.0.1:{port}"],
+              cri=(pause, f"127.0.0.1:{registry.port}"),
               env={"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")})
     c = CriClient(n.containerd.sock)
+
+    def snapshots() -> str:
+        deadline = time.monotonic() + 30   # containerd redials a restarted proxy
+        while True:
+            r = n.containerd.ctr("snapshots", "--snapshotter", "bootseer", "ls",
+                                 namespace="k8s.io", check=False)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                assert r.returncode == 0, r.stderr
+                return "\n".join(sorted(r.stdout.splitlines()))
+            time.sleep(0.3)
+
     try:
         c.pull(image)
-        waiting = ["sh", "-c", "cat /data/keep.txt; sleep 6; cat /data/b.txt || echo READ-FAILED"]
-        result = {}
+        reader = ["sh", "-c", f"cat /data/keep.txt; i=0; while [ $i -lt {READS} ]; do "
+                  f"echo $i $(dd if=/data/payload.bin bs=4096 count=1 "
+                  f"skip=$((i * {STRIDE // 4096})) 2>/dev/null | md5sum); sleep 0.4; "
+                  f"i=$((i + 1)); done"]
+        result: dict = {}
         t = threading.Thread(target=lambda: result.update(
-            r=c.run(image, waiting, str(tmp_path / "logs1"))))
+            r=c.run(image, reader, str(tmp_path / "logs1"))))
         t.start()
         log = tmp_path / "logs1/job.log"
-        deadline = time.monotonic() + 60   # the job runs (it read the image once)
-        while not (log.exists() and "kept" in log.read_text()):
+
+        def lines() -> int:
+            return log.read_text().count("\n") if log.exists() else 0
+        deadline = time.monotonic() + 60
+        while lines() < 3:   # it runs, and reads
             assert time.monotonic() < deadline and t.is_alive(), result
             time.sleep(0.1)
-        n.snapshotter.stop(signal.SIGKILL)
-        n.snapshotter.start()
+        before = snapshots()
+        for sig in (signal.SIGTERM, signal.SIGKILL):   # an upgrade, then a crash
+            seen = lines()
+            n.snapshotter.stop(sig)
+            n.snapshotter.start()
+            assert snapshots() == before
+            deadline = time.monotonic() + 30
+            while lines() < seen + 2:   # reads go on, through the adopted mount
+                assert time.monotonic() < deadline and t.is_alive(), result
+                time.sleep(0.1)
         t.join(120)
         code, out = result["r"]
-        assert out[0] == "kept" and "READ-FAILED" in out and "from layer two" not in out, out
-        deadline = time.monotonic() + 30   # containerd redials the proxy
-        while True:
-            try:
-                code, out = c.run(image, JOB, str(tmp_path / "logs2"))
-                break
-            except Exception:  # noqa: BLE001 - unavailable until the redial
-                assert time.monotonic() < deadline
-                time.sleep(0.5)
+        got = [line.split()[1] if len(line.split()) > 1 else line for line in out[1:]]
+        assert code == 0 and out[0] == "kept" and got == want, out
+        assert "adopted" in n.snapshotter.log.read_text()
+        _, text = get(port, "/metrics")   # the tree goes on, served and counted
+        got = samples(text)
+        assert got["bootseer_snapshotter_trees_served"] == 1, text
+        assert got['bootseer_snapshotter_mounts_total{how="adopted"}'] == 1, text
+        assert got["bootseer_snapshotter_cache_hits_total"] + \
+            got["bootseer_snapshotter_cache_misses_total"] > 0, text
+        assert get(port, "/readyz") == (200, "ready\n")
+        code, out = c.run(image, JOB, str(tmp_path / "logs2"))
         assert code == 0 and out[0] == "from layer two", out
     finally:
         c.close()

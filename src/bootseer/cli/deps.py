@@ -54,7 +54,11 @@ def register(sub) -> None:
     add_store_arg(v)
     add_json_arg(v, "the environments (key, prefix, tree)")
     v.set_defaults(func=_ls)
-    add_gc_verb(verbs, "environments", _gc)
+    v = add_gc_verb(verbs, "environments", _gc)
+    v.add_argument("--host-proc", default=None, metavar="DIR",
+                   help="the node's /proc mounted here (a pod without hostPID): what its "
+                        "processes and mounts use is kept; default: this /proc, refused in a "
+                        "PID namespace of its own")
     v = verbs.add_parser("verify", help="re-hash a restored environment against its snapshot")
     v.add_argument("prefix", help="a restored environment")
     add_store_arg(v)
@@ -132,7 +136,10 @@ def _umount(args) -> int:
 def _gc(args) -> int:
     from bootseer.config import parse_size
     from bootseer.deps.gc import gc
-    report = gc(_config(None), parse_size(args.max_size, "--max-size"), dry_run=args.dry_run)
+    from bootseer.node.procfs import node_view
+    view = node_view(args.host_proc, "deps gc")
+    report = gc(_config(None), parse_size(args.max_size, "--max-size"), dry_run=args.dry_run,
+                view=view)
     for env, action in report:
         print(f"{action}\t{env.bytes / 2**20:.0f} MiB\t{env.prefix}\t{env.key[:19]}")
     if not report:

@@ -29,6 +29,12 @@ def register(sub) -> None:
                    help="a container creating this path (set $BOOTSEER_READY_FILE to it in "
                         "the pod) closes its image's recording window "
                         "(default /run/bootseer/ready)")
+    s.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
+                   help="serve /metrics (Prometheus), /healthz and /readyz there "
+                        "(e.g. 127.0.0.1:9464; default: no endpoint)")
+    s.add_argument("--cleanup-on-close", action="store_true",
+                   help="unmount every image tree on exit (default: their processes serve "
+                        "running containers on, and the next snapshotter adopts them)")
     s.set_defaults(func=_serve)
     _register_install(verbs, DEFAULT_ADDRESS)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -115,4 +121,5 @@ def _serve(args) -> int:
         lazy = LazyImages(config, window_s=args.window, ready_file=args.ready_file)
     return serve(args.address, args.root, lazy,
                  ready=lambda: print(f"snapshotter: serving {args.address}", flush=True,
-                                     file=sys.stderr))
+                                     file=sys.stderr),
+                 metrics_addr=args.metrics_addr, cleanup_on_close=args.cleanup_on_close)

@@ -25,6 +25,7 @@ from bootseer.config import BootseerConfig
 from bootseer.deps.blobs import blob_bytes, cached_blob, drop_blob
 from bootseer.deps.mounts import unmount
 from bootseer.deps.prefix import Sibling, empty_or_absent, is_kernel, marker_of, mounted_info, users
+from bootseer.node.procfs import LOCAL, ProcView
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,9 @@ def _size(path: str) -> int:
     return total
 
 
-def environments(config: BootseerConfig) -> list[NodeEnv]:
-    """Recorded environments that still exist, least recently used first."""
+def environments(config: BootseerConfig, view: ProcView = LOCAL) -> list[NodeEnv]:
+    """Recorded environments that still exist, least recently used first (``view``:
+    where the node's mounts are read)."""
     out = []
     for rec in sorted(records_dir(config).glob("*.json")):
         try:
@@ -115,7 +117,7 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
         except (OSError, ValueError):
             continue
         prefix = info["prefix"]
-        live = mounted_info(prefix)
+        live = mounted_info(prefix, view)
         mounted = live is not None
         kernel = live if is_kernel(live) else None
         if not mounted and empty_or_absent(prefix):
@@ -135,11 +137,13 @@ def environments(config: BootseerConfig) -> list[NodeEnv]:
     return sorted(out, key=lambda e: e.last_used)
 
 
-def gc(config: BootseerConfig, max_bytes: int, *,
-       dry_run: bool = False) -> list[tuple[NodeEnv, str]]:
+def gc(config: BootseerConfig, max_bytes: int, *, dry_run: bool = False,
+       view: ProcView = LOCAL) -> list[tuple[NodeEnv, str]]:
     """Remove least-recently-used environments until the others fit in ``max_bytes``.
-    Returns ``(env, action)`` for each one considered: removed, in use, or kept."""
-    envs = environments(config)
+    Returns ``(env, action)`` for each one considered: removed, in use, or kept.
+    ``view``: where the node's processes and mounts are read (``node.procfs.node_view``:
+    from a pod, the host's)."""
+    envs = environments(config, view)
     total = sum(e.bytes for e in envs)
     report = []
     for env in envs:
@@ -154,7 +158,7 @@ def gc(config: BootseerConfig, max_bytes: int, *,
                 report.append((env, "in use (ensure or run holds its lock)"))
                 continue
             if env.kernel:
-                report.append(_drop_mounted(config, env, env.kernel, dry_run))
+                report.append(_drop_mounted(config, env, env.kernel, dry_run, view))
                 if not report[-1][1].startswith("in use"):
                     total -= env.bytes
                 continue
@@ -165,7 +169,7 @@ def gc(config: BootseerConfig, max_bytes: int, *,
                 report.append((env, f"forgotten, not removed ({why})"))
                 total -= env.bytes
                 continue
-            pids = users(env.prefix)
+            pids = users(env.prefix, view=view)
             if pids:
                 report.append((env, f"in use (pid {', '.join(map(str, pids[:5]))})"))
                 continue
@@ -181,10 +185,10 @@ def gc(config: BootseerConfig, max_bytes: int, *,
 
 
 def _drop_mounted(config: BootseerConfig, env: NodeEnv, kernel: dict,
-                  dry_run: bool) -> tuple[NodeEnv, str]:
+                  dry_run: bool, view: ProcView) -> tuple[NodeEnv, str]:
     """Unmount an unused kernel restore (if mounted) and remove its blob (its lock is held
     by gc); ``kernel`` is its sidecar, ``env.kernel``."""
-    pids = users(env.prefix)
+    pids = users(env.prefix, view=view)
     if pids:
         return env, f"in use (pid {', '.join(map(str, pids[:5]))})"
     if not dry_run:

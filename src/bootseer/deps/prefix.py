@@ -36,6 +36,7 @@ from pathlib import Path
 from bootseer.node import mounts
 from bootseer.node.alive import Mark, held
 from bootseer.node.proc import pid_alive
+from bootseer.node.procfs import LOCAL, ProcView
 
 MARKER = ".bootseer-env.json"
 KERNEL_BACKEND = "erofs"      # the sidecar's "backend" of a kernel restore (no server)
@@ -85,23 +86,26 @@ def is_kernel(info: dict | None) -> bool:
     return info is not None and info.get("backend") == KERNEL_BACKEND
 
 
-def kernel_mount_live(prefix: str, info: dict) -> bool:
+def kernel_mount_live(prefix: str, info: dict, view: ProcView = LOCAL) -> bool:
     """Whether the kernel mount the sidecar ``info`` names is the one at ``prefix`` (the
     topmost mount there has the mount id recorded when it was made)."""
-    entry = mounts.find(prefix)
+    entry = mounts.find(prefix, view.mountinfo)
     return entry is not None and info.get("mount_id") is not None and \
         entry.mount_id == info["mount_id"]
 
 
-def mounted_info(prefix: str) -> dict | None:
+def mounted_info(prefix: str, view: ProcView = LOCAL) -> dict | None:
     """The live mount at ``prefix``: a lazy one (``{"key", "tree", "pid"}``) or a kernel
-    restore (``{"key", "tree", "backend": "erofs", "blob", "mount_id", ...}``), or None."""
+    restore (``{"key", "tree", "backend": "erofs", "blob", "mount_id", ...}``), or None.
+    ``view``: where the node's processes and mounts are read (``node.procfs``)."""
     info = sidecar_info(prefix)
     if info is None:
         return None
     if is_kernel(info):
-        return info if kernel_mount_live(prefix, info) else None
-    if mounts.is_mount_point(prefix) and pid_alive(int(info.get("pid", 0))):
+        return info if kernel_mount_live(prefix, info, view) else None
+    pid = int(info.get("pid", 0))
+    if mounts.is_mount_point(prefix, view.mountinfo) and \
+            (pid_alive(pid) if view is LOCAL else view.alive(pid)):
         return info
     return None
 
@@ -191,18 +195,22 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
-def users(prefix: str, *, ignore_option: str | None = None) -> list[int]:
+def users(prefix: str, *, ignore_option: str | None = None,
+          view: ProcView = LOCAL) -> list[int]:
     """PIDs of processes that use anything under ``prefix``: their executable, command
     line, working directory, open files or mapped libraries lie there. With
     ``ignore_option`` (``--prefix``), a command-line argument given as that option's value
     is not a use: it names the environment to make (another ``deps ensure`` waiting for
-    this one)."""
+    this one). ``view``: whose processes (the node's, from a pod: ``node.procfs``); the
+    PIDs are numbered as it numbers them, and one it does not let us read counts as a
+    user (never removed on a guess)."""
     prefix = os.path.realpath(prefix)
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
+    me = view.own_pid()
+    for pid in view.pids():
+        if pid == me:
             continue
-        base = f"/proc/{pid}"
+        base = os.path.join(view.root, str(pid))
         try:
             paths = [os.readlink(f"{base}/cwd"), os.readlink(f"{base}/exe")]
             with open(f"{base}/cmdline", "rb") as f:
@@ -221,10 +229,14 @@ def users(prefix: str, *, ignore_option: str | None = None) -> list[int]:
             with open(f"{base}/maps") as f:
                 paths += [line.split(None, 5)[5].strip() for line in f
                           if len(line.split(None, 5)) == 6]
+        except PermissionError:
+            if view is not LOCAL:   # the node's process, hidden from this pod: cannot tell
+                found.append(pid)
+            continue
         except OSError:   # exited meanwhile, or not ours to look at
             continue
         if any(_under(p, prefix) for p in paths):
-            found.append(int(pid))
+            found.append(pid)
     return found
 
 

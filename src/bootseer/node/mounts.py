@@ -35,10 +35,13 @@ def _unescape(field: str) -> str:
     return raw.encode("latin-1", "surrogateescape").decode("utf-8", "surrogateescape")
 
 
-def _read() -> list[MountEntry] | None:
+OWN_TABLE = "/proc/self/mountinfo"
+
+
+def _read(mountinfo: str = OWN_TABLE) -> list[MountEntry] | None:
     """The mount table, or None when /proc cannot be read."""
     try:
-        with open("/proc/self/mountinfo", encoding="latin-1") as f:
+        with open(mountinfo, encoding="latin-1") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
@@ -53,9 +56,10 @@ def _read() -> list[MountEntry] | None:
     return out
 
 
-def table() -> list[MountEntry]:
-    """Every mount visible to this process (an empty list when /proc cannot be read)."""
-    return _read() or []
+def table(mountinfo: str = OWN_TABLE) -> list[MountEntry]:
+    """Every mount visible to this process (an empty list when /proc cannot be read);
+    ``mountinfo``: another process's table (the node's, read by housekeeping in a pod)."""
+    return _read(mountinfo) or []
 
 
 def _canonical(path: str) -> str:
@@ -65,17 +69,17 @@ def _canonical(path: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
-def find(mountpoint: str) -> MountEntry | None:
+def find(mountpoint: str, mountinfo: str = OWN_TABLE) -> MountEntry | None:
     """The topmost mount at ``mountpoint`` (a path that is not a mount point: None)."""
     want = os.path.realpath(mountpoint)
-    hits = [e for e in table() if e.mountpoint == want]
+    hits = [e for e in table(mountinfo) if e.mountpoint == want]
     return hits[-1] if hits else None
 
 
-def is_mount_point(path: str) -> bool:
+def is_mount_point(path: str, mountinfo: str = OWN_TABLE) -> bool:
     """Whether ``path`` is a mount point, read from the mount table: a FUSE mount whose
     server died fails every stat (ENOTCONN), which ``os.path.ismount`` takes for "no"."""
-    entries = _read()
+    entries = _read(mountinfo)
     if entries is None:
         return os.path.ismount(path)
     want = _canonical(path)

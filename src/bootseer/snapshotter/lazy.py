@@ -29,7 +29,9 @@ import threading
 from dataclasses import dataclass
 
 from bootseer.config import BootseerConfig
+from bootseer.snapshotter.holder import Holder, HolderSpec
 from bootseer.snapshotter.metadata import Snapshot
+from bootseer.tree.session import COUNTERS
 
 log = logging.getLogger(__name__)
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")   # labels come from images: never trusted
@@ -59,6 +61,17 @@ class Match:
         return out
 
 
+def read_counters(state: str) -> dict[str, float]:
+    """A tree session's counters (``counters.json``, rewritten as it serves); empty when
+    it wrote none yet."""
+    try:
+        with open(os.path.join(state, COUNTERS)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(v, (int, float))}
+
+
 def placeholder_below_top(s: Snapshot) -> bool:
     return TREE in s.labels and s.labels.get(TOP) != "true"
 
@@ -74,7 +87,10 @@ class LazyImages:
         self.window_s = window_s
         self.ready_file = ready_file.lstrip("/")
         self._chains: dict[str, list[str]] = {}   # tree -> chain IDs (TOCs never change)
-        self._mounts: dict[int, tuple] = {}        # snapshot id -> (handle, state dir)
+        self._mounts: dict[int, tuple[Holder, str]] = {}   # snapshot id -> (holder, state)
+        self._mount_locks: dict[int, threading.Lock] = {}
+        self._retired: dict[str, float] = {}
+        self.counts = {"mounts_started": 0, "mounts_adopted": 0, "mount_failures": 0}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watchers: dict[int, list[str]] = {}  # top snapshot id -> upper dirs on it
@@ -132,36 +148,93 @@ class LazyImages:
 
     # -- the top layer's mount ----------------------------------------------------------
     def mount(self, s: Snapshot, fs: str, state: str) -> None:
-        """Serve the tree at ``fs`` (prefetching its published profile, recording)."""
-        from bootseer.image.session import mount_image
-        handle, tree, profile, _ = mount_image(self.config, s.labels[TREE], fs, state,
-                                               record=True, prefetch=True,
-                                               window_timeout_s=self.window_s)
-        log.info("snapshot %s: tree %s mounted lazily%s", s.key, tree,
-                 f", prefetching {len(profile['chunks'])} hot chunks" if profile else "")
+        """Serve the tree at ``fs`` (prefetching its published profile, recording) from a
+        holder process that outlives this one (``snapshotter.holder``)."""
+        spec = HolderSpec(self.config, s.labels[TREE], fs, state, self.window_s)
+        with self._mounting(s.id):
+            try:
+                holder = Holder.start(spec)
+            except Exception:
+                self.counts["mount_failures"] += 1
+                raise
+            self.counts["mounts_started"] += 1
+            with self._lock:
+                self._mounts[s.id] = (holder, state)
+        r = holder.record
+        log.info("snapshot %s: tree %s mounted lazily by holder %d%s", s.key, r.tree, r.pid,
+                 f", prefetching {r.hot_chunks} hot chunks" if r.hot_chunks else "")
+
+    def adopt(self, s: Snapshot, state: str) -> bool:
+        """Take over the live holder a snapshotter before this one started for ``s``
+        (its mount goes on serving untouched); False when there is none."""
+        holder = Holder.adopt(state)
+        if holder is None:
+            return False
         with self._lock:
-            self._mounts[s.id] = (handle, state)
+            self._mounts[s.id] = (holder, state)
+        self.counts["mounts_adopted"] += 1
+        log.info("snapshot %s: tree %s still served by holder %d (adopted)", s.key,
+                 holder.record.tree, holder.pid)
+        return True
+
+    def _mounting(self, snapshot_id: int) -> threading.Lock:
+        """One mount at a time per snapshot (two Prepares on one image: one holder)."""
+        with self._lock:
+            return self._mount_locks.setdefault(snapshot_id, threading.Lock())
 
     def mounted(self, s: Snapshot) -> bool:
         with self._lock:
             entry = self._mounts.get(s.id)
-        return entry is not None and entry[0].proc.is_alive()
+        return entry is not None and entry[0].alive()
 
     def unmount(self, s: Snapshot) -> None:
         with self._lock:
             entry = self._mounts.pop(s.id, None)
             self._watchers.pop(s.id, None)
+            self._mount_locks.pop(s.id, None)
         if entry:
-            handle, state = entry
-            handle.unmount()
+            holder, state = entry
+            holder.stop()
+            self._retire(state)
             self._publish(state)
 
-    def close(self) -> None:
+    def served(self) -> list[str]:
+        """The state directories of the trees served now (their holders alive)."""
+        with self._lock:
+            entries = list(self._mounts.values())
+        return [state for holder, state in entries if holder.alive()]
+
+    def close(self, *, cleanup: bool = False) -> None:
+        """Stop watching. The holders go on serving running containers for the next
+        snapshotter, unless ``cleanup``: then every tree is unmounted."""
         self._stop.set()
         with self._lock:
             ids = list(self._mounts)
-        for i in ids:
-            self.unmount(Snapshot(key="", id=i, kind=0))
+        if cleanup:
+            for i in ids:
+                self.unmount(Snapshot(key="", id=i, kind=0))
+        elif ids:
+            log.info("leaving %d image tree(s) served by their holders for the next "
+                     "snapshotter", len(ids))
+
+    # -- counters ---------------------------------------------------------------------
+    def _retire(self, state: str) -> None:
+        """A mount ends: its last counters stay in the totals."""
+        last = read_counters(state)
+        with self._lock:
+            for k, v in last.items():
+                self._retired[k] = self._retired.get(k, 0) + v
+
+    def totals(self) -> dict[str, float]:
+        """The tree sessions' counters (``counters.json`` in each mount's state), summed
+        over the mounts served now and those ended under this snapshotter."""
+        with self._lock:
+            out = dict(self._retired)
+            states = [e[1] for e in self._mounts.values()]
+        for state in states:
+            for k, v in read_counters(state).items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     # -- the recording window -----------------------------------------------------------
     def watch(self, top: Snapshot, upper: str) -> None:

@@ -63,17 +63,26 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
         self.layout = OverlayLayout(root)
         self.meta = MetaStore(f"{self.layout.root}/metadata.db")
         self.lazy = lazy
+        self.errors: dict[str, int] = {}   # gRPC status name -> calls answered with it
         with self.meta.transaction() as tx:
             removed = self.layout.cleanup(tx.ids())
             tops = [x for x in tx.all() if is_top(x)]
         if removed:
             log.info("removed %d directories no snapshot names: %s", len(removed), removed[:5])
-        for top in tops:   # a restart: the trees come back for new containers
+        for top in tops:   # a restart: live holders adopted, dead ones' trees served again
             self._remount(top)
+        if self.lazy is not None:   # running containers' ready files, watched again
+            with self.meta.transaction() as tx:
+                for s in tx.all():
+                    top = next((p for p in tx.parents(s) if is_top(p)), None)
+                    if s.kind == ACTIVE and top is not None:
+                        self.lazy.watch(top, self.layout.fs(s))
 
-    def close(self) -> None:
+    def close(self, *, cleanup: bool = False) -> None:
+        """``cleanup``: unmount every image tree too (else their holders serve running
+        containers on, for the next snapshotter)."""
         if self.lazy:
-            self.lazy.close()
+            self.lazy.close(cleanup=cleanup)
         self.meta.close()
 
     # -- gRPC methods: each maps a SnapshotError to its status code ---------------------
@@ -120,8 +129,10 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
         try:
             return fn(*args)
         except SnapshotError as e:
+            self.errors[e.code] = self.errors.get(e.code, 0) + 1
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
         except OSError as e:
+            self.errors["INTERNAL"] = self.errors.get("INTERNAL", 0) + 1
             log.error("%s: %s", fn.__name__.strip("_"), e)
             context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__.strip('_')}: {e}")
 
@@ -184,8 +195,10 @@ class SnapshotService(snapshots_pb2_grpc.SnapshotsServicer):
     def _remount(self, top: Snapshot) -> None:
         if self.lazy is None or self.lazy.mounted(top):
             return
+        if self.lazy.adopt(top, self._lazy_state(top)):
+            return   # served on by the holder a snapshotter before this one started
         fs = self.layout.fs(top)
-        if os.path.ismount(fs):   # its server died with the last snapshotter
+        if mounts.is_mount_point(fs):   # its holder died: a dead mount, detached
             mounts.lazy_unmount(fs)
         try:
             self.lazy.mount(top, fs, self._lazy_state(top))

@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bootseer.snapshotter.holder import release_all
+
 
 def wait_socket(path: str, proc: subprocess.Popen[bytes], log: Path,
                 timeout: float = 30.0) -> None:
@@ -165,6 +167,7 @@ class Node:
             try:
                 self.snapshotter.stop()
             finally:
+                release_all(str(self.snapshotter.root))   # the trees' holders, by PID
                 unmount_below(self.base)
                 shutil.rmtree(self.base, ignore_errors=True)
 

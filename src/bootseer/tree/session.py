@@ -29,6 +29,11 @@ from bootseer.tree.view import TreeMountView
 
 log = logging.getLogger(__name__)
 TRIGGER = "close-window"
+COUNTERS = "counters.json"
+"""The session's running counters (cache hits and misses, bytes and requests to the
+origin, bytes from peers, stall time, errors), rewritten while it serves: the snapshotter's
+``/metrics`` sums them over its mounts."""
+COUNTERS_EVERY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,31 @@ class TreeSession:
             open(done, "a").close()   # nothing to prefetch
         self._done = threading.Event()
         threading.Thread(target=self._watch_window, daemon=True, name="bootseer-window").start()
+        threading.Thread(target=self._write_counters, daemon=True,
+                         name="bootseer-counters").start()
+
+    def counters(self) -> dict[str, float]:
+        """The running counters (``COUNTERS``)."""
+        r, fc = dict(self.reader.counters), self.fetcher.counters()
+        pre = dict(self.prefetcher.stats) if self.prefetcher else {}
+        return {"cache_hits": r["chunks_local"], "cache_misses": r["chunks_fetched"],
+                "stall_s": round(r["stall_s"], 3), "origin_bytes": fc["bytes"],
+                "origin_requests": fc["requests"], "peer_bytes": pre.get("peer_bytes", 0),
+                "errors": fc["errors"] + pre.get("errors", 0)}
+
+    def _write_counters(self) -> None:
+        last: dict[str, float] = {}
+        while True:
+            now = self.counters()
+            if now != last:
+                try:
+                    tmp = self.state / f".{COUNTERS}.tmp"
+                    tmp.write_text(json.dumps(now))
+                    tmp.rename(self.state / COUNTERS)
+                    last = now
+                except OSError:
+                    pass   # a metric only: the next round tries again
+            time.sleep(COUNTERS_EVERY_S)
 
     def view(self) -> TreeMountView:
         return TreeMountView(self.reader, on_close=self.finish)
