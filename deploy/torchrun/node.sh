@@ -13,8 +13,8 @@ IMAGE=${IMAGE:-registry.example.internal:5000/team/train:v3}
 CKPT=${CKPT:-s3://checkpoints/run7/step-12000}
 JOB_ID=${JOB_ID:-train-run7}
 
-# The node cache and the store are shared settings: put them in /etc/bootseer.toml.
-export BOOTSEER_CONFIG=${BOOTSEER_CONFIG:-/etc/bootseer.toml}
+# The node cache and the store are shared settings: bootseer reads them from the node's
+# /etc/bootseer/config.toml (BOOTSEER_SYSTEM_CONFIG names another).
 
 exec bootseer run \
     --image "$IMAGE" \
