@@ -239,3 +239,26 @@ def test_a_second_plugin_on_the_same_socket_is_refused(plugin, tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
     assert "already serves" in p.stderr and len(p.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.usefixtures("need_root")
+def test_an_environment_outlives_a_plugin_restart_and_is_unpublished_by_the_next(tmp_path):
+    """Kernel mounts need no server: the next plugin finds the volume from its record,
+    answers the kubelet's repeated publish at once and unpublishes it clean."""
+    first = Plugin(tmp_path)
+    try:
+        publish_env(first.store)
+        target = first.target("env")
+        first.publish(target, {"environment": KEY})
+        mount_id = mounts.find(str(target)).mount_id
+    finally:
+        first.stop()
+    assert mounts.find(str(target)).mount_id == mount_id     # still there
+    second = Plugin(tmp_path)
+    try:
+        second.publish(target, {"environment": KEY})
+        assert mounts.find(str(target)).mount_id == mount_id
+        second.unpublish(target)
+        assert not target.exists() and os.listdir(target.parent) == []
+    finally:
+        second.stop()
