@@ -23,6 +23,12 @@ strip_gogo "$API/services/snapshots/v1/snapshots.proto" > "$tmp/$PKG/snapshots.p
 rm -f src/$PKG/mount_pb2_grpc.py   # mount.proto has no service
 echo "generated src/$PKG (containerd $(dpkg-query -W -f='${Version}' golang-github-containerd-containerd-dev))"
 
+# The CSI node plugin's Identity and Node services: src/bootseer/csi/proto/csi.proto, a
+# subset of the CSI spec's csi.proto written here (no package ships it), compiled as is.
+.venv/bin/python -m grpc_tools.protoc -Isrc -I"$(.venv/bin/python -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')" \
+    --python_out=src --grpc_python_out=src src/bootseer/csi/proto/csi.proto
+echo "generated src/bootseer/csi/proto"
+
 # The CRI client the snapshotter's tests and bench/image drive containerd with (as the
 # kubelet does): k8s.io/cri-api's runtime.v1 api.proto, given as CRI_API_PROTO=path (no
 # Debian package ships it). Test-only: generated into tests/support, outside the wheel.

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman catatonit runc skopeo buildah
               busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs debootstrap
-              apache2-utils erofs-utils containerd chromium systemd
+              apache2-utils erofs-utils containerd chromium systemd kubernetes-client
               slurmctld slurmd slurm-client munge zsh fish)
 
 missing=()

@@ -5,6 +5,7 @@ listed below.
 
     BootseerError
     ├── UsageError(ValueError)              arguments that cannot work together
+    │   └── csi.attributes.VolumeAttributeError  a pod's volume attributes or path refused
     ├── ConfigError(ValueError)             a setting is invalid; names the field
     │   └── ckpt.budget.BudgetError         the checkpoint's memory budget cannot hold a stripe
     ├── StoreError(OSError)                 anything the store layer raises
@@ -46,6 +47,9 @@ listed below.
     ├── run.node.RunError                   a node's start failed
     ├── snapshotter.metadata.SnapshotError  a containerd snapshot request cannot be met
     ├── snapshotter.install.InstallError(ValueError)  containerd's config cannot be patched
+    ├── csi.volumes.EnvironmentBuilding     a volume's environment is being built (retry)
+    ├── csi.volumes.EnvironmentNotFound(FileNotFoundError)  no snapshot, nobody builds it
+    ├── csi.volumes.VolumeConflict          a target path holds another volume or mount
     ├── slurm.policy.SlurmSettingsError     the site's Slurm settings file is wrong
     ├── demo.assets.AssetError              the demo's images, environment or checkpoint
     ├── testing.netns.NetnsError(RuntimeError)    a test network namespace failed
