@@ -6,13 +6,16 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(fuse3 libfuse3-dev docker-registry nginx-light podman catatonit runc skopeo buildah
               busybox-static zstd iproute2 util-linux procps psmisc e2fsprogs debootstrap
-              apache2-utils erofs-utils containerd chromium systemd kubernetes-client
+              apache2-utils erofs-utils containerd chromium systemd
               slurmctld slurmd slurm-client munge zsh fish)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# kubectl (with its built-in kustomize) for the manifests' tests: Debian's package unless
+# the machine has a kubectl from elsewhere (a package that would collide with Debian's).
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
     # The packaged nginx and registry are not started (tests start their own, on free
