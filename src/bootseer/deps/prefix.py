@@ -230,7 +230,9 @@ def users(prefix: str, *, ignore_option: str | None = None,
                 paths += [line.split(None, 5)[5].strip() for line in f
                           if len(line.split(None, 5)) == 6]
         except PermissionError:
-            if view is not LOCAL:   # the node's process, hidden from this pod: cannot tell
+            # The node's process, hidden from this pod: cannot tell, so it counts. The
+            # node's init is no job's process (and some hosts hide it even from root).
+            if view is not LOCAL and pid != 1:
                 found.append(pid)
             continue
         except OSError:   # exited meanwhile, or not ours to look at
