@@ -18,7 +18,7 @@ def register(sub) -> None:
                    "several")
     p.add_argument("--baseline", metavar="TRACE", help="compare with this trace")
     p.add_argument("--attempt", type=int, help="only this attempt")
-    p.add_argument("-k", type=float, default=3.0, help="straggler rule: median + k*MAD (3)")
+    p.add_argument("-k", type=float, default=3.0, help="straggler rule: median + k*MAD")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     add_json_file_arg(p, "; the text report then goes to standard error, as for the others")
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (a track "

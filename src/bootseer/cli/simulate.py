@@ -10,7 +10,7 @@ def register(sub) -> None:
                                    "'bootseer analyze', and full traces of the first --events "
                                    "jobs under OUT/traces/ for 'bootseer report'.")
     p.add_argument("out", help="output directory")
-    p.add_argument("--jobs", type=int, default=30000, help="jobs to simulate (30000)")
+    p.add_argument("--jobs", type=int, default=30000, help="jobs to simulate")
     p.add_argument("--seed", type=int, default=0, help="random seed (the same seed, the same run)")
     p.add_argument("--techniques", default="none",
                    help="all, none, or a comma list of image,deps,ckpt,overlap,peers")
