@@ -78,7 +78,7 @@ class UsageError(BootseerError, ValueError):
 
 class ConfigError(BootseerError, ValueError):
     def __init__(self, field: str, message: str):
-        self.field = field
+        self.field, self.reason = field, message
         super().__init__(f"invalid setting {field}: {message}")
 
 

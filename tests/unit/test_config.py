@@ -40,6 +40,26 @@ def test_bad_values_name_the_field(tmp_path):
         BootseerConfig.from_env({"BOOTSEER_CONFIG": str(toml)})
 
 
+def test_a_bad_value_says_what_the_setting_takes_and_where_it_was_set(tmp_path):
+    """The variable or the file that set it, and the form the setting takes."""
+    cases = {"BOOTSEER_FETCH_RETRIES": ("x", r"'x' is not a whole number"),
+             "BOOTSEER_FETCH_TIMEOUT_S": ("soon", r"'soon' is not a number"),
+             "BOOTSEER_FETCH_VERIFY": ("maybe", r"'maybe' is not true or false "
+                                                r"\(also 1/0, yes/no, on/off\)")}
+    for var, (raw, said) in cases.items():
+        with pytest.raises(ConfigError, match=said + rf" \(from {var}\)$"):
+            BootseerConfig.from_env({var: raw})
+    node, user = tmp_path / "node.toml", tmp_path / "user.toml"
+    node.write_text("[fetch]\nretries = \"few\"\n")
+    user.write_text("[fetch]\nretries = 3\n")
+    env = {"BOOTSEER_SYSTEM_CONFIG": str(node), "BOOTSEER_CONFIG": str(user)}
+    with pytest.raises(ConfigError, match=rf"'few' is not a whole number \(in {node}\)$"):
+        BootseerConfig.from_env(env)   # wrong in the node's file, even where the user's wins
+    node.write_text("[cach]\n")
+    with pytest.raises(ConfigError, match=rf"cach: unknown section .* \(in {node}\)$"):
+        BootseerConfig.from_env(env)
+
+
 def test_parse_size():
     assert parse_size("64MiB") == 64 * 2**20
     assert parse_size("1.5G") == 1_500_000_000

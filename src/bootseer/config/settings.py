@@ -300,6 +300,10 @@ class BootseerConfig:
         """The settings the layers give, a later layer's field over an earlier one's."""
         merged: dict[str, dict[str, Any]] = {}
         for layer in layers:
+            try:   # checked alone first, so that a bad value names where it was set
+                cls.from_dict(layer.values)
+            except ConfigError as e:
+                raise ConfigError(e.field, f"{e.reason} ({_where(layer, e.field)})") from e
             for section, values in layer.values.items():
                 merged.setdefault(section, {}).update(values)
         return cls.from_dict(merged)
@@ -418,6 +422,12 @@ def effective(env: Mapping[str, str] | None = None, *,
     return rows
 
 
+def _where(layer: Layer, field: str) -> str:
+    if layer.source == "environment":
+        return f"from {setting_var(*field.split('.', 1))}" if "." in field else "from a variable"
+    return "from the command line" if layer.source == "flags" else f"in {layer.source}"
+
+
 def _build(cls: type, section: str, values: Mapping[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -452,7 +462,9 @@ def _coerce(raw: Any, typ: Any, name: str) -> Any:
     except ConfigError:
         raise   # parse_size's own message names the forms a size takes
     except ValueError as e:
-        raise ConfigError(name, f"{raw!r} is not a valid {typ.__name__}") from e
+        what = {bool: "true or false (also 1/0, yes/no, on/off)", int: "a whole number",
+                float: "a number"}.get(typ, f"a valid {getattr(typ, '__name__', typ)}")
+        raise ConfigError(name, f"{raw!r} is not {what}") from e
     return raw
 
 
