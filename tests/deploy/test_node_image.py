@@ -1,7 +1,8 @@
 """deploy/node-image/Containerfile agrees with the project and the kustomize base: it
 installs the wheel `uv build` makes with extras pyproject.toml defines, and its entrypoint
 is `bootseer`, which the DaemonSet's containers give only the verb to. (Building it needs a
-Debian base image, which this machine does not hold offline: the build runs in CI.)"""
+Debian base image from a registry, which the test machines do not reach: it is not built
+by the tests.)"""
 
 from __future__ import annotations
 
