@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from bootseer.ckpt import credentials
+from bootseer.ckpt import credentials, share
 from bootseer.ckpt.engine import Engine
 from bootseer.ckpt.listing import RemoteDir
 from bootseer.ckpt.staging import StagingArea, node_staging_dir
@@ -60,13 +60,19 @@ def build_view(url: str, config: BootseerConfig, memory_budget: int | None = Non
         config.ckpt, memory_budget_bytes=memory_budget)
     engine = Engine(ckpt, config.fetch, staging=str(node_staging_dir(config)),
                     store_url=config.store.url)
+    node_reads = None
+    if prefetch and mode == "striped" and world is None and \
+            share.applies(config.ckpt.stage, config.peers.nodes):
+        node_reads = share.NodeReads(
+            engine.staging.dir, url,
+            private=engine.staging.private_for(credentials.carried(url)))
     try:
         view = RemoteDirView(RemoteDir(url, mirrors=mirrors), engine, mode=mode,
-                             stats_path=stats_path)
+                             stats_path=stats_path, node_reads=node_reads)
         if prefetch and mode == "striped":
             from bootseer.ckpt.prefetch import start_plan_soon
             start_plan_soon(engine, view.remote, rank=rank, world=world,
-                            start_after=start_after, config=config)
+                            start_after=start_after, config=config, node_reads=node_reads)
     except BaseException:
         engine.close()
         raise

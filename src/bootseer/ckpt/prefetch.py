@@ -120,7 +120,8 @@ def stage_whole(engine, sources) -> Prefetch:
 
 
 def start_plan(engine, remote, *, rank: int | None = None, world: int | None = None,
-               start_after: str | None = None, config=None) -> tuple[Prefetch, str]:
+               start_after: str | None = None, config=None,
+               node_reads=None) -> tuple[Prefetch, str]:
     """Start streaming the checkpoint at ``remote`` (a RemoteDir) through ``engine``.
 
     The plan is the access profile recorded by the previous load of these very file
@@ -129,7 +130,9 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     With ``rank``/``world``, only this rank's 1/world share of the plan: the node's ranks
     stream it once, together. Without them and with a ``config`` whose peers settings
     apply (docs/peers.md), the large files come through the job's peers first. Returns the
-    prefetch and the plan's kind (``profile``, ``dcp``, ``safetensors`` or ``files``)."""
+    prefetch and the plan's kind (``profile``, ``dcp``, ``safetensors`` or ``files``).
+    With ``node_reads`` (a :class:`bootseer.ckpt.share.NodeReads`), the node stages only
+    the small files and the large ones its job reads (ckpt/share.py)."""
     from bootseer.ckpt import plan as plans
     from bootseer.ckpt import profile
     from bootseer.ckpt.api import open as ckpt_open
@@ -144,19 +147,51 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
         with engine.internal_reads():   # the plan's reads are not the load's
             ranges, kind = plans.metadata_plan(remote.url, sizes,
                                                opener=lambda url: ckpt_open(url, engine=engine))
+    wanted_files = set(sources)
     if world is not None:
         ranges = plans.split(ranges, rank or 0, world)
     else:
-        ranges = ranges + plans.file_plan(sizes)  # staged stripes are skipped: no refetch
+        if node_reads is not None:
+            wanted_files = _node_share(engine, node_reads, sources, ranges)
+            ranges = [r for r in ranges if r.path in wanted_files]
+        ranges = ranges + plans.file_plan({p: n for p, n in sizes.items() if p in wanted_files})
     spans = [Span(sources[r.path], r.start, r.end) for r in ranges if r.path in sources]
     peers = None
     if world is None and config is not None:
         from bootseer.ckpt.peers import fetch_checkpoint, wanted
-        large = [s for s in sources.values() if s.size > SMALL_FILE_BYTES]
-        if wanted(config, sum(s.size for s in large)):
+        # Peers exchange a set every node of the job wants (one manifest): a node share
+        # that is a few shards (each node its own) comes from the origin.
+        large = [s for p, s in sources.items() if s.size > SMALL_FILE_BYTES
+                 and p in wanted_files]
+        if len(large) < sum(1 for s in sources.values() if s.size > SMALL_FILE_BYTES):
+            large = []
+        if large and wanted(config, sum(s.size for s in large)):
             peers = functools.partial(fetch_checkpoint, config, engine, large,
                                       functools.partial(stage_whole, engine))
     return Prefetch(engine, spans, start_after=start_after, peers=peers), kind
+
+
+def _node_share(engine, node_reads, sources: dict, ranges: list) -> set[str]:
+    """The files staged at once (the small ones, and the large ones this node read last
+    time); from then on, a large file the job reads streams whole from its first read."""
+    from bootseer.ckpt import plan as plans
+    history = node_reads.load(sources)
+    now = {p for p, s in sources.items() if s.size <= SMALL_FILE_BYTES} | set(history or ())
+    node_reads.take(now)
+    large = sum(s.size for s in sources.values() if s.size > SMALL_FILE_BYTES)
+    log.info("checkpoint %s: this node stages %d of %d large bytes now (%s), the rest as "
+             "its ranks read it", redact.url(node_reads.root_url),
+             sum(sources[p].size for p in now if sources[p].size > SMALL_FILE_BYTES), large,
+             "what it read last time" if history else "no load here yet")
+
+    def on_new(rel: str) -> None:
+        src = sources.get(rel)
+        if src is None or engine.closed:
+            return
+        order = [r for r in ranges if r.path == rel] + [plans.Range(rel, 0, src.size)]
+        Prefetch(engine, [Span(src, r.start, r.end) for r in order])
+    node_reads.planned(on_new)
+    return now
 
 
 def start_plan_soon(engine, remote, **kw) -> threading.Thread:

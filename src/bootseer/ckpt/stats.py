@@ -44,8 +44,16 @@ class LoadStats:
     peers_role: str | None = None
     """This node's part in the peers' exchange: maker, peer, or origin (none came)."""
 
+    @property
+    def staged_per_read(self) -> float | None:
+        """Bytes this node brought in (from storage and peers) per byte its readers read:
+        1.0 when it stages exactly what its ranks load, ``nodes`` when every node stages a
+        sharded checkpoint whole (ckpt/share.py)."""
+        read = self.bytes_consumed + self.passthrough_bytes
+        return round((self.bytes_fetched + self.peer_bytes) / read, 3) if read else None
+
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "staged_per_read": self.staged_per_read}
 
 
 def trace_load(stats: LoadStats, started_wall: float, **attrs) -> None:

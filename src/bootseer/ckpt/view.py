@@ -22,8 +22,9 @@ class RemoteDirView:
     unmount."""
 
     def __init__(self, remote: RemoteDir, engine: Engine, *, mode: str = "striped",
-                 stats_path: str | None = None):
+                 stats_path: str | None = None, node_reads=None):
         self.remote, self.engine, self.mode = remote, engine, mode
+        self.node_reads = node_reads   # ckpt.share.NodeReads: told each file's first read
         self.url = remote.url
         self.stats_path = stats_path
         self._readers: dict[str, object] = {}
@@ -47,6 +48,8 @@ class RemoteDirView:
             r = self.engine.reader(self.remote.source(rel), self.mode)
             with self._lock:
                 r = self._readers.setdefault(rel, r)
+            if self.node_reads is not None:
+                self.node_reads.read(rel)
         return r
 
     def release(self, path: str) -> None:
@@ -87,6 +90,8 @@ class RemoteDirView:
             profile.save(self.engine.staging.dir, self.url, self.engine.recorder,
                          store_url=self.engine.store_url,
                          private=self.engine.staging.private_for(credentials.carried(self.url)))
+            if self.node_reads is not None:   # and this node stages what its ranks read
+                self.node_reads.save()
         except OSError as e:
             log.warning("access profile of %s not saved: %s", redact.url(self.url),
                         redact.text(str(e)))

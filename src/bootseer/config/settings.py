@@ -194,6 +194,11 @@ class CkptConfig:
     """The node's staging directory for checkpoint files (staged stripes, access
     profiles); empty: ``ckpt-staging`` inside ``cache.dir``, the node's bootseer cache,
     never a folder beside it."""
+    stage: str = "auto"
+    """What a node's checkpoint mount stages: ``reads`` (the small files, and the large
+    ones its own ranks read: those of its last load here at once, any other from the job's
+    first read of it), ``all`` (every file), ``auto`` (``reads`` for a job of two or more
+    nodes, ``all`` for one). See docs/ckpt.md, "Each node stages what its ranks read"."""
     fuse: str = "auto"
     """Which FUSE server a checkpoint mount runs: ``devfuse`` (bootseer's own /dev/fuse
     server: staged files read through kernel passthrough), ``mfusepy`` (libfuse), or
@@ -203,6 +208,8 @@ class CkptConfig:
     def __post_init__(self) -> None:
         if self.fuse not in ("auto", "devfuse", "mfusepy"):
             raise ConfigError("ckpt.fuse", f"{self.fuse!r} is not auto, devfuse or mfusepy")
+        if self.stage not in ("auto", "reads", "all"):
+            raise ConfigError("ckpt.stage", f"{self.stage!r} is not auto, reads or all")
         for name in ("stripe_bytes", "memory_budget_bytes", "max_stripes_in_flight", "per_host"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ckpt.{name}", "must be > 0")

@@ -117,9 +117,9 @@ class StripedCheckpoint(Pipeline):
         # Large files wait for the node's "prepared" signal (environment restored, image
         # hot blocks local): the checkpoint is read only after the job imported its code,
         # and streaming it earlier delays the image's reads behind it on the link.
-        # The whole plan, not a rank's share: ckpt.plan.split divides one node's copy among
-        # the processes that share its staging; every node here stages its own full copy
-        # (each node's job loads the checkpoint, and the staged mirror needs every file).
+        # Not a rank's share (ckpt.plan.split divides one node's copy among processes that
+        # share its staging): a job of two or more nodes stages what this node's ranks
+        # read (ckpt/share.py, ckpt.stage), a one-node job every file.
         try:
             self.handle = mount_checkpoint(self.url, str(mp), self.config, prefetch=True,
                                            start_after=str(self.state.parent / PREPARED),

@@ -1,0 +1,137 @@
+"""Each node stages what its own ranks read, not the whole checkpoint.
+
+In a sharded checkpoint (DCP of an FSDP or tensor-parallel model: one file per rank, written
+by that rank) every rank loads its own shard: a node that stages every file moves and stores
+``nodes`` times what its ranks need (a terabyte checkpoint on a thousand nodes: a petabyte).
+With a node share, a node's prefetch takes
+
+* every small file at once (DCP's ``.metadata``, safetensors headers and indexes: anything up
+  to :data:`~bootseer.ckpt.prefetch.SMALL_FILE_BYTES`), which every rank reads first;
+* the large files this node's ranks read at their last load of this checkpoint on this
+  node (restarts mostly land on the same nodes, with the same ranks), in plan order, as
+  soon as the start allows;
+* any other large file from the moment the job first reads it: the whole file streams in
+  the background, in plan order, while the reads that came first are served on demand.
+
+Which ranks a node runs is known only after the rendezvous (torchrun's c10d backend hands
+out ranks in joining order), so the node learns its files from its own reads, never from a
+guess: a node whose ranks change between starts reads its new files on demand and streams
+them at once, and the next start plans from what it read. The history is this node's only
+(``<staging>/node-reads-v1/<name>.json``, the access profile's name): the profile a store
+shares among nodes says in which order ranges are read, not which files a node needs.
+
+``ckpt.stage`` chooses: ``reads`` (this), ``all`` (every file on every node: a node whose
+job reads everything, or a copy staged for a later job), ``auto`` (``reads`` for a job of two
+or more nodes, ``all`` for one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from bootseer import redact
+from bootseer.ckpt import profile
+from bootseer.ckpt.listing import clean
+
+log = logging.getLogger(__name__)
+DIR = "node-reads-v1"
+MODES = ("auto", "reads", "all")
+
+
+def applies(mode: str, nodes: int) -> bool:
+    """Whether a mount stages this node's reads only (``ckpt.stage``, the job's nodes)."""
+    return mode == "reads" or (mode == "auto" and nodes >= 2)
+
+
+def history_path(staging_dir: str | os.PathLike, root_url: str) -> Path:
+    return Path(staging_dir) / DIR / f"{profile.profile_path(staging_dir, root_url).stem}.json"
+
+
+class NodeReads:
+    """The large files of one checkpoint this node's job reads: what the node stages.
+
+    ``history``: the files read at this node's last load of the same file versions (None:
+    no load here yet). The view calls :meth:`read` on each file's first read; a file the
+    prefetch did not take yet is handed to ``on_new`` (set by the prefetch's planner)."""
+
+    def __init__(self, staging_dir: str | os.PathLike, root_url: str, *, private: bool = False):
+        self.staging_dir, self.root_url, self.private = staging_dir, root_url, private
+        self.history: frozenset[str] | None = None
+        self.on_new: Callable[[str], None] | None = None   # set by :meth:`planned`
+        self._read: set[str] = set()
+        self._taken: set[str] = set()
+        self._sources: dict = {}
+        self._lock = threading.Lock()
+
+    def load(self, sources: dict) -> frozenset[str] | None:
+        """This node's files of the last load, when each is still the version it read."""
+        self._sources = sources
+        path = history_path(self.staging_dir, self.root_url)
+        try:
+            doc = json.loads(path.read_text())
+            files = doc["files"]
+            if not isinstance(files, dict):
+                raise ValueError("no files")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.info("node read history %s unreadable (%s): planned from this load's reads",
+                     path, e)
+            return None
+        kept = {rel for rel, key in files.items()
+                if rel in sources and sources[rel].key == key}
+        self.history = frozenset(kept)
+        return self.history
+
+    def take(self, rels) -> None:
+        """Files the prefetch streams already (no second plan when the job reads them)."""
+        with self._lock:
+            self._taken.update(rels)
+
+    def planned(self, on_new: Callable[[str], None]) -> None:
+        """The prefetch is planned: ``on_new`` streams a file it did not take, from now on
+        and for the files the job read while it was being planned."""
+        with self._lock:
+            self.on_new = on_new
+            waiting = sorted(self._read - self._taken)
+            self._taken.update(waiting)
+        for rel in waiting:
+            on_new(rel)
+
+    def read(self, path: str) -> None:
+        """The job read ``path`` (its first read through the view)."""
+        rel = clean(path)
+        with self._lock:
+            if rel in self._read:
+                return
+            self._read.add(rel)
+            hook = self.on_new
+            new = hook is not None and rel not in self._taken
+            if new:
+                self._taken.add(rel)
+        if new and hook is not None:
+            hook(rel)
+
+    def save(self) -> Path | None:
+        """Write the files this load read (with their versions) for the next start here."""
+        with self._lock:
+            sources = self._sources
+            files = {rel: sources[rel].key for rel in sorted(self._read) if rel in sources}
+        if not files:
+            return None
+        path = history_path(self.staging_dir, self.root_url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        mode = 0o600 if self.private else 0o644
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, mode)
+            json.dump({"v": 1, "url": redact.strip(self.root_url).rstrip("/"),
+                       "files": files}, f)
+        os.replace(tmp, path)
+        return path
