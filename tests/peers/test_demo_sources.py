@@ -36,3 +36,18 @@ def test_each_start_sums_its_own_nodes_marks():
     assert "hot set MiB origin / peers" in table.splitlines()[0]
     assert "80 / 80" in table.splitlines()[3]
     assert "origin / peers" not in render([("records", first)])   # no trace: no column
+
+
+def test_the_checkpoint_bytes_each_node_staged_per_byte_its_ranks_read():
+    from bootseer.demo.tables import ckpt_staged_per_read
+    second = [result("node0", 2000.0), result("node1", 2000.0)]
+    events = [{"kind": "span", "phase": "ckpt.load", "node": "node0", "start": 2010.0,
+               "attrs": {"staged_per_read": 1.02}},
+              {"kind": "span", "phase": "ckpt.load", "node": "node1", "start": 2011.0,
+               "attrs": {"staged_per_read": 1.3}},
+              {"kind": "span", "phase": "ckpt.load", "node": "node1", "start": 1011.0,
+               "attrs": {"staged_per_read": 4.0}}]   # an earlier start's
+    assert ckpt_staged_per_read(events, second) == 1.3   # the most of any node
+    assert ckpt_staged_per_read([], second) is None   # read from a staged copy: no report
+    table = render([("prefetches", second)], events)
+    assert "ckpt staged/read" in table.splitlines()[0] and "1.30" in table.splitlines()[2]

@@ -56,17 +56,25 @@ def fmt(v: float | None, unit: str = "s") -> str:
     return f"{v:.2f}" if unit == "x" else f"{v:.1f}"
 
 
-def _window(events: list[dict], r: NodeResult) -> dict | None:
-    """The node's ``image.window`` mark of this start: its node, inside the run's span."""
+def _window(events: list[dict], r: NodeResult, phase: str = "image.window") -> dict | None:
+    """The node's ``phase`` event of this start: its node, inside the run's span."""
     t0 = r.summary.get("t0")
     if t0 is None:
         return None
     end = t0 + max((p["end"] for p in r.summary.get("phases", {}).values()), default=0) + 5
     for e in events:
-        if e.get("phase") == "image.window" and e.get("node") == r.node \
+        if e.get("phase") == phase and e.get("node") == r.node \
                 and t0 <= e.get("start", 0) <= end:
             return e.get("attrs") or {}
     return None
+
+
+def ckpt_staged_per_read(events: list[dict], results: list[NodeResult]) -> float | None:
+    """The most bytes a node of this start brought in per checkpoint byte its ranks read
+    (its mount's ``ckpt.load`` report; None where the job read a staged copy instead)."""
+    found = [(_window(events, r, "ckpt.load") or {}).get("staged_per_read") for r in results]
+    found = [v for v in found if isinstance(v, (int, float))]
+    return max(found) if found else None
 
 
 def hot_set_sources(events: list[dict], results: list[NodeResult]) -> tuple[int, int] | None:
@@ -98,6 +106,7 @@ def render(starts: list[tuple[str, list[NodeResult]]], events: list[dict] | None
             "vs first", "slowest/median", "gated by"]
     if events is not None:
         head.insert(2, "hot set MiB origin / peers")
+        head.insert(5, "ckpt staged/read")
     rows = []
     base = None
     for name, results in starts:
@@ -109,6 +118,7 @@ def render(starts: list[tuple[str, list[NodeResult]]], events: list[dict] | None
                fmt(c["ready"]), fmt(ratio, "x"), fmt(c["spread"], "x"), gating(results)]
         if events is not None:
             row.insert(2, fmt_sources(hot_set_sources(events, results)))
+            row.insert(5, fmt(ckpt_staged_per_read(events, results), "x"))
         rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     line = lambda cells: "  ".join(str(c).ljust(w)  # noqa: E731
