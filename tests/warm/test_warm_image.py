@@ -167,3 +167,51 @@ def test_ctrl_c_and_sigterm_in_an_image(rootfs, tmp_path):
     assert _signalled(rootfs, tmp_path, signal.SIGINT, warm=True) == cold == (130,
                                                                               b"interrupted\n")
     assert _signalled(rootfs, tmp_path, signal.SIGTERM, warm=True) == (143, b"")
+
+
+CAPTURED_JOB = """\
+import json, sys
+import torch.distributed as dist
+dist.barrier()   # the first collective: the capture writes the modules imported so far
+print("done", file=sys.stderr)
+"""
+
+
+def test_the_capture_in_an_image_records_the_modules_for_the_next_zygote(rootfs, tmp_path):
+    """The in-image capture (the trace shim) of a warm start writes the module list into
+    the bound per-image directory, and the next start's zygote imports it. (A stand-in
+    ``torch.distributed`` in the job's directory: the image has no torch.)"""
+    from bootseer.config import TraceConfig
+    from bootseer.run import tracing
+    job = tmp_path / "job"
+    (job / "torch/distributed").mkdir(parents=True)
+    (job / "torch/__init__.py").write_text("")
+    (job / "torch/distributed/__init__.py").write_text("def barrier():\n    return None\n")
+    (job / "train.py").write_text(CAPTURED_JOB)
+    warm_root = str(tmp_path / "warm")
+    said = []
+    for n in range(2):
+        state = tmp_path / f"state{n}"
+        env, binds = tracing.job_setup(TraceConfig(location=str(tmp_path / "trace"),
+                                                   attempt=n), state, in_container=True)
+        env = {**env, "PYTHONUNBUFFERED": "1"}
+        settings = type("W", (), {"dir": warm_root, "max_rss_mb": 0, "timeout_s": 5.0})()
+        argv, more = ship.in_container(state / "warmpkg", settings, "img",
+                                       ["python3", "train.py"], env)
+        binds = [*binds, C.Bind(str(job), "/job"),
+                 *(C.Bind(src, dst, readonly=ro) for src, dst, ro in more)]
+        c = C.Container(rootfs=str(rootfs), argv=argv, workdir="/job", env=env, binds=binds)
+        err = tmp_path / f"stderr{n}"
+        with open(err, "wb") as e:
+            running = C.start(c, runtime="chroot", stdout=subprocess.DEVNULL, stderr=e)
+            try:
+                assert running.wait() == 0, err.read_text()
+            finally:
+                running.kill()
+        said.append(err.read_text())
+    host = ship.host_dir(warm_root, "img")
+    written = Path(socket_path(["train.py"], "/job", {"BOOTSEER_WARM_DIR": host})[:-5]
+                   + ".modules").read_text().split()
+    assert "json" in written and "torch" in written, written
+    assert "0 modules imported" in said[0] and f"{len(written)} modules imported" in said[1], \
+        said

@@ -54,8 +54,9 @@ def safety_problem(own_fds: set[int], workers: set[int]) -> str | None:
     tasks = len(os.listdir("/proc/self/task"))
     if tasks > 1:
         return f"{tasks} OS threads (an OpenMP or native thread pool ran)"
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    # a torch that is still being imported, or a stand-in, may have no cuda yet
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
         return "CUDA was initialized"
     for name in os.listdir("/proc/self/fd"):
         try:
