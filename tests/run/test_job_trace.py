@@ -136,12 +136,15 @@ def _clean_env() -> dict:
 @pytest.mark.timeout(300)
 def test_torchrun_through_bootseer_run_is_captured_with_no_flag(tmp_path):
     """A 2-process gloo job started by `bootseer run` on the host: each rank's phases
-    (imports, init, first collective, checkpoint load, first step) with no change to it."""
+    (imports, init, first collective, checkpoint load, first step) with no change to it,
+    also when the job is given a PYTHONPATH of its own (-e: the capture stays on it)."""
     (tmp_path / "ckpt").mkdir()
+    (tmp_path / "extra").mkdir()
     env = {**_clean_env(), "PYTHONPATH": ""}
     r = subprocess.run([sys.executable, "-m", "bootseer", "run", "--store", str(tmp_path / "s"),
                         "--trace", str(tmp_path / "trace"), "--job-id", "gloo",
-                        "--node", "n0", "--summary", str(tmp_path / "summary.json"), "--",
+                        "--node", "n0", "--summary", str(tmp_path / "summary.json"),
+                        "-e", f"PYTHONPATH={tmp_path / 'extra'}", "--",
                         sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node", "2", str(TRAIN), str(tmp_path / "ckpt")],
                        capture_output=True, text=True, timeout=280,

@@ -363,6 +363,7 @@ class NodeRun:
             binds += trace_binds + s.binds
             env = {**img_env, **trace_env,
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
+            tracing.keep_capture(env, trace_env, s.env)
             argv = s.argv
             if s.warm:   # the zygote lives in the job's container (docs/warm-start.md)
                 try:
@@ -382,6 +383,7 @@ class NodeRun:
             trace_env, _ = tracing.job_setup(self.config.trace, self.state, in_container=False)
             env = {**os.environ, **trace_env,
                    **self._command_env(prepared, str(signal_dir / "ready"), in_container=False)}
+            tracing.keep_capture(env, trace_env, s.env)
             argv = s.argv
             if s.warm:
                 argv, self._warm = open_session(s.argv, env, s.workdir or os.getcwd(),

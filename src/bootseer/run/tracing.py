@@ -87,6 +87,15 @@ def job_trace_env(trace, shim_dir: str, *, python_path: str | None = None,
     return env
 
 
+def keep_capture(env: dict[str, str], trace_env: dict[str, str],
+                 user_env: dict[str, str]) -> None:
+    """A ``PYTHONPATH`` the user gives the job (``-e``) replaces the image's, never the
+    capture's: the shim stays first on it, or the job records nothing."""
+    shim = trace_env.get("PYTHONPATH", "").split(":")[0]
+    if shim and "PYTHONPATH" in user_env:
+        env["PYTHONPATH"] = ":".join(p for p in (shim, user_env["PYTHONPATH"]) if p)
+
+
 def is_trace_dir(location: str | None) -> bool:
     return bool(location and "://" not in location)
 
