@@ -43,8 +43,7 @@ def job(tmp_path):
                               "--idle", str(idle), "--", "train.py", "conf.yaml"],
                              cwd=work, env=env, stderr=subprocess.PIPE, text=True)
         started.append(p)
-        assert p.stderr is not None
-        assert "zygote ready" in p.stderr.readline()
+        assert _ready(p)
         return p
 
     def worker(extra: dict | None = None, cold: bool = False, **kw) -> subprocess.Popen:
@@ -208,7 +207,7 @@ def test_another_uid_is_refused():
         z = subprocess.Popen([py, "-m", "bootseer.warm.zygote", "--idle", "30", "--", "train.py"],
                              cwd=shared, env=env, stderr=subprocess.PIPE, text=True)
         try:
-            assert z.stderr is not None and "zygote ready" in z.stderr.readline()
+            assert _ready(z)
             # the launcher of another user never uses this user's directory
             p = subprocess.run([py, "-m", "bootseer.warm.worker", "--", "train.py"], cwd=shared,
                                env=env, user=65534, capture_output=True, text=True, timeout=20)

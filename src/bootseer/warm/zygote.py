@@ -160,6 +160,16 @@ def _flush() -> None:
             pass
 
 
+def _gone(conn: socket.socket) -> bool:
+    """The launcher closed its end (its timeout passed while this one was busy)."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 class Zygote:
     def __init__(self, path: str, key: dict[str, str], max_rss_mb: int, idle_s: float):
         self.path, self.key, self.max_rss_mb, self.idle_s = path, key, max_rss_mb, idle_s
@@ -169,13 +179,20 @@ class Zygote:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.done = False
 
-    def serve(self) -> int:
+    def listen(self) -> None:
+        """Take the slot before importing: a launcher that comes meanwhile waits in its
+        connection for the imports (up to its timeout) instead of starting cold."""
         if os.path.exists(self.path):
             os.unlink(self.path)
         self.listener.bind(self.path)
         os.chmod(self.path, 0o600)
         self.listener.listen(64)
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
+        print(f"zygote listening: {self.path}", file=sys.stderr, flush=True)
+
+    def serve(self) -> int:
+        if self.listener.fileno() >= 0 and not self.sel.get_map():
+            self.listen()
         print(f"zygote ready: {self.path} ({rss_mb()} MiB)", file=sys.stderr, flush=True)
         try:
             # done (stopped, unsafe, too big): no new worker, but running ones are still
@@ -267,6 +284,11 @@ class Zygote:
             proto.send(conn, {"ok": False, "why": why})
             self._drop(conn)
             return
+        if _gone(conn):   # it gave up waiting and started cold: no second worker
+            for fd in fds:
+                os.close(fd)
+            self._drop(conn)
+            return
         _flush()
         pid = os.fork()
         if pid == 0:
@@ -295,14 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         p.error("no worker command: python -m bootseer.warm.zygote -- SCRIPT ARGS")
     sys.path.insert(0, os.path.dirname(os.path.abspath(cmd[0])))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    z = Zygote(socket_path(cmd, os.getcwd()), warm_key(cmd, os.environ, os.getcwd()),
+               args.max_rss, args.idle)
+    z.listen()
     for name in filter(None, args.modules.split(",")):
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - a recorded module need not import here
             print(f"zygote: {name} not imported ({e.__class__.__name__}: {e})", file=sys.stderr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    z = Zygote(socket_path(cmd, os.getcwd()), warm_key(cmd, os.environ, os.getcwd()),
-               args.max_rss, args.idle)
     return z.serve()
 
 
