@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 from bootseer.config import BootseerConfig
 from bootseer.node import tools
+from bootseer.run import rootless
 
 CAP_SYS_ADMIN = 21
 
@@ -272,20 +273,16 @@ def _describe(r: tools.Requirement, found: str) -> str:
 
 
 def check_user_namespaces() -> Check:
-    """Unprivileged user namespaces: what a user without root needs to enter a lazy image
-    (rootless podman, unshare --user)."""
-    def read(path: str) -> str | None:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError:
-            return None
-    clone = read("/proc/sys/kernel/unprivileged_userns_clone")
-    limit = read("/proc/sys/user/max_user_namespaces")
-    if clone == "0" or limit == "0":
-        return Check("user namespaces", False, False, "off for users without root",
-                     "sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces>0 "
-                     "(rootless podman and unshare --user need them)")
+    """Unprivileged user namespaces: how a user without root enters a lazy image
+    (``bootseer run --image``'s rootless runtime, rootless podman), so required of such a
+    user; the FUSE side has its own rows (/dev/fuse, mount permission)."""
+    why = rootless.userns_unavailable()
+    if why is not None:
+        what, todo = why.split(": ", 1)
+        return Check("user namespaces", False, os.geteuid() != 0, what,
+                     f"{todo} ('bootseer run --image' without root and rootless podman "
+                     f"need them)")
+    limit = rootless.read_sysctl(rootless.MAX_USERNS)
     return Check("user namespaces", True, False,
                  f"available to every user (max {limit})" if limit else "available")
 

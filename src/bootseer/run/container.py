@@ -83,15 +83,15 @@ class Options:
 def check_network(network: str, runtime: str) -> None:
     """Refuse a network mode the runtime cannot set up, before anything is mounted."""
     mode = network.split(":", 1)[0]
-    if mode == "ns":
-        path = network[3:]
-        if not path or not os.path.exists(path):
-            raise ContainerError(f"--network {network}: no network namespace at {path!r}")
-        return
     if runtime == "rootless":
         if network not in rootless.NETWORK_MODES:
             raise ContainerError(f"--network {network}: without root, host and none are "
                                  f"supported")
+        return
+    if mode == "ns":
+        path = network[3:]
+        if not path or not os.path.exists(path):
+            raise ContainerError(f"--network {network}: no network namespace at {path!r}")
         return
     if runtime == "chroot":
         if network not in CHROOT_NETWORK_MODES:

@@ -41,7 +41,7 @@ def tool(name: str) -> str | None:
     return shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
 
 
-def _read(path: str) -> str | None:
+def read_sysctl(path: str) -> str | None:
     try:
         with open(path) as f:
             return f.read().strip()
@@ -49,19 +49,28 @@ def _read(path: str) -> str | None:
         return None
 
 
-def unavailable() -> str | None:
-    """None when a user without root can enter a lazy image here, else one line: what the
-    node lacks and what the site must enable."""
-    if _read(USERNS_CLONE) == "0":
+def userns_unavailable() -> str | None:
+    """None when users without root may make user namespaces, else what is off and what
+    the site must set."""
+    if read_sysctl(USERNS_CLONE) == "0":
         return ("unprivileged user namespaces are off (kernel.unprivileged_userns_clone=0): "
                 "the site must set sysctl kernel.unprivileged_userns_clone=1")
-    if _read(MAX_USERNS) == "0":
+    if read_sysctl(MAX_USERNS) == "0":
         return ("unprivileged user namespaces are off (user.max_user_namespaces=0): the site "
                 "must set sysctl user.max_user_namespaces to a positive number")
-    if _read(APPARMOR_USERNS) == "1":
+    if read_sysctl(APPARMOR_USERNS) == "1":
         return ("AppArmor restricts unprivileged user namespaces "
                 "(kernel.apparmor_restrict_unprivileged_userns=1): the site must set it to 0 "
                 "or give bootseer an AppArmor profile allowing userns")
+    return None
+
+
+def unavailable() -> str | None:
+    """None when a user without root can enter a lazy image here, else one line: what the
+    node lacks and what the site must enable."""
+    why = userns_unavailable()
+    if why is not None:
+        return why
     helper = shutil.which("fusermount3")
     if helper is None:
         return "fusermount3 is missing: the site must install fuse3"
