@@ -63,9 +63,11 @@ def _fuse_acl(uid: int) -> bytes:
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
-def _bootseer_mounts() -> list[str]:
+def _user_mounts() -> list[str]:
+    """Mounts the test's user made (FUSE records its owner): other tests' are not ours."""
+    uid = pwd.getpwnam(USER).pw_uid
     with open("/proc/mounts") as f:
-        return [line for line in f if "bootseer" in line.split()[0] or "/bsn-" in line]
+        return [line for line in f if f"user_id={uid}," in line]
 
 
 @pytest.fixture(scope="session")
@@ -124,7 +126,7 @@ JOB = ("cat /etc/motd /etc/secret; id -u; ls /dev | tr '\\n' ' '; echo; "
 
 
 def test_an_ordinary_user_runs_a_lazy_image(world, need_fuse):
-    assert not _bootseer_mounts()
+    assert not _user_mounts()
     r = world.run("run", "--image", world.tree, "--", "sh", "-c", JOB)
     assert r.returncode == 7, r.stderr   # the job's own status
     lines = r.stdout.splitlines()
@@ -135,9 +137,9 @@ def test_an_ordinary_user_runs_a_lazy_image(world, need_fuse):
     assert lines[4] == "written"   # a private writable layer over the read-only image
     assert "tree view" in r.stderr   # said once: EROFS needs root
     deadline = time.time() + 5   # the FUSE server's own exit follows the unmount
-    while _bootseer_mounts() and time.time() < deadline:
+    while _user_mounts() and time.time() < deadline:
         time.sleep(0.05)
-    assert not _bootseer_mounts()
+    assert not _user_mounts()
     # what it left in the user's cache is the user's
     cache = world.base / "home/.cache/bootseer"
     assert cache.exists() and all(p.stat().st_uid == world.uid for p in cache.rglob("*"))
@@ -148,7 +150,7 @@ def test_an_ordinary_user_runs_a_lazy_image(world, need_fuse):
     r = world.run("run", "--image", world.tree, "--network", "ns:/proc/1/ns/net", "--",
                   "true")
     assert r.returncode != 0 and "without root, host and none are supported" in r.stderr
-    assert not _bootseer_mounts()
+    assert not _user_mounts()
 
 
 def _in_userns_without_userns(world: World) -> tuple[str, ...]:
@@ -190,7 +192,7 @@ def test_user_namespaces_off_is_one_line_naming_the_setting(world, need_fuse):
     r = world.run("doctor", "--json", prefix=_in_userns_without_userns(world))
     check = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["user namespaces"]
     assert not check["ok"] and check["required"] and "max_user_namespaces" in check["hint"]
-    assert not _bootseer_mounts()
+    assert not _user_mounts()
 
 
 def test_fuse_closed_to_the_user_is_one_line(world, need_fuse):
@@ -202,3 +204,79 @@ def test_fuse_closed_to_the_user_is_one_line(world, need_fuse):
         r"bootseer: error: cannot enter an image without root: /dev/fuse is not open to this "
         r"user \(mode \d+\): the site must make it 0666, as Debian's udev rules do\n",
         r.stderr), r.stderr
+
+
+HOOK = REPO / "deploy/enroot/hooks.d/50-bootseer.sh"
+# What enroot does around its hooks (src/runtime.sh: enroot-unshare --user --mount
+# --remap-root, a tmpfs at ENROOT_RUNTIME_PATH, the ENROOT_* variables, then switch root
+# into ENROOT_ROOTFS); enroot itself is not packaged for Debian, so this stands in for it.
+ENROOT_LIKE = """
+mount -t tmpfs tmpfs "$RT"
+export ENROOT_ROOTFS="$STUB" ENROOT_RUNTIME_PATH="$RT" ENROOT_PID=$$ \\
+       ENROOT_ENVIRON="$RT/environment"
+"$HOOK" || exit 99
+exec chroot "$ENROOT_ROOTFS" /bin/sh -c "$JOB"
+"""
+
+
+def _servers_of(path: str) -> list[int]:
+    """PIDs whose command line names ``path`` (the hook's FUSE server)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if path.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _hook(world: World, job: str, image: str, tag: str) -> subprocess.CompletedProcess:
+    stub, rt = world.base / f"stub-{tag}", world.base / f"rt-{tag}"
+    for d in (stub / "etc", rt):
+        d.mkdir(parents=True)
+    for d in (stub, stub / "etc", rt):
+        os.chown(d, world.uid, -1)
+    wrapper = world.base / "bin/bootseer"
+    if not wrapper.exists():
+        wrapper.parent.mkdir()
+        wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={REPO}/src exec {world.python} -m bootseer "
+                           f"\"$@\"\n")
+        wrapper.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": f"{world.base}/home",
+           "BOOTSEER_STORE_URL": world.store, "BOOTSEER": str(wrapper),
+           "BOOTSEER_IMAGE": image, "STUB": str(stub), "RT": str(rt), "HOOK": str(HOOK),
+           "JOB": job}
+    return subprocess.run(
+        ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", "env", "-i",
+         *(f"{k}={v}" for k, v in env.items()), "unshare", "--user", "--map-root-user",
+         "--mount", "--propagation", "private", "sh", "-c", ENROOT_LIKE],
+        capture_output=True, text=True, timeout=60, cwd="/")
+
+
+def test_enroot_hook_run_by_hand_makes_the_image_the_root(world, need_fuse):
+    r = _hook(world, "cat /etc/motd /etc/secret; echo w > /w && cat /w; exit 3", world.tree,
+              "ok")
+    assert r.returncode == 3, r.stderr
+    assert r.stdout.splitlines() == ["hello from the image", "root only", "w"]
+    tree = str(world.base / "rt-ok/bootseer-tree")
+    deadline = time.time() + 10   # the server goes once the container has ended
+    while _servers_of(tree) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _servers_of(tree)
+    assert not _user_mounts()
+    # an image the store does not hold: the hook fails the start with the reason
+    r = _hook(world, "true", "sha256:" + "0" * 64, "missing")
+    assert r.returncode == 99 and "bootseer hook: cannot mount sha256:000" in r.stderr, r.stderr
+    assert not _servers_of(str(world.base / "rt-missing/bootseer-tree"))
+
+
+def test_enroot_hook_leaves_other_containers_alone():
+    env = {"PATH": os.environ["PATH"]}
+    r = subprocess.run([str(HOOK)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and not r.stderr   # no BOOTSEER_IMAGE: not ours
+    r = subprocess.run([str(HOOK)], env={**env, "BOOTSEER_IMAGE": "x"}, capture_output=True,
+                       text=True)
+    assert r.returncode == 1
+    assert r.stderr == "bootseer hook: ENROOT_ROOTFS is not set (run by enroot?)\n"
