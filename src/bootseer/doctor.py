@@ -108,6 +108,12 @@ def check_container_runtimes() -> list[Check]:
     checks.append(Check("runc", runc is not None, False,
                         _version(["runc", "--version"]) if runc else "not found",
                         None if runc else _hint("runc")))
+    if os.geteuid() != 0:   # a user's only runtime: podman and chroot here need root
+        why = rootless.unavailable()
+        checks.append(Check("container runtime", why is None, True,
+                            "rootless (a user namespace)" if why is None else why.split(": ")[0],
+                            None if why is None else why.split(": ", 1)[-1]))
+        return checks + [_containerd()]
     chroot = bool(shutil.which("unshare") and shutil.which("chroot"))
     runnable = chroot or bool(podman and runc)
     checks.append(Check("container runtime", runnable, True,
@@ -115,11 +121,14 @@ def check_container_runtimes() -> list[Check]:
                                    *(["unshare+chroot"] if chroot else [])]) or "none",
                         None if runnable else "install podman and runc (or util-linux's "
                                               "unshare and coreutils' chroot)"))
+    return checks + [_containerd()]
+
+
+def _containerd() -> Check:
     containerd = shutil.which("containerd")
-    checks.append(Check("containerd", containerd is not None, False,
-                        _version(["containerd", "--version"]) if containerd else "not found",
-                        None if containerd else _hint("containerd")))
-    return checks
+    return Check("containerd", containerd is not None, False,
+                 _version(["containerd", "--version"]) if containerd else "not found",
+                 None if containerd else _hint("containerd"))
 
 
 def _hint(name: str) -> str:

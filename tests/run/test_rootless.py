@@ -151,6 +151,10 @@ def test_an_ordinary_user_runs_a_lazy_image(world, need_fuse):
                   "true")
     assert r.returncode != 0 and "without root, host and none are supported" in r.stderr
     assert not _user_mounts()
+    # doctor, as this user, finds its runtime
+    checks = {c["name"]: c for c in json.loads(world.run("doctor", "--json").stdout)["checks"]}
+    assert checks["container runtime"]["ok"], checks["container runtime"]
+    assert checks["container runtime"]["detail"] == "rootless (a user namespace)"
 
 
 def _in_userns_without_userns(world: World) -> tuple[str, ...]:
