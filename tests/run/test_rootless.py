@@ -13,6 +13,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -44,12 +45,16 @@ class World:
     def run(self, *args: str, prefix: tuple[str, ...] = (), user: str = USER,
             **env: str) -> subprocess.CompletedProcess:
         """``bootseer ARGS`` as ``user``, from a clean environment as a batch job has."""
-        argv = [*prefix, "setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}",
+        return subprocess.run(self.argv(*args, prefix=prefix, user=user, **env),
+                              capture_output=True, text=True, timeout=60, cwd="/")
+
+    def argv(self, *args: str, prefix: tuple[str, ...] = (), user: str = USER,
+             **env: str) -> list[str]:
+        return [*prefix, "setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}",
                 "--clear-groups",
                 "env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={self.base}/home",
                 f"PYTHONPATH={REPO}/src", f"BOOTSEER_STORE_URL={self.store}",
                 *(f"{k}={v}" for k, v in env.items()), self.python, "-m", "bootseer", *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
 
 
 def _fuse_acl(uid: int) -> bytes:
@@ -151,6 +156,25 @@ def test_an_ordinary_user_runs_a_lazy_image(world, need_fuse):
                   "true")
     assert r.returncode != 0 and "without root, host and none are supported" in r.stderr
     assert not _user_mounts()
+    # scancel's SIGTERM reaches the job; a --bind of the user's own directory is writable
+    out = world.base / "home/out"
+    out.mkdir()
+    os.chown(out, world.uid, -1)
+    proc = subprocess.Popen(world.argv("run", "--image", world.tree, "--bind", f"{out}:/out:rw",
+                                       "--", "sh", "-c", 'trap "exit 42" TERM; touch /out/up; '
+                                       "while true; do sleep 0.1; done"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
+    try:
+        deadline = time.time() + 60
+        while not (out / "up").exists():
+            assert proc.poll() is None and time.time() < deadline, "the job never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 42
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (out / "up").stat().st_uid == world.uid
     # doctor, as this user, finds its runtime
     checks = {c["name"]: c for c in json.loads(world.run("doctor", "--json").stdout)["checks"]}
     assert checks["container runtime"]["ok"], checks["container runtime"]
