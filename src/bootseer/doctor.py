@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 from bootseer.config import BootseerConfig
 from bootseer.node import tools
+from bootseer.run import rootless
 
 CAP_SYS_ADMIN = 21
 
@@ -107,6 +108,12 @@ def check_container_runtimes() -> list[Check]:
     checks.append(Check("runc", runc is not None, False,
                         _version(["runc", "--version"]) if runc else "not found",
                         None if runc else _hint("runc")))
+    if os.geteuid() != 0:   # a user's only runtime: podman and chroot here need root
+        why = rootless.unavailable()
+        checks.append(Check("container runtime", why is None, True,
+                            "rootless (a user namespace)" if why is None else why.split(": ")[0],
+                            None if why is None else why.split(": ", 1)[-1]))
+        return checks + [_containerd()]
     chroot = bool(shutil.which("unshare") and shutil.which("chroot"))
     runnable = chroot or bool(podman and runc)
     checks.append(Check("container runtime", runnable, True,
@@ -114,11 +121,14 @@ def check_container_runtimes() -> list[Check]:
                                    *(["unshare+chroot"] if chroot else [])]) or "none",
                         None if runnable else "install podman and runc (or util-linux's "
                                               "unshare and coreutils' chroot)"))
+    return checks + [_containerd()]
+
+
+def _containerd() -> Check:
     containerd = shutil.which("containerd")
-    checks.append(Check("containerd", containerd is not None, False,
-                        _version(["containerd", "--version"]) if containerd else "not found",
-                        None if containerd else _hint("containerd")))
-    return checks
+    return Check("containerd", containerd is not None, False,
+                 _version(["containerd", "--version"]) if containerd else "not found",
+                 None if containerd else _hint("containerd"))
 
 
 def _hint(name: str) -> str:
@@ -272,20 +282,16 @@ def _describe(r: tools.Requirement, found: str) -> str:
 
 
 def check_user_namespaces() -> Check:
-    """Unprivileged user namespaces: what a user without root needs to enter a lazy image
-    (rootless podman, unshare --user)."""
-    def read(path: str) -> str | None:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError:
-            return None
-    clone = read("/proc/sys/kernel/unprivileged_userns_clone")
-    limit = read("/proc/sys/user/max_user_namespaces")
-    if clone == "0" or limit == "0":
-        return Check("user namespaces", False, False, "off for users without root",
-                     "sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces>0 "
-                     "(rootless podman and unshare --user need them)")
+    """Unprivileged user namespaces: how a user without root enters a lazy image
+    (``bootseer run --image``'s rootless runtime, rootless podman), so required of such a
+    user; the FUSE side has its own rows (/dev/fuse, mount permission)."""
+    why = rootless.userns_unavailable()
+    if why is not None:
+        what, todo = why.split(": ", 1)
+        return Check("user namespaces", False, os.geteuid() != 0, what,
+                     f"{todo} ('bootseer run --image' without root and rootless podman "
+                     f"need them)")
+    limit = rootless.read_sysctl(rootless.MAX_USERNS)
     return Check("user namespaces", True, False,
                  f"available to every user (max {limit})" if limit else "available")
 

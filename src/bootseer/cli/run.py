@@ -91,8 +91,10 @@ def register(sub) -> None:
                    help="environment variable for CMD (repeatable)")
     g.add_argument("-w", "--workdir",
                    help="working directory of CMD (default: the image's, else /)")
-    g.add_argument("--runtime", choices=["auto", "podman", "chroot"], default="auto",
-                   help="container runtime (default: podman, else unshare+chroot)")
+    g.add_argument("--runtime", choices=["auto", "podman", "chroot", "rootless"],
+                   default="auto",
+                   help="container runtime (default: podman, else unshare+chroot; for a "
+                        "user without root, rootless: a user namespace)")
     g.add_argument("--network", default="host", metavar="MODE",
                    help="container network: host (default: the node's, as torchrun and "
                         "NCCL expect), none, ns:PATH, or a podman mode or network name")

@@ -3,7 +3,7 @@
 The FUSE loop runs in a forked child so that the caller stays free (and tests can kill
 the server to see what clients get). The child builds its view with ``view_factory()``
 after the fork (fetcher threads do not survive a fork). Options: ``ro,nosuid,nodev``,
-``allow_other`` (the container's processes are other users' too); the
+``allow_other`` (the container's processes are other users' too) when served by root; the
 mount's ``/sys/class/bdi/<major:minor>/read_ahead_kb`` is raised so the kernel sends
 1 MiB reads instead of 128 KiB ones.
 """
@@ -33,6 +33,11 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 def operations(view: TreeView):
     import mfusepy
+    # A user's mount is open to that user alone (no allow_other), whose processes are the
+    # only ones that can reach it: every file is shown as theirs, as a rootless container
+    # engine maps an image's single owner, so the owner's mode bits (a 0600 root file)
+    # apply to them and root (mapped to them in the user namespace) owns the image.
+    owner = None if os.geteuid() == 0 else (os.getuid(), os.getgid())
 
     class Ops(mfusepy.Operations):
         use_ns = False
@@ -47,7 +52,8 @@ def operations(view: TreeView):
 
         def getattr(self, path, fh=None):
             a = self._call(path, view.getattr, path)
-            return {"st_mode": a.mode, "st_size": a.size, "st_uid": a.uid, "st_gid": a.gid,
+            uid, gid = (a.uid, a.gid) if owner is None else owner
+            return {"st_mode": a.mode, "st_size": a.size, "st_uid": uid, "st_gid": gid,
                     "st_mtime": a.mtime, "st_atime": a.mtime, "st_ctime": a.mtime,
                     "st_nlink": a.nlink, "st_rdev": a.rdev,
                     "st_blocks": (a.size + 511) // 512, "st_blksize": 1 << 20}
@@ -129,7 +135,8 @@ def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> 
     # max_idle_threads: libfuse's default (UINT_MAX, "unset") is warned about by its own loop
     try:
         mfusepy.FUSE(operations(view), mountpoint, foreground=True, ro=True, nosuid=True,
-                     nodev=True, allow_other=True, default_permissions=True, fsname=name,
+                     nodev=True, allow_other=os.geteuid() == 0, default_permissions=True,
+                     fsname=name,
                      kernel_cache=True, attr_timeout=3600, entry_timeout=3600,
                      negative_timeout=3600, max_threads=FUSE_MAX_THREADS,
                      max_idle_threads=FUSE_MAX_THREADS)

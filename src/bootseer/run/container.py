@@ -6,6 +6,8 @@ This machine needs ``--runtime runc`` (crun fails). Podman's state lives under a
 private path: it refuses a ``--runroot`` longer than ~50 characters. Without podman,
 ``unshare`` + an overlay + ``chroot`` does the same job, with its own ``/dev`` (a tmpfs
 with the usual nodes, a private devpts and a ``/dev/shm``; never the host's ``/dev``).
+A user without root gets the ``rootless`` runtime: the same in a user namespace
+(:mod:`bootseer.run.rootless`).
 
 The container is fit for training (:class:`Options`): the node's network (torchrun, c10d
 and NCCL expect it), the host's IPC namespace or a sized ``/dev/shm``, the host's hard
@@ -30,7 +32,7 @@ from pathlib import Path
 from bootseer.errors import BootseerError
 from bootseer.node import proc as procs
 from bootseer.node.mounts import unmount_under
-from bootseer.run import inroot
+from bootseer.run import inroot, rootless
 from bootseer.run.devices import DevicePlan
 from bootseer.run.devices import plan as devices_plan
 
@@ -81,6 +83,11 @@ class Options:
 def check_network(network: str, runtime: str) -> None:
     """Refuse a network mode the runtime cannot set up, before anything is mounted."""
     mode = network.split(":", 1)[0]
+    if runtime == "rootless":
+        if network not in rootless.NETWORK_MODES:
+            raise ContainerError(f"--network {network}: without root, host and none are "
+                                 f"supported")
+        return
     if mode == "ns":
         path = network[3:]
         if not path or not os.path.exists(path):
@@ -153,6 +160,8 @@ def podman_option_flags(o: Options) -> list[str]:
 
 
 def available_runtimes() -> list[str]:
+    if os.geteuid() != 0:   # rootful podman and mount(2) need root; a user namespace not
+        return [] if rootless.unavailable() else ["rootless"]
     found = []
     if shutil.which("podman") and shutil.which("runc"):
         found.append("podman")
@@ -241,19 +250,34 @@ def chroot_command(c: Container, state_dir: str) -> list[str]:
                   f"mount --bind {shlex.quote(b.source)} {target}"]
         if b.readonly:
             lines.append(f"mount -o remount,bind,ro {target}")
-    nofile = _nofile_limit()
-    lines += [f"ulimit -n {nofile} 2>/dev/null || true",
-              f"ulimit -l {_limit_word(host_hard_limit(resource.RLIMIT_MEMLOCK), 1024)} "
-              f"2>/dev/null || true"]
-    env = [f"{k}={v}" for k, v in {**_default_env(), **o.devices.env, **c.env}.items()]
-    inner = shlex.join(["env", "-i", *env, "sh", "-c", 'cd "$0" && exec "$@"', c.workdir,
-                        *c.argv])
-    lines.append(f"exec chroot {shlex.quote(merged)} {inner}")
+    lines += _limit_lines()
+    lines.append(f"exec chroot {shlex.quote(merged)} {shlex.join(_inner(c))}")
     namespaces = ["--mount", "--pid"] + (["--net"] if o.network == "none" else [])
     enter = ["nsenter", f"--net={o.network[3:]}"] if o.network.startswith("ns:") else []
     # --kill-child: if unshare itself is killed, the namespace's init gets SIGKILL.
     return [*enter, "unshare", *namespaces, "--fork", "--kill-child", "--propagation",
             "private", "sh", "-c", "\n".join(lines)]
+
+
+def _limit_lines() -> list[str]:
+    return [f"ulimit -n {_nofile_limit()} 2>/dev/null || true",
+            f"ulimit -l {_limit_word(host_hard_limit(resource.RLIMIT_MEMLOCK), 1024)} "
+            f"2>/dev/null || true"]
+
+
+def _inner(c: Container) -> list[str]:
+    """The command as run in the root: a clean environment, cd to the workdir, exec."""
+    env = [f"{k}={v}" for k, v in {**_default_env(), **c.options.devices.env, **c.env}.items()]
+    return ["env", "-i", *env, "sh", "-c", 'cd "$0" && exec "$@"', c.workdir, *c.argv]
+
+
+def rootless_command(c: Container, state_dir: str) -> list[str]:
+    """The argv of the ``rootless`` runtime (:func:`bootseer.run.rootless.command`)."""
+    binds = [(b.source, b.target, b.readonly) for b in [*_host_name_files(c.options), *c.binds]]
+    nodes = [(n.host, n.target) for n in c.options.devices.nodes]
+    return rootless.command(c.rootfs, state_dir, _inner(c), binds=binds, nodes=nodes,
+                            network=c.options.network, shm_size=c.options.shm_size,
+                            limits=_limit_lines())
 
 
 class Running:
@@ -273,7 +297,7 @@ class Running:
         if self.proc.poll() is not None:
             return
         self.signalled = sig
-        if self.runtime == "chroot":
+        if self.runtime in ("chroot", "rootless"):
             # unshare ignores SIGTERM/SIGINT while it waits: signal the namespace's init.
             for child in _children(self.proc.pid):
                 try:
@@ -332,6 +356,8 @@ def _children(pid: int) -> list[int]:
 def pick_runtime(runtime: str = "auto") -> str:
     """``auto`` -> the first available runtime; refuse one that is not installed."""
     have = available_runtimes()
+    if not have and os.geteuid() != 0:
+        raise ContainerError(f"cannot enter an image without root: {rootless.unavailable()}")
     if runtime == "auto":
         if not have:
             raise ContainerError("no container runtime: install podman and runc "
@@ -345,7 +371,8 @@ def pick_runtime(runtime: str = "auto") -> str:
 
 def start(c: Container, *, runtime: str = "auto", stdout=None, stderr=None,
           on_state: Callable[[str, list[str] | None], None] | None = None) -> Running:
-    """Start ``c`` and return at once. ``runtime``: ``auto``, ``podman`` or ``chroot``.
+    """Start ``c`` and return at once. ``runtime``: ``auto``, ``podman``, ``chroot`` or
+    ``rootless``.
     ``on_state(state_dir, undo)``: called before anything runs with the private state
     directory and the command that removes its containers (None: nothing to remove), so a
     caller can have them cleaned if it is killed."""
@@ -362,7 +389,7 @@ def start(c: Container, *, runtime: str = "auto", stdout=None, stderr=None,
     else:
         os.makedirs(f"{state_dir}/m")
         os.makedirs(f"{state_dir}/w")
-        argv = chroot_command(c, state_dir)
+        argv = (rootless_command if runtime == "rootless" else chroot_command)(c, state_dir)
     if on_state is not None:
         on_state(state_dir, [*_podman(state_dir), "rm", "--force", "--all", "--time", "0"]
                  if runtime == "podman" else None)
