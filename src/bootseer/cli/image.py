@@ -134,12 +134,14 @@ def _convert(args) -> int:
     registry = RegistryOptions(authfile=args.authfile, creds=args.creds,
                                tls_verify=args.tls_verify, platform=args.platform,
                                referrer=args.referrer)
-    store = open_store(args.store, _config(args.store))
+    config = _config(args.store)
+    store = open_store(args.store, config)
     from bootseer.cli._status import StageBars, show_progress
     with StageBars() as bars:   # the registry pull, then the layers (of their totals)
         done = convert_image(args.src, store,
                              chunk_size=parse_size(args.chunk_size, "--chunk-size"),
-                             progress=bars if show_progress() else None, registry=registry)
+                             progress=bars if show_progress() else None, registry=registry,
+                             node=config.mount.platform or None)
     digest = done.tree   # this node's platform's: what `image run` here will mount
     if args.json:
         print_json({"digest": digest, **_tree_figures(store, digest), "platforms": done.trees})

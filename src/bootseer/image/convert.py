@@ -112,12 +112,12 @@ class Layer:
         self.name = digest.split(":", 1)[1]
 
 
-def _layout_images(layout: Path, registry: RegistryOptions
+def _layout_images(layout: Path, registry: RegistryOptions, here: str
                    ) -> list[tuple[str | None, str, list[Layer], dict]]:
     """(platform, manifest digest, layers, config) of each image of the layout that
     ``registry`` asks for: every platform an index offers (attestations and entries that
     name none skipped) or the ones asked; a single image, if it is of a platform asked (of
-    this node's, by default). Every digest is checked before it names a file, and every
+    this node's, ``here``, by default). Every digest is checked before it names a file, and every
     blob read is verified against it (layers as they are applied)."""
     try:
         index = json.loads((layout / "index.json").read_text())
@@ -129,7 +129,7 @@ def _layout_images(layout: Path, registry: RegistryOptions
             check = registry
         else:   # one image: by default it must be this node's platform, as skopeo picks
             chosen = [mdesc]
-            check = registry if registry.platform else RegistryOptions(platform=node_platform())
+            check = registry if registry.platform else RegistryOptions(platform=here)
         images = []
         for desc in chosen:
             m = manifest if desc is mdesc else json.loads(_read_blob(layout, desc))
@@ -373,14 +373,16 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
 
 
 def convert_image(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
-                  progress=None, registry: RegistryOptions | None = None) -> Converted:
+                  progress=None, registry: RegistryOptions | None = None,
+                  node: str | None = None) -> Converted:
     """Convert ``src`` and publish it: one tree per platform converted (every platform of
     an index, unless ``registry.platform`` names some). ``registry``: credentials,
     TLS, platforms and referrer of a registry source (default: ``RegistryOptions()``).
     ``progress(stage, done, total)``: ``"pull"`` (bytes skopeo copied so far, of what the
     registry's manifest lists), then ``"layers"`` (bytes of the layer blobs applied, of
-    their total)."""
+    their total). ``node``: this node's platform (default ``node_platform()``)."""
     registry = registry or RegistryOptions()
+    here = node_platform(node)
     tmp = state = None
     path = Path(src)
     if not path.exists() and _looks_like_a_path(src):
@@ -398,7 +400,7 @@ def convert_image(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int 
             spec = f"{_archive_kind(path)}:{src}" if path.is_file() else src
             layout = Path(tmp) / "layout"   # next to it, --creds' private auth file
             _skopeo_to_layout(spec, layout, registry, progress)
-        images = _layout_images(layout, registry)
+        images = _layout_images(layout, registry, here)
         total = sum(layer.size or 0 for image in images for layer in image[2]) or None
         done = 0
 
@@ -423,7 +425,6 @@ def convert_image(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int 
             shutil.rmtree(tmp, ignore_errors=True)
         if state is not None:
             state.close()
-    here = node_platform()
     trees = {p: tree for p, _, tree in built if p}
     digest = next((tree for p, _, tree in built if p == here), built[0][2])
     if store.writable:
