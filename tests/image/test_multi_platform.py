@@ -81,6 +81,11 @@ def test_asked_platforms_and_a_name_without_this_nodes_platform(tmp_path):
     line = one_error_line(r)
     assert "no tree for this node's platform linux/amd64" in line, line
     assert "(converted for: linux/arm64)" in line and "--platform linux/amd64" in line
+    # its name goes with its platforms' refs
+    r = bootseer("image", "rm", layout, "--store", store, "--json")
+    assert r.returncode == 0, r.stderr
+    assert any(n.startswith("images/platforms/") and n.endswith("/linux-arm64")
+               for n in json.loads(r.stdout)["removed"])
     # a malformed platform setting is refused by name
     r = bootseer("image", "inspect", layout, "--store", store,
                  env={"BOOTSEER_MOUNT_PLATFORM": "arm64"})
@@ -99,3 +104,6 @@ def test_a_single_platform_image_by_default_must_be_this_nodes(tmp_path):
         p = bootseer("image", "convert", layout, "--store", store, "--platform", asked,
                      env=env)
         assert p.returncode == 0, p.stderr
+    # its platform asked is recorded: this arm64 node is not given the amd64 tree
+    r = bootseer("image", "inspect", layout, "--store", store, env=env)
+    assert r.returncode == 1 and "(converted for: linux/amd64)" in one_error_line(r)

@@ -113,8 +113,9 @@ class Layer:
 
 
 def _layout_images(layout: Path, registry: RegistryOptions, here: str
-                   ) -> list[tuple[str | None, str, list[Layer], dict]]:
-    """(platform, manifest digest, layers, config) of each image of the layout that
+                   ) -> tuple[bool, list[tuple[str | None, str, list[Layer], dict]]]:
+    """Whether the layout holds an index, and (platform, manifest digest, layers, config)
+    of each image of it that
     ``registry`` asks for: every platform an index offers (attestations and entries that
     name none skipped) or the ones asked; a single image, if it is of a platform asked (of
     this node's, ``here``, by default). Every digest is checked before it names a file, and every
@@ -126,10 +127,11 @@ def _layout_images(layout: Path, registry: RegistryOptions, here: str
         media = manifest.get("mediaType", mdesc.get("mediaType", ""))
         if media.endswith("index.v1+json") or "manifests" in manifest:
             chosen = _chosen(layout, registry, manifest["manifests"])
-            check = registry
+            check, is_index = registry, True
         else:   # one image: by default it must be this node's platform, as skopeo picks
             chosen = [mdesc]
             check = registry if registry.platform else RegistryOptions(platform=here)
+            is_index = False
         images = []
         for desc in chosen:
             m = manifest if desc is mdesc else json.loads(_read_blob(layout, desc))
@@ -137,7 +139,7 @@ def _layout_images(layout: Path, registry: RegistryOptions, here: str
                       for d in m["layers"]]
             config = json.loads(_read_blob(layout, m["config"]))
             if not check.matches(config):
-                raise ConvertError(_no_platform(layout, check.platform or "all",
+                raise ConvertError(platforms.missing(layout, check.platform or "all",
                                                 [{"platform": config}]))
             images.append((platform_of(config) or platform_of(desc.get("platform") or {}),
                            desc["digest"], layers, config))
@@ -145,7 +147,7 @@ def _layout_images(layout: Path, registry: RegistryOptions, here: str
         raise ConvertError(f"{layout}: {e}; refusing the image") from e
     except (OSError, KeyError, TypeError, ValueError, StopIteration) as e:
         raise ConvertError(f"{layout} is not a readable OCI image layout: {e}") from e
-    return images
+    return is_index, images
 
 
 def _chosen(layout: Path, registry: RegistryOptions, offered: list[dict]) -> list[dict]:
@@ -161,16 +163,10 @@ def _chosen(layout: Path, registry: RegistryOptions, offered: list[dict]) -> lis
     for w in wanted:
         m = next((m for m in offered if platform_matches(w, m.get("platform") or {})), None)
         if m is None:
-            raise ConvertError(_no_platform(layout, w, offered))
+            raise ConvertError(platforms.missing(layout, w, offered))
         if m not in picked:
             picked.append(m)
     return picked
-
-
-def _no_platform(layout: Path, wanted: str, offered: list[dict]) -> str:
-    have = sorted({platform_of(m.get("platform") or {}) or "" for m in offered} - {""})
-    return (f"{layout}: the image has no {wanted} variant (it has: {', '.join(have) or '?'}); "
-            f"pass --platform with one of those")
 
 
 def _size(desc: dict) -> int | None:
@@ -400,7 +396,7 @@ def convert_image(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int 
             spec = f"{_archive_kind(path)}:{src}" if path.is_file() else src
             layout = Path(tmp) / "layout"   # next to it, --creds' private auth file
             _skopeo_to_layout(spec, layout, registry, progress)
-        images = _layout_images(layout, registry, here)
+        is_index, images = _layout_images(layout, registry, here)
         total = sum(layer.size or 0 for image in images for layer in image[2]) or None
         done = 0
 
@@ -429,7 +425,12 @@ def convert_image(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int 
     digest = next((tree for p, _, tree in built if p == here), built[0][2])
     if store.writable:
         store.set_ref(ref_name(src), digest)
-        platforms.publish(store, ref_name(src).removeprefix(IMAGE_REFS), trees)
+        # a single-platform source's one tree serves every node, as before; an index's
+        # (or one asked by --platform: skopeo copies that image alone) replace the
+        # platforms recorded (all converted) or join them (some asked)
+        platforms.publish(store, ref_name(src).removeprefix(IMAGE_REFS),
+                          trees if is_index or registry.platform else {},
+                          replace=registry.wanted() is None)
         for _, manifest_digest, tree in built:
             store.set_ref(f"images/by-manifest/{manifest_digest.replace(':', '-')}", tree)
     if registry.referrer and not src.startswith(TRANSPORTS[1:]):

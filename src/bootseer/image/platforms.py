@@ -10,6 +10,7 @@ a name converted for other platforms only is refused, naming those it has."""
 from __future__ import annotations
 
 from bootseer.errors import BlobNotFound
+from bootseer.image.registry import platform_of
 
 PLATFORM_REFS = "images/platforms/"
 
@@ -27,11 +28,14 @@ def ref_for(name: str, platform: str) -> str:
     return f"{PLATFORM_REFS}{name}/{_key(platform)}"
 
 
-def publish(store, name: str, trees: dict[str, str]) -> None:
-    """Record ``trees`` (platform -> tree digest) under ``name``; the platforms this
-    convert did not give keep the trees an earlier convert recorded."""
+def publish(store, name: str, trees: dict[str, str], *, replace: bool) -> None:
+    """Record ``trees`` (platform -> tree digest) under ``name``; ``replace``: the
+    platforms not in ``trees`` go, else they keep the trees an earlier convert recorded."""
     for platform, tree in trees.items():
         store.set_ref(ref_for(name, platform), tree)
+    if replace:
+        for platform in set(recorded(store, name)) - set(trees):
+            store.delete_ref(ref_for(name, platform))
 
 
 def recorded(store, name: str) -> dict[str, str]:
@@ -64,3 +68,10 @@ def pick(store, name: str, image: str, platform: str) -> str | None:
         f"{image!r} has no tree for this node's platform {platform} (converted for: "
         f"{', '.join(sorted(trees))}): run 'bootseer image convert {image} --platform "
         f"{platform} --store {store.url}' (or set BOOTSEER_MOUNT_PLATFORM)", url=store.url)
+
+
+def missing(where, wanted: str, offered: list[dict]) -> str:
+    """The error of a platform asked that ``offered`` (index entries) lacks."""
+    have = sorted({platform_of(m.get("platform") or {}) or "" for m in offered} - {""})
+    return (f"{where}: the image has no {wanted} variant (it has: {', '.join(have) or '?'}); "
+            f"pass --platform with one of those")
