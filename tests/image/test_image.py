@@ -40,7 +40,11 @@ def tar_layer(members: list[tuple[str, bytes | None, str]]) -> bytes:
     return buf.getvalue()
 
 
-def oci_layout(root, layers: list[bytes]):
+def oci_layout(root, layers: list[bytes], arch: str | None = None):
+    """A single-image OCI layout of ``layers``; its config names ``arch`` (default: this
+    node's, which a convert without --platform asks of a single image)."""
+    from bootseer.image.registry import node_platform
+    arch = arch or node_platform().split("/", 1)[1]
     blobs = root / "blobs/sha256"
     blobs.mkdir(parents=True)
 
@@ -49,7 +53,7 @@ def oci_layout(root, layers: list[bytes]):
         (blobs / h).write_bytes(data)
         return {"digest": f"sha256:{h}", "size": len(data)}
     diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]  # uncompressed
-    config = put(json.dumps({"architecture": "amd64", "os": "linux",
+    config = put(json.dumps({"architecture": arch, "os": "linux",
                              "config": {"Env": ["PATH=/bin"]},
                              "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode())
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",

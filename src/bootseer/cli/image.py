@@ -117,8 +117,10 @@ def _add_registry_args(v) -> None:
     v.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=None,
                    help="verify the registry's TLS certificate and require https (default: "
                         "yes, except for a registry on loopback)")
-    v.add_argument("--platform", default="linux/amd64", metavar="OS/ARCH",
-                   help="which image of a multi-platform index to convert, e.g. linux/arm64")
+    v.add_argument("--platform", default=None, metavar="OS/ARCH[,...]|all",
+                   help="which images of a multi-platform index to convert, one tree each, "
+                        "e.g. linux/arm64 or linux/amd64,linux/arm64 (default: all it "
+                        "offers; a single-platform image must then be this node's)")
     v.add_argument("--no-referrer", dest="referrer", action="store_false",
                    help="do not push the referrer artifact that announces the tree into the "
                         "source repository (default: push it when the registry allows)")
@@ -126,21 +128,29 @@ def _add_registry_args(v) -> None:
 
 def _convert(args) -> int:
     from bootseer.config import parse_size
-    from bootseer.image.convert import convert
+    from bootseer.image.convert import convert_image
     from bootseer.image.registry import RegistryOptions
     from bootseer.store import open_store
     registry = RegistryOptions(authfile=args.authfile, creds=args.creds,
                                tls_verify=args.tls_verify, platform=args.platform,
                                referrer=args.referrer)
-    store = open_store(args.store, _config(args.store))
+    config = _config(args.store)
+    store = open_store(args.store, config)
     from bootseer.cli._status import StageBars, show_progress
     with StageBars() as bars:   # the registry pull, then the layers (of their totals)
-        digest = convert(args.src, store, chunk_size=parse_size(args.chunk_size, "--chunk-size"),
-                         progress=bars if show_progress() else None, registry=registry)
+        done = convert_image(args.src, store,
+                             chunk_size=parse_size(args.chunk_size, "--chunk-size"),
+                             progress=bars if show_progress() else None, registry=registry,
+                             node=config.mount.platform or None)
+    digest = done.tree   # this node's platform's: what `image run` here will mount
     if args.json:
-        print_json({"digest": digest, **_tree_figures(store, digest)})
+        print_json({"digest": digest, **_tree_figures(store, digest), "platforms": done.trees})
     else:
         print(digest)
+        if len(done.trees) > 1:
+            from bootseer.cli._status import say
+            say("one tree per platform (a node takes its own): " + ", ".join(
+                f"{p} {tree}" for p, tree in done.trees.items()))
     return 0
 
 
@@ -159,6 +169,7 @@ def _tree_figures(store, tree: str, toc=None) -> dict:
 
 
 IMAGE_REFS = "images/by-name/"
+PLATFORM_REFS = "images/platforms/"   # bootseer.image.platforms: one tree per platform
 
 
 def _ls(args) -> int:
@@ -193,6 +204,11 @@ def _rm(args) -> int:
             raise BlobNotFound(f"no converted image {ref!r} in {store.url} (see `bootseer "
                                f"image ls`)", url=store.url)
         chosen += [n for n in found if n not in chosen]
+    for n in list(chosen):   # a multi-platform image's other trees go with its name
+        for p in store.list_refs(f"{PLATFORM_REFS}{n[len(IMAGE_REFS):]}/"):
+            if (tree := store.get_ref(p)) is not None:
+                names[p] = tree
+                chosen.append(p)
     trees = {names[n] for n in chosen}
     removed = list(chosen)
     for n in chosen:
@@ -221,8 +237,9 @@ def _inspect(args) -> int:
     from bootseer.image import convert
     from bootseer.store import open_store
     from bootseer.tree import profile as prof
-    store = open_store(args.store, _config(args.store))
-    tree = convert.resolve(args.ref, store)
+    config = _config(args.store)
+    store = open_store(args.store, config)
+    tree = convert.resolve(args.ref, store, config.mount.platform or None)
     toc = _toc(store, tree)
     figures = _tree_figures(store, tree, toc)
     packed = sum(store.stat(p) for p in toc.packs)
@@ -314,7 +331,7 @@ def _prefetch(args) -> int:
     config = _config(args.store)
     client = StoreClient.of(config)
     store = client.store()
-    tree = convert.resolve(args.ref, store)
+    tree = convert.resolve(args.ref, store, config.mount.platform or None)
     profile = prof.load(store, args.profile) if args.profile else prof.latest(store, tree)
     if profile is None:
         print(f"no profile for {tree}: nothing to prefetch (record one with --record)",
@@ -399,8 +416,9 @@ def _show(args) -> int:
     from bootseer.image import convert
     from bootseer.store import open_store
     from bootseer.tree import profile as prof
-    store = open_store(args.store, _config(args.store))
-    tree = convert.resolve(args.ref, store)
+    config = _config(args.store)
+    store = open_store(args.store, config)
+    tree = convert.resolve(args.ref, store, config.mount.platform or None)
     p = prof.latest(store, tree)
     if p is None:
         if args.json:

@@ -230,10 +230,17 @@ class MountConfig:
     """How lazy trees (images, environments) are mounted: ``erofs`` (the kernel's EROFS on
     a metadata image and a data blob), ``fuse`` (the Python FUSE tree view) or ``auto``
     (EROFS where the kernel has file-backed mounts, else FUSE, said once in the log)."""
+    platform: str = ""
+    """Which tree of a multi-platform image this node mounts (``os/arch[/variant]``);
+    empty: this machine's (``platform.machine()`` in OCI's names: x86_64 is amd64)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "erofs", "fuse"):
             raise ConfigError("mount.backend", f"{self.backend!r} is not auto, erofs or fuse")
+        if self.platform and not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?",
+                                              self.platform):
+            raise ConfigError("mount.platform", f"{self.platform!r} is not os/arch[/variant], "
+                                                "e.g. linux/arm64")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

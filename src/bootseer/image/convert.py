@@ -20,14 +20,18 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer import redact
 from bootseer.errors import BootseerError, DigestMismatch, InvalidDigest, StoreError
-from bootseer.image import chain
+from bootseer.image import chain, platforms
 from bootseer.image.registry import (
     TRANSPORTS,
     RegistryOptions,
+    node_platform,
+    platform_matches,
+    platform_of,
     pull_bytes,
     registry_host,
     registry_repository,
@@ -44,10 +48,14 @@ class ConvertError(BootseerError):
     hint: str | None = None   # the next step, said under the error line (the CLI)
 
 
+IMAGE_REFS = "images/by-name/"
+
+
 def ref_name(image: str) -> str:
-    """Store ref under which the tree of ``image`` is published."""
+    """Store ref under which the tree of ``image`` is published (of the converting node's
+    platform, or the first converted: ``platforms`` has each platform's)."""
     clean = re.sub(r"[^A-Za-z0-9_.-]+", "_", image.removeprefix("docker://"))
-    return f"images/by-name/{clean}"
+    return f"{IMAGE_REFS}{clean}"
 
 
 def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=None) -> None:
@@ -61,7 +69,8 @@ def _skopeo_to_layout(src: str, dest: Path, registry: RegistryOptions, progress=
     source = (registry.skopeo_source_args(host, dest.parent, registry_repository(transport))
               if host else [])
     total = pull_bytes(transport, registry, source) if host and progress else None
-    proc = subprocess.Popen(["skopeo", *registry.skopeo_global_args(), "copy", "-q", *source,
+    proc = subprocess.Popen(["skopeo", *registry.skopeo_global_args(), "copy", "-q",
+                             *registry.copy_args(), *source,
                              transport, f"oci:{dest}:src"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=procs.preexec())
@@ -103,40 +112,61 @@ class Layer:
         self.name = digest.split(":", 1)[1]
 
 
-def _layout_layers(layout: Path, registry: RegistryOptions) -> tuple[str, list[Layer], dict]:
-    """(manifest digest, layers, config) of the layout's image for ``registry``'s platform.
-    Every digest is checked before it names a file, and every blob read is verified against
-    it (layers as they are applied)."""
+def _layout_images(layout: Path, registry: RegistryOptions, here: str
+                   ) -> tuple[bool, list[tuple[str | None, str, list[Layer], dict]]]:
+    """Whether the layout holds an index, and (platform, manifest digest, layers, config)
+    of each image of it that
+    ``registry`` asks for: every platform an index offers (attestations and entries that
+    name none skipped) or the ones asked; a single image, if it is of a platform asked (of
+    this node's, ``here``, by default). Every digest is checked before it names a file, and every
+    blob read is verified against it (layers as they are applied)."""
     try:
         index = json.loads((layout / "index.json").read_text())
         mdesc = index["manifests"][0]
         manifest = json.loads(_read_blob(layout, mdesc))
         media = manifest.get("mediaType", mdesc.get("mediaType", ""))
         if media.endswith("index.v1+json") or "manifests" in manifest:
-            offered = manifest["manifests"]
-            mdesc = next((m for m in offered if registry.matches(m.get("platform") or {})), None)
-            if mdesc is None:
-                raise ConvertError(_no_platform(layout, registry.platform, offered))
-            manifest = json.loads(_read_blob(layout, mdesc))
-        layers = [Layer(_blob(layout, desc["digest"]), desc["digest"], _size(desc))
-                  for desc in manifest["layers"]]
-        config = json.loads(_read_blob(layout, manifest["config"]))
-        if not registry.matches(config):
-            raise ConvertError(_no_platform(layout, registry.platform, [{"platform": config}]))
+            chosen = _chosen(layout, registry, manifest["manifests"])
+            check, is_index = registry, True
+        else:   # one image: by default it must be this node's platform, as skopeo picks
+            chosen = [mdesc]
+            check = registry if registry.platform else RegistryOptions(platform=here)
+            is_index = False
+        images = []
+        for desc in chosen:
+            m = manifest if desc is mdesc else json.loads(_read_blob(layout, desc))
+            layers = [Layer(_blob(layout, d["digest"]), d["digest"], _size(d))
+                      for d in m["layers"]]
+            config = json.loads(_read_blob(layout, m["config"]))
+            if not check.matches(config):
+                raise ConvertError(platforms.missing(layout, check.platform or "all",
+                                                [{"platform": config}]))
+            images.append((platform_of(config) or platform_of(desc.get("platform") or {}),
+                           desc["digest"], layers, config))
     except (DigestMismatch, InvalidDigest) as e:
         raise ConvertError(f"{layout}: {e}; refusing the image") from e
     except (OSError, KeyError, TypeError, ValueError, StopIteration) as e:
         raise ConvertError(f"{layout} is not a readable OCI image layout: {e}") from e
-    return mdesc["digest"], layers, config
+    return is_index, images
 
 
-def _no_platform(layout: Path, wanted: str, offered: list[dict]) -> str:
-    have = sorted({"/".join(filter(None, ((m.get("platform") or {}).get("os"),
-                                          (m.get("platform") or {}).get("architecture"),
-                                          (m.get("platform") or {}).get("variant"))))
-                   for m in offered} - {""})
-    return (f"{layout}: the image has no {wanted} variant (it has: {', '.join(have) or '?'}); "
-            f"pass --platform with one of those")
+def _chosen(layout: Path, registry: RegistryOptions, offered: list[dict]) -> list[dict]:
+    """The index entries to convert: every one that names a platform (all asked), else the
+    first match of each platform asked; one asked that the index lacks is an error."""
+    wanted = registry.wanted()
+    if wanted is None:
+        chosen = [m for m in offered if platform_of(m.get("platform") or {})]
+        if not chosen:   # an index of images that name no platform: its first, as before
+            chosen = offered[:1]
+        return chosen
+    picked: list[dict] = []
+    for w in wanted:
+        m = next((m for m in offered if platform_matches(w, m.get("platform") or {})), None)
+        if m is None:
+            raise ConvertError(platforms.missing(layout, w, offered))
+        if m not in picked:
+            picked.append(m)
+    return picked
 
 
 def _size(desc: dict) -> int | None:
@@ -321,14 +351,34 @@ def _looks_like_a_path(src: str) -> bool:
         or src.lower().endswith(_ARCHIVES)
 
 
+@dataclass(frozen=True)
+class Converted:
+    """What ``convert_image`` published: ``tree``, the image's tree for this node's
+    platform (else the first converted), and ``trees``, platform -> tree of every
+    platform converted (empty where the image names none)."""
+    tree: str
+    trees: dict[str, str]
+
+
 def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
             progress=None, registry: RegistryOptions | None = None) -> str:
-    """Convert ``src`` and publish it; return the tree digest. ``registry``: credentials,
-    TLS, platform and referrer of a registry source (default: ``RegistryOptions()``).
+    """Convert ``src`` and publish it; return the tree digest (of this node's platform,
+    where ``src`` is a multi-platform index: ``convert_image`` says each)."""
+    return convert_image(src, store, chunk_size=chunk_size, pack_size=pack_size,
+                         progress=progress, registry=registry).tree
+
+
+def convert_image(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 << 20,
+                  progress=None, registry: RegistryOptions | None = None,
+                  node: str | None = None) -> Converted:
+    """Convert ``src`` and publish it: one tree per platform converted (every platform of
+    an index, unless ``registry.platform`` names some). ``registry``: credentials,
+    TLS, platforms and referrer of a registry source (default: ``RegistryOptions()``).
     ``progress(stage, done, total)``: ``"pull"`` (bytes skopeo copied so far, of what the
     registry's manifest lists), then ``"layers"`` (bytes of the layer blobs applied, of
-    their total)."""
+    their total). ``node``: this node's platform (default ``node_platform()``)."""
     registry = registry or RegistryOptions()
+    here = node_platform(node)
     tmp = state = None
     path = Path(src)
     if not path.exists() and _looks_like_a_path(src):
@@ -346,35 +396,46 @@ def convert(src: str, store, *, chunk_size: int = 1 << 20, pack_size: int = 64 <
             spec = f"{_archive_kind(path)}:{src}" if path.is_file() else src
             layout = Path(tmp) / "layout"   # next to it, --creds' private auth file
             _skopeo_to_layout(spec, layout, registry, progress)
-        manifest_digest, layers, config = _layout_layers(layout, registry)
-        builder = TreeBuilder(store, chunk_size=chunk_size, pack_size=pack_size)
-        total = sum(layer.size or 0 for layer in layers) or None
+        is_index, images = _layout_images(layout, registry, here)
+        total = sum(layer.size or 0 for image in images for layer in image[2]) or None
         done = 0
 
         def applied(n: int) -> None:
             nonlocal done
             done += n
             progress("layers", done, total)
-        for layer in layers:
-            apply_layer(builder, layer, applied if progress else None)
-        cfg = config.get("config") or {}
-        digest = builder.finish(meta={"source": src, "manifest": manifest_digest,
-                                      "env": cfg.get("Env"), "cmd": cfg.get("Cmd"),
-                                      "workdir": cfg.get("WorkingDir"),
-                                      "entrypoint": cfg.get("Entrypoint"),
-                                      # containerd's layer snapshot names (snapshotter)
-                                      "chain_ids": chain.of_config(config)})
+        built = []   # (platform, manifest digest, tree), in the index's order
+        for platform, manifest_digest, layers, config in images:
+            builder = TreeBuilder(store, chunk_size=chunk_size, pack_size=pack_size)
+            for layer in layers:
+                apply_layer(builder, layer, applied if progress else None)
+            cfg = config.get("config") or {}
+            built.append((platform, manifest_digest, builder.finish(meta={
+                "source": src, "manifest": manifest_digest, "platform": platform,
+                "env": cfg.get("Env"), "cmd": cfg.get("Cmd"),
+                "workdir": cfg.get("WorkingDir"), "entrypoint": cfg.get("Entrypoint"),
+                # containerd's layer snapshot names (snapshotter)
+                "chain_ids": chain.of_config(config)})))
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
         if state is not None:
             state.close()
+    trees = {p: tree for p, _, tree in built if p}
+    digest = next((tree for p, _, tree in built if p == here), built[0][2])
     if store.writable:
         store.set_ref(ref_name(src), digest)
-        store.set_ref(f"images/by-manifest/{manifest_digest.replace(':', '-')}", digest)
+        # a single-platform source's one tree serves every node, as before; an index's
+        # (or one asked by --platform: skopeo copies that image alone) replace the
+        # platforms recorded (all converted) or join them (some asked)
+        platforms.publish(store, ref_name(src).removeprefix(IMAGE_REFS),
+                          trees if is_index or registry.platform else {},
+                          replace=registry.wanted() is None)
+        for _, manifest_digest, tree in built:
+            store.set_ref(f"images/by-manifest/{manifest_digest.replace(':', '-')}", tree)
     if registry.referrer and not src.startswith(TRANSPORTS[1:]):
-        _announce(src, digest, store, registry)
-    return digest
+        _announce(src, digest, store, registry)   # the referrer names one tree: this one
+    return Converted(digest, trees)
 
 
 def _announce(src: str, digest: str, store, registry: RegistryOptions) -> None:
@@ -397,10 +458,13 @@ def _announce(src: str, digest: str, store, registry: RegistryOptions) -> None:
                      dataclasses.replace(config, store=store_cfg))
 
 
-def resolve(ref: str, store) -> str:
-    """A tree digest from a digest, a store ref name, or a converted image's reference.
-    A registry image converted under another name (a new tag of the same manifest, or a
-    store that only holds the tree) is found through the referrer announced next to it."""
+def resolve(ref: str, store, platform: str | None = None) -> str:
+    """A tree digest from a digest, a store ref name, or a converted image's reference:
+    of a multi-platform image, the tree of ``platform`` (default: this node's,
+    ``node_platform``); one converted for other platforms only is a BlobNotFound naming
+    them. A registry image converted under another name (a new tag of the same manifest,
+    or a store that only holds the tree) is found through the referrer announced next to
+    it."""
     from bootseer.errors import BlobNotFound
     if ref.startswith("sha256:"):
         return parse(ref)   # InvalidDigest (one line) for anything but sha256:<64 hex>
@@ -409,6 +473,9 @@ def resolve(ref: str, store) -> str:
             d = store.get_ref(name)
         except Exception:  # noqa: BLE001 - not a valid ref name: try the next form
             d = None
+        if d and name.startswith(IMAGE_REFS):
+            return platforms.pick(store, name[len(IMAGE_REFS):], ref,
+                                  node_platform(platform)) or d
         if d:
             return d
     from bootseer.image import referrer

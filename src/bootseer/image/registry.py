@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform as _machine
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,39 @@ def parse_platform(text: str) -> tuple[str, str, str | None]:
     return m.group(1), m.group(2), m.group(3)
 
 
+# platform.machine() -> OCI's architecture (and variant) names
+_OCI_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
+             "armv7l": "arm/v7", "armv6l": "arm/v6", "i686": "386", "i386": "386"}
+
+
+def node_platform(override: str | None = None) -> str:
+    """This node's platform as OCI names it (``linux/amd64``, ``linux/arm64``): ``override``
+    (the ``mount.platform`` setting) where given, else ``platform.machine()`` mapped."""
+    if override:
+        return "/".join(filter(None, parse_platform(override)))
+    machine = _machine.machine().lower()
+    return f"linux/{_OCI_ARCH.get(machine, machine)}"
+
+
+def platform_of(desc: dict) -> str | None:
+    """``os/arch[/variant]`` of an index entry's ``platform`` (or an image config); None
+    where it names none (attestation manifests say ``unknown/unknown``)."""
+    os_, arch = desc.get("os"), desc.get("architecture")
+    if not isinstance(os_, str) or not isinstance(arch, str) or "unknown" in (os_, arch):
+        return None
+    variant = desc.get("variant")
+    return "/".join([os_, arch] + ([variant] if isinstance(variant, str) and variant else []))
+
+
+def platform_matches(wanted: str, platform: dict) -> bool:
+    """Whether an entry's ``os``/``architecture``/``variant`` is ``wanted``; an entry that
+    names no platform matches (single-platform layouts), a wanted without variant any."""
+    os_, arch, variant = parse_platform(wanted)
+    if platform.get("os", os_) != os_ or platform.get("architecture", arch) != arch:
+        return False
+    return variant is None or platform.get("variant", variant) == variant
+
+
 def parse_creds(text: str) -> tuple[str, str]:
     user, sep, password = text.partition(":")
     if not sep or not user:
@@ -55,22 +89,41 @@ class RegistryOptions:
     """``USER:PASSWORD`` (never logged, never on a command line)."""
     tls_verify: bool | None = None
     """None: verify, except for a registry on loopback (test and local registries)."""
-    platform: str = "linux/amd64"
+    platform: str | None = None
+    """``os/arch[/variant]``, a comma list of those, or ``all``: which images of a
+    multi-platform index to convert. None: every one an index offers; a single-platform
+    image then must be this node's (``node_platform()``)."""
     referrer: bool = True
     """Announce the converted tree in the source repository (an OCI referrer)."""
 
     def __post_init__(self):
-        parse_platform(self.platform)
+        self.wanted()   # a malformed --platform fails before anything is pulled
         if self.creds is not None:
             parse_creds(self.creds)
         if self.authfile is not None and not Path(self.authfile).is_file():
             raise UsageError(f"--authfile {self.authfile}: no such file")
 
+    def wanted(self) -> list[str] | None:
+        """The platforms asked for (``os/arch[/variant]`` each), or None for all."""
+        if self.platform is None or self.platform.strip().lower() == "all":
+            return None
+        return ["/".join(filter(None, parse_platform(p)))
+                for p in self.platform.split(",") if p.strip()] or None
+
     def skopeo_global_args(self) -> list[str]:
-        """The platform to take from a multi-platform image (before ``copy``)."""
-        os_, arch, variant = parse_platform(self.platform)
+        """The platform to take from a multi-platform image (before ``copy``), where one
+        is asked; else none (``copy_args`` copies them all)."""
+        wanted = self.wanted()
+        if wanted is None or len(wanted) > 1:
+            return []
+        os_, arch, variant = parse_platform(wanted[0])
         args = ["--override-os", os_, "--override-arch", arch]
         return args + (["--override-variant", variant] if variant else [])
+
+    def copy_args(self) -> list[str]:
+        """``skopeo copy --all`` where more than one platform may be converted."""
+        wanted = self.wanted()
+        return ["--all"] if wanted is None or len(wanted) > 1 else []
 
     def skopeo_source_args(self, host: str, private_dir: Path,
                            repository: str | None = None) -> list[str]:
@@ -101,11 +154,9 @@ class RegistryOptions:
 
     def matches(self, platform: dict) -> bool:
         """Whether an index entry's (or a config's) ``os``/``architecture``/``variant`` is
-        this platform; an entry that names no platform matches (single-platform layouts)."""
-        os_, arch, variant = parse_platform(self.platform)
-        if platform.get("os", os_) != os_ or platform.get("architecture", arch) != arch:
-            return False
-        return variant is None or platform.get("variant", variant) == variant
+        one asked for (any, where all are); an entry that names no platform matches."""
+        wanted = self.wanted()
+        return wanted is None or any(platform_matches(w, platform) for w in wanted)
 
 
 def _is_loopback(host: str) -> bool:
@@ -174,16 +225,19 @@ def pull_bytes(transport: str, registry: RegistryOptions, source_args: list[str]
             return None
         return doc if isinstance(doc, dict) else None
 
-    manifest = raw(transport)
-    if manifest is not None and isinstance(manifest.get("manifests"), list):
-        entry = next((m for m in manifest["manifests"] if isinstance(m, dict)
-                      and registry.matches(m.get("platform") or {})), None)
+    top = raw(transport)
+    manifests = [top]
+    if top is not None and isinstance(top.get("manifests"), list):
+        entries = [m for m in top["manifests"] if isinstance(m, dict)
+                   and isinstance(m.get("digest"), str)]
+        if not registry.copy_args():   # one platform: skopeo copies its image only
+            entries = [m for m in entries if registry.matches(m.get("platform") or {})][:1]
         name = transport.split("@", 1)[0]
         repo, _, last = name.rpartition("/")
-        manifest = raw(f"{repo}/{last.split(':', 1)[0]}@{entry['digest']}") \
-            if entry and isinstance(entry.get("digest"), str) else None
-    if manifest is None:
+        manifests = [raw(f"{repo}/{last.split(':', 1)[0]}@{m['digest']}") for m in entries]
+    if not manifests or any(m is None for m in manifests):
         return None
-    blobs = [manifest.get("config") or {}, *(manifest.get("layers") or [])]
+    blobs = [b for m in manifests if m is not None
+             for b in (m.get("config") or {}, *(m.get("layers") or []))]
     sizes = [b.get("size") for b in blobs if isinstance(b, dict)]
     return sum(n for n in sizes if isinstance(n, int) and n >= 0) or None

@@ -14,7 +14,8 @@ def mount_image(config: BootseerConfig, ref: str, mountpoint: str, state_dir: st
     from bootseer.image import convert
     from bootseer.store import open_store
     from bootseer.tree.session import mount_tree
-    tree = convert.resolve(ref, open_store(config.store.url, config))
+    tree = convert.resolve(ref, open_store(config.store.url, config),
+                          config.mount.platform or None)   # this node's tree of the image
     handle, profile, meta = mount_tree(config, tree, mountpoint, state_dir, record=record,
                                        prefetch=prefetch, profile_digest=profile_digest,
                                        window_timeout_s=window_timeout_s,

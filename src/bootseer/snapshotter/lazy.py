@@ -132,7 +132,7 @@ class LazyImages:
         if tree or not image:
             return tree
         try:   # converted under another name: the ref, or the referrer next to the image
-            return convert.resolve(image, store)
+            return convert.resolve(image, store, self.config.mount.platform or None)
         except BlobNotFound:
             return None
 
