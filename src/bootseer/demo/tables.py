@@ -72,9 +72,10 @@ def _window(events: list[dict], r: NodeResult, phase: str = "image.window") -> d
 def ckpt_staged_per_read(events: list[dict], results: list[NodeResult]) -> float | None:
     """The most bytes a node of this start brought in per checkpoint byte its ranks read
     (its mount's ``ckpt.load`` report; None where the job read a staged copy instead)."""
-    found = [(_window(events, r, "ckpt.load") or {}).get("staged_per_read") for r in results]
-    found = [v for v in found if isinstance(v, (int, float))]
-    return max(found) if found else None
+    found = [v for r in results
+             if isinstance(v := (_window(events, r, "ckpt.load") or {}).get("staged_per_read"),
+                           (int, float))]
+    return float(max(found)) if found else None
 
 
 def hot_set_sources(events: list[dict], results: list[NodeResult]) -> tuple[int, int] | None:
