@@ -283,6 +283,61 @@ def test_jobs_are_warmed_as_root_and_as_their_user(slurm, sources):
     assert slurm.cluster.node_state() == "IDLE"
 
 
+IMAGE_JOB = """#!/usr/bin/env bash
+#SBATCH --job-name=train-image
+#SBATCH --nodes=1
+set -euo pipefail
+srun --kill-on-bad-exit=1 {bootseer} run --image {tree} --store {store} \\
+    -- sh -c 'cat /etc/motd; id -u; exit 3' || echo "status $?"
+"""
+
+
+def test_an_image_job_of_an_ordinary_user_runs_without_root(slurm):
+    """train.sbatch's shape under slurmd, as the job's user: `bootseer run --image` through
+    srun with no root and no podman (the rootless runtime), the job's status back to
+    Slurm's step, nothing left mounted, the node idle after."""
+    import io
+    import tarfile
+
+    from tests.conftest import BUSYBOX, make_busybox_rootfs
+    from tests.image.test_image import oci_layout
+    from tests.run.test_rootless import ACL, _fuse_acl
+    need(os.path.exists(BUSYBOX), "busybox-static is not installed")
+    env = slurm
+    rootfs = make_busybox_rootfs(env.base / "image-rootfs")
+    (rootfs / "etc/motd").write_text("hello from the image\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.add(rootfs, arcname=".")
+    from bootseer.image.convert import convert
+    from bootseer.store import open_store
+    tree = convert(str(oci_layout(env.base / "image-layout", [buf.getvalue()])),
+                   open_store(str(env.store)))
+    subprocess.run(["chmod", "-R", "a+rwX", str(env.store)], check=True)
+    try:   # the node opens FUSE to this user (a site: mode 0666), no other user touched
+        old: bytes | None = os.getxattr("/dev/fuse", ACL)
+    except OSError:
+        old = None
+    mode = os.stat("/dev/fuse").st_mode & 0o7777
+    os.setxattr("/dev/fuse", ACL, _fuse_acl(env.user.pw_uid))
+    try:
+        job, out = env.run(None, IMAGE_JOB.format(bootseer=env.bootseer, tree=tree,
+                                                  store=env.store))
+    finally:
+        if old is None:
+            os.removexattr("/dev/fuse", ACL)
+        else:
+            os.setxattr("/dev/fuse", ACL, old)
+        os.chmod("/dev/fuse", mode)
+    assert job["JobState"] == "COMPLETED", (job, out)
+    lines = out.splitlines()
+    assert "hello from the image" in lines and "0" in lines, out   # root inside: the user
+    assert "status 3" in out, out   # the job's own status, through srun
+    with open("/proc/mounts") as f:
+        assert not [line for line in f if f"user_id={env.user.pw_uid}," in line]
+    assert slurm.cluster.node_state() == "IDLE"
+
+
 def test_hostile_settings_are_refused_and_the_node_stays_up(slurm, sources):
     env = slurm
     home = env.user.pw_dir
