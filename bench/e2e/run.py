@@ -138,7 +138,9 @@ def main() -> int:
     done = demo.run_starts(args, STARTS, assets_root=args.assets, train_args=train_args,
                            say=say)
     print()
-    print(tables.render(done))
+    # with the run's trace: where each start's hot set came from, and the checkpoint bytes
+    # each node brought in per byte its ranks read
+    print(tables.render(done, demo._trace_events(Path(args.out).resolve() / "trace")))
     rows = {name: tables.columns(results) for name, results in done}
     # Per-node wait at rendezvous for the last node, from each node's own timeline (the
     # nodes share the machine's clock).
