@@ -151,10 +151,12 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     if world is not None:
         ranges = plans.split(ranges, rank or 0, world)
     else:
+        partial: list = []
         if node_reads is not None:
-            wanted_files = _node_share(engine, node_reads, sources, ranges)
+            wanted_files, partial = _node_share(engine, node_reads, sources, ranges)
             ranges = [r for r in ranges if r.path in wanted_files]
         ranges = ranges + plans.file_plan({p: n for p, n in sizes.items() if p in wanted_files})
+        ranges += partial   # what this node read last time of files it reads in part
     spans = [Span(sources[r.path], r.start, r.end) for r in ranges if r.path in sources]
     peers = None
     if world is None and config is not None:
@@ -171,17 +173,30 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     return Prefetch(engine, spans, start_after=start_after, peers=peers), kind
 
 
-def _node_share(engine, node_reads, sources: dict, ranges: list) -> set[str]:
-    """The files staged at once (the small ones, and the large ones this node read last
-    time); from then on, a large file the job reads streams whole from its first read."""
+def _node_share(engine, node_reads, sources: dict, ranges: list) -> tuple[set[str], list]:
+    """What is staged at once: (files whole: the small ones and those this node read whole
+    last time, the ranges it read of the others); from then on, a large file the job
+    starts reading streams whole from its first read."""
     from bootseer.ckpt import plan as plans
-    history = node_reads.load(sources)
-    now = {p for p, s in sources.items() if s.size <= SMALL_FILE_BYTES} | set(history or ())
-    node_reads.take(now)
+    history = node_reads.load(sources) or frozenset()
+    read: list = []   # the ranges read, sorted and merged (recorded reads may overlap)
+    for path, start, end in sorted(node_reads.ranges):
+        if read and read[-1].path == path and start <= read[-1].end:
+            read[-1] = plans.Range(path, read[-1].start, max(read[-1].end, end))
+        else:
+            read.append(plans.Range(path, start, end))
+    covered: dict[str, int] = {}
+    for r in read:
+        covered[r.path] = covered.get(r.path, 0) + r.length
+    whole = {p for p, s in sources.items() if s.size <= SMALL_FILE_BYTES} | \
+        {p for p in history if covered.get(p, 0) >= sources[p].size}
+    partial = [r for r in read if r.path not in whole]
+    node_reads.take(whole | history)
     large = sum(s.size for s in sources.values() if s.size > SMALL_FILE_BYTES)
+    now = sum(sources[p].size for p in whole if sources[p].size > SMALL_FILE_BYTES) + \
+        sum(r.length for r in partial)
     log.info("checkpoint %s: this node stages %d of %d large bytes now (%s), the rest as "
-             "its ranks read it", redact.url(node_reads.root_url),
-             sum(sources[p].size for p in now if sources[p].size > SMALL_FILE_BYTES), large,
+             "its ranks read it", redact.url(node_reads.root_url), now, large,
              "what it read last time" if history else "no load here yet")
 
     def on_new(rel: str) -> None:
@@ -191,7 +206,7 @@ def _node_share(engine, node_reads, sources: dict, ranges: list) -> set[str]:
         order = [r for r in ranges if r.path == rel] + [plans.Range(rel, 0, src.size)]
         Prefetch(engine, [Span(src, r.start, r.end) for r in order])
     node_reads.planned(on_new)
-    return now
+    return whole, partial
 
 
 def start_plan_soon(engine, remote, **kw) -> threading.Thread:

@@ -7,9 +7,9 @@ With a node share, a node's prefetch takes
 
 * every small file at once (DCP's ``.metadata``, safetensors headers and indexes: anything up
   to :data:`~bootseer.ckpt.prefetch.SMALL_FILE_BYTES`), which every rank reads first;
-* the large files this node's ranks read at their last load of this checkpoint on this
-  node (restarts mostly land on the same nodes, with the same ranks), in plan order, as
-  soon as the start allows;
+* the byte ranges this node's ranks read at their last load of this checkpoint on this
+  node (restarts mostly land on the same nodes, with the same ranks), in the order they
+  were read, as soon as the start allows; a read outside them is served on demand;
 * any other large file from the moment the job first reads it: the whole file streams in
   the background, in plan order, while the reads that came first are served on demand.
 
@@ -62,6 +62,7 @@ class NodeReads:
     def __init__(self, staging_dir: str | os.PathLike, root_url: str, *, private: bool = False):
         self.staging_dir, self.root_url, self.private = staging_dir, root_url, private
         self.history: frozenset[str] | None = None
+        self.ranges: list[tuple[str, int, int]] = []   # what the last load here read
         self.on_new: Callable[[str], None] | None = None   # set by :meth:`planned`
         self._read: set[str] = set()
         self._taken: set[str] = set()
@@ -86,6 +87,13 @@ class NodeReads:
         kept = {rel for rel, key in files.items()
                 if rel in sources and sources[rel].key == key}
         self.history = frozenset(kept)
+        ranges = doc.get("ranges")
+        if isinstance(ranges, list):
+            self.ranges = [(r[0], int(r[1]), int(r[2])) for r in ranges
+                           if isinstance(r, list) and len(r) == 3 and r[0] in kept
+                           and 0 <= int(r[1]) < int(r[2]) <= sources[r[0]].size]
+        else:   # no ranges recorded: the files whole
+            self.ranges = [(rel, 0, sources[rel].size) for rel in sorted(kept)]
         return self.history
 
     def take(self, rels) -> None:
@@ -117,11 +125,17 @@ class NodeReads:
         if new and hook is not None:
             hook(rel)
 
-    def save(self) -> Path | None:
-        """Write the files this load read (with their versions) for the next start here."""
+    def save(self, recorder=None) -> Path | None:
+        """Write the files this load read (with their versions) and, from ``recorder``
+        (the engine's :class:`~bootseer.ckpt.profile.AccessRecorder`), the ranges it read
+        of them, for the next start here."""
         with self._lock:
             sources = self._sources
             files = {rel: sources[rel].key for rel in sorted(self._read) if rel in sources}
+        ranges = None
+        if recorder is not None:
+            _, read = recorder.under(self.root_url)
+            ranges = [r for r in read if r[0] in files]
         if not files:
             return None
         path = history_path(self.staging_dir, self.root_url)
@@ -132,6 +146,7 @@ class NodeReads:
         with os.fdopen(fd, "w") as f:
             os.fchmod(fd, mode)
             json.dump({"v": 1, "url": redact.strip(self.root_url).rstrip("/"),
-                       "files": files}, f)
+                       "files": files, **({"ranges": ranges} if ranges is not None else {})},
+                      f, separators=(",", ":"))
         os.replace(tmp, path)
         return path

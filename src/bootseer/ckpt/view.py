@@ -91,7 +91,7 @@ class RemoteDirView:
                          store_url=self.engine.store_url,
                          private=self.engine.staging.private_for(credentials.carried(self.url)))
             if self.node_reads is not None:   # and this node stages what its ranks read
-                self.node_reads.save()
+                self.node_reads.save(self.engine.recorder)
         except OSError as e:
             log.warning("access profile of %s not saved: %s", redact.url(self.url),
                         redact.text(str(e)))
