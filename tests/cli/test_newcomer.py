@@ -18,6 +18,10 @@ from bootseer.cli.main import build_parser
     (["image", "lss"], "(did you mean ls?)"),
     (["image", "convert", "x", "--to", "s", "--chunk-sise", "1"], "(did you mean --chunk-size?)"),
     (["store", "ref", "gt", "x"], "(did you mean get?)"),
+    # a required option mistyped: argparse says it is missing before it says the word is
+    # unknown, so the hint goes beside the missing one
+    (["deps", "key", "req.txt", "--prefx", "/x"], "required: --prefix (--prefx: did you mean "
+                                                  "--prefix?)"),
 ])
 def test_a_mistyped_name_gets_the_closest_one(world, argv, near):
     r = world.run(*argv)

@@ -34,9 +34,19 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kw)
 
+    def parse_known_args(self, args=None, namespace=None):
+        # kept for an error about a missing option: argparse reports it before the words
+        # it did not know, one of which is often that option mistyped
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         """argparse's error line, with the closest known name for a mistyped one."""
         near = did_you_mean(self, message)
+        if near is None and message.startswith("the following arguments are required"):
+            typo = _mistyped_required(self, message)
+            if typo is not None:
+                super().error(f"{message} ({typo[0]}: did you mean {typo[1]}?)")
         super().error(f"{message} (did you mean {near}?)" if near else message)
 
 
@@ -70,6 +80,23 @@ def did_you_mean(parser: argparse.ArgumentParser, message: str) -> str | None:
                                                   cutoff=0.7)
                 if close:
                     return close[0]
+    return None
+
+
+def _mistyped_required(parser: argparse.ArgumentParser, message: str
+                       ) -> tuple[str, str] | None:
+    """A missing required option given under a close misspelling: (``--prefx``,
+    ``--prefix``)."""
+    import difflib
+    import re
+    required = re.findall(r"(--[\w-]+)", message)
+    known = _option_strings(parser)
+    for word in getattr(parser, "_words", []):
+        name = word.split("=", 1)[0]
+        if name.startswith("--") and name not in known:
+            close = difflib.get_close_matches(name, required, n=1, cutoff=0.7)
+            if close:
+                return name, close[0]
     return None
 
 
