@@ -151,3 +151,59 @@ def test_a_shard_read_in_part_is_staged_in_part(checkpoint, tmp_path):
         assert got == {"__1_0.distcp": size, "__2_0.distcp": 2 * stripe}, got
     finally:
         engine.close()
+
+
+def dcp_metadata(sharded: bool) -> bytes:
+    """A DCP ``.metadata`` as torch writes it: a tensor stored in two parts (an FSDP save)
+    or whole (a replicated model), and a bytes item."""
+    import pickle
+
+    torch = pytest.importorskip("torch")
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    size = torch.Size([8, 4])
+    parts = [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([4, 4])),
+             ChunkStorageMetadata(torch.Size([4, 0]), torch.Size([4, 4]))] if sharded else \
+        [ChunkStorageMetadata(torch.Size([0, 0]), size)]
+    storage = {MetadataIndex("w", c.offsets): _StorageInfo(f"__{i}_0.distcp", 0, 64)
+               for i, c in enumerate(parts)}
+    return pickle.dumps(Metadata(
+        state_dict_metadata={"w": TensorStorageMetadata(TensorProperties(), size, parts),
+                             "step": BytesStorageMetadata()},
+        storage_data=storage))
+
+
+@pytest.mark.torch
+def test_auto_stages_the_reads_of_a_checkpoint_stored_in_parts_only(need_fuse, checkpoint,
+                                                                     tmp_path):
+    """``ckpt.stage`` auto on a job of two nodes: a DCP save whose tensors are stored in
+    parts (each rank loads its own) is staged by what the node reads; one that stores
+    every tensor whole (every rank loads it all) is staged whole."""
+    from bootseer.ckpt.mount import mount_checkpoint
+    from bootseer.ckpt.named_files import NotCheckpointMetadata, dcp_sharded
+    src, server = checkpoint
+    url = f"{server.url}/"
+    assert dcp_sharded(dcp_metadata(True)) and not dcp_sharded(dcp_metadata(False))
+    with pytest.raises(NotCheckpointMetadata):
+        dcp_sharded(b"not a pickle")
+    for stored_in_parts in (True, False):
+        (src / ".metadata").write_bytes(dcp_metadata(stored_in_parts))
+        config = BootseerConfig.from_env({}, overrides={
+            "cache": {"dir": str(tmp_path / f"node-{stored_in_parts}/cache")},
+            "peers": {"nodes": 2}})
+        mp = tmp_path / f"mnt-{stored_in_parts}"
+        mp.mkdir()
+        with mount_checkpoint(url, str(mp), config):
+            if stored_in_parts:
+                wait_for(lambda: ".metadata" in complete(config, url))   # noqa: B023
+                time.sleep(0.5)
+                assert complete(config, url) == {".metadata"}
+            else:
+                wait_for(lambda: complete(config, url) == {".metadata", *SHARDS})  # noqa: B023

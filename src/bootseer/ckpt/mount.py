@@ -64,7 +64,7 @@ def build_view(url: str, config: BootseerConfig, memory_budget: int | None = Non
     if prefetch and mode == "striped" and world is None and \
             share.applies(config.ckpt.stage, config.peers.nodes):
         node_reads = share.NodeReads(
-            engine.staging.dir, url,
+            engine.staging.dir, url, auto=config.ckpt.stage == "auto",
             private=engine.staging.private_for(credentials.carried(url)))
     try:
         view = RemoteDirView(RemoteDir(url, mirrors=mirrors), engine, mode=mode,

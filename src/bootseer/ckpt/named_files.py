@@ -78,6 +78,36 @@ def dcp_items(data: bytes) -> list[tuple[str, int, int]]:
     return items
 
 
+def dcp_sharded(data: bytes) -> bool:
+    """Whether a DCP ``.metadata`` stores any tensor in parts (an FSDP or tensor-parallel
+    save: each rank loads its own) rather than every tensor whole (a replicated model,
+    which every rank loads whole)."""
+    try:
+        meta = _InertUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # noqa: BLE001 - any unpickling failure: not DCP metadata
+        raise NotCheckpointMetadata(f"not a DCP metadata file ({type(e).__name__}: {e})") \
+            from None
+    tensors = _state(meta).get("state_dict_metadata")
+    if not isinstance(tensors, dict):
+        raise NotCheckpointMetadata("no state_dict_metadata (not a torch DCP checkpoint?)")
+    for item in tensors.values():
+        state = _state(item)
+        chunks, size = state.get("chunks"), _shape(state.get("size"))
+        if not isinstance(chunks, list) or size is None:
+            continue   # bytes (pickled objects): loaded whole by whoever asks
+        if len(chunks) > 1 or any(_shape(_state(c).get("sizes")) != size for c in chunks):
+            return True
+    return False
+
+
+def _shape(size: object) -> tuple | None:
+    """A ``torch.Size`` stand-in's dimensions."""
+    args = getattr(size, "args", None)
+    if isinstance(args, tuple) and len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return None
+
+
 def _count(n: object) -> TypeGuard[int]:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 

@@ -147,6 +147,10 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
         with engine.internal_reads():   # the plan's reads are not the load's
             ranges, kind = plans.metadata_plan(remote.url, sizes,
                                                opener=lambda url: ckpt_open(url, engine=engine))
+    if node_reads is not None and node_reads.auto and not _stored_in_parts(engine, remote, sizes):
+        log.info("checkpoint %s: every rank reads it whole: this node stages every file",
+                 redact.url(remote.url))
+        node_reads = None
     wanted_files = set(sources)
     if world is not None:
         ranges = plans.split(ranges, rank or 0, world)
@@ -171,6 +175,21 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
             peers = functools.partial(fetch_checkpoint, config, engine, large,
                                       functools.partial(stage_whole, engine))
     return Prefetch(engine, spans, start_after=start_after, peers=peers), kind
+
+
+def _stored_in_parts(engine, remote, sizes: dict) -> bool:
+    """A DCP checkpoint whose tensors are stored in parts (ckpt.share.sharded)."""
+    from bootseer.ckpt import share
+    from bootseer.ckpt.api import open as ckpt_open
+    if ".metadata" not in sizes:
+        return False
+    try:
+        with engine.internal_reads(), \
+                ckpt_open(remote.url.rstrip("/") + "/.metadata", engine=engine) as f:
+            data = f.read()
+    except OSError:
+        return False
+    return share.sharded("dcp", data)
 
 
 def _node_share(engine, node_reads, sources: dict, ranges: list) -> tuple[set[str], list]:

@@ -22,7 +22,7 @@ shares among nodes says in which order ranges are read, not which files a node n
 
 ``ckpt.stage`` chooses: ``reads`` (this), ``all`` (every file on every node: a node whose
 job reads everything, or a copy staged for a later job), ``auto`` (``reads`` for a job of two
-or more nodes, ``all`` for one).
+or more nodes whose DCP checkpoint stores tensors in parts, ``all`` otherwise).
 """
 
 from __future__ import annotations
@@ -44,8 +44,23 @@ MODES = ("auto", "reads", "all")
 
 
 def applies(mode: str, nodes: int) -> bool:
-    """Whether a mount stages this node's reads only (``ckpt.stage``, the job's nodes)."""
+    """Whether a mount may stage this node's reads only (``ckpt.stage``, the job's nodes);
+    under ``auto`` the checkpoint's metadata decides (:func:`sharded`)."""
     return mode == "reads" or (mode == "auto" and nodes >= 2)
+
+
+def sharded(kind: str, metadata: bytes | None) -> bool:
+    """Under ``auto``: whether each rank loads its own part, so that a node stages its
+    ranks' reads. Only a DCP checkpoint that stores tensors in parts says so; one that
+    stores every tensor whole (a replicated model), safetensors and other files are read
+    whole by every rank: staged whole, the job's peers sharing them."""
+    if kind != "dcp" or metadata is None:
+        return False
+    from bootseer.ckpt.named_files import NotCheckpointMetadata, dcp_sharded
+    try:
+        return dcp_sharded(metadata)
+    except NotCheckpointMetadata:
+        return False
 
 
 def history_path(staging_dir: str | os.PathLike, root_url: str) -> Path:
@@ -59,8 +74,10 @@ class NodeReads:
     no load here yet). The view calls :meth:`read` on each file's first read; a file the
     prefetch did not take yet is handed to ``on_new`` (set by the prefetch's planner)."""
 
-    def __init__(self, staging_dir: str | os.PathLike, root_url: str, *, private: bool = False):
+    def __init__(self, staging_dir: str | os.PathLike, root_url: str, *, private: bool = False,
+                 auto: bool = False):
         self.staging_dir, self.root_url, self.private = staging_dir, root_url, private
+        self.auto = auto   # ckpt.stage auto: only for a checkpoint stored in parts
         self.history: frozenset[str] | None = None
         self.ranges: list[tuple[str, int, int]] = []   # what the last load here read
         self.on_new: Callable[[str], None] | None = None   # set by :meth:`planned`
