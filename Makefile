@@ -9,7 +9,7 @@ demo: setup
 	.venv/bin/python -m bootseer.demo
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=15
 
 # The rules tools check, then the fast tier of the tests (marked `unit` by tests/conftest.py:
 # no root, FUSE, netns, servers or torch, nothing slow). Each part runs even when an
