@@ -198,7 +198,8 @@ class CkptConfig:
     """What a node's checkpoint mount stages: ``reads`` (the small files, and the large
     ones its own ranks read: those of its last load here at once, any other from the job's
     first read of it), ``all`` (every file), ``auto`` (``reads`` for a job of two or more
-    nodes whose DCP checkpoint stores tensors in parts, ``all`` otherwise). See docs/ckpt.md, "Each node stages what its ranks read"."""
+    nodes whose DCP checkpoint stores tensors in parts, ``all`` otherwise). See
+    docs/ckpt.md, "Each node stages what its ranks read"."""
     fuse: str = "auto"
     """Which FUSE server a checkpoint mount runs: ``devfuse`` (bootseer's own /dev/fuse
     server: staged files read through kernel passthrough), ``mfusepy`` (libfuse), or
