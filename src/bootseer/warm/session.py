@@ -109,11 +109,10 @@ class Session:
                                      start_new_session=True, text=True)
         self.pid = self.proc.pid
         line = self._ready_line()
-        if "zygote listening" not in line:
+        if "zygote ready" not in line:
             self.close(keep=False)
             return f"warm: no zygote ({line.strip() or 'it exited'}): workers start cold"
-        # the job starts now: the zygote imports while the launcher (torchrun) does its own
-        return f"warm: zygote {self.pid} started, importing {len(modules)} modules"
+        return f"warm: zygote {self.pid} started, {len(modules)} modules imported"
 
     def _ready_line(self) -> str:
         assert self.proc is not None and self.proc.stderr is not None
@@ -123,7 +122,7 @@ class Session:
             ready, _, _ = select.select([self.proc.stderr], [], [], 0.5)
             if ready:
                 last = self.proc.stderr.readline()
-                if not last or "zygote listening" in last:
+                if not last or "zygote ready" in last:
                     return last
             elif self.proc.poll() is not None:
                 return last

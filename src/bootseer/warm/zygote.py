@@ -180,15 +180,13 @@ class Zygote:
         self.done = False
 
     def listen(self) -> None:
-        """Take the slot before importing: a launcher that comes meanwhile waits in its
-        connection for the imports (up to its timeout) instead of starting cold."""
+        """Take the slot (the socket a launcher looks for)."""
         if os.path.exists(self.path):
             os.unlink(self.path)
         self.listener.bind(self.path)
         os.chmod(self.path, 0o600)
         self.listener.listen(64)
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
-        print(f"zygote listening: {self.path}", file=sys.stderr, flush=True)
 
     def serve(self) -> int:
         if self.listener.fileno() >= 0 and not self.sel.get_map():
@@ -320,12 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     z = Zygote(socket_path(cmd, os.getcwd()), warm_key(cmd, os.environ, os.getcwd()),
                args.max_rss, args.idle)
-    z.listen()
     for name in filter(None, args.modules.split(",")):
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - a recorded module need not import here
             print(f"zygote: {name} not imported ({e.__class__.__name__}: {e})", file=sys.stderr)
+    z.listen()   # after the imports: a worker that finds the socket is served at once
     return z.serve()
 
 
