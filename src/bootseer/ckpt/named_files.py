@@ -57,14 +57,18 @@ class _InertUnpickler(pickle.Unpickler):
         return type(name, (_Inert,), {"__module__": "bootseer.inert." + module})
 
 
-def dcp_items(data: bytes) -> list[tuple[str, int, int]]:
-    """(relative_path, offset, length) of every item a DCP ``.metadata`` stores."""
+def _dcp_metadata(data: bytes) -> dict:
+    """The attributes of a DCP ``.metadata``'s ``Metadata``, read inert."""
     try:
-        meta = _InertUnpickler(io.BytesIO(data)).load()
+        return _state(_InertUnpickler(io.BytesIO(data)).load())
     except Exception as e:  # noqa: BLE001 - any unpickling failure: not DCP metadata
         raise NotCheckpointMetadata(f"not a DCP metadata file ({type(e).__name__}: {e})") \
             from None
-    storage = _state(meta).get("storage_data")
+
+
+def dcp_items(data: bytes) -> list[tuple[str, int, int]]:
+    """(relative_path, offset, length) of every item a DCP ``.metadata`` stores."""
+    storage = _dcp_metadata(data).get("storage_data")
     if not isinstance(storage, dict) or not storage:
         raise NotCheckpointMetadata("no storage_data (not a torch DCP checkpoint?)")
     items: list[tuple[str, int, int]] = []
@@ -82,12 +86,7 @@ def dcp_sharded(data: bytes) -> bool:
     """Whether a DCP ``.metadata`` stores any tensor in parts (an FSDP or tensor-parallel
     save: each rank loads its own) rather than every tensor whole (a replicated model,
     which every rank loads whole)."""
-    try:
-        meta = _InertUnpickler(io.BytesIO(data)).load()
-    except Exception as e:  # noqa: BLE001 - any unpickling failure: not DCP metadata
-        raise NotCheckpointMetadata(f"not a DCP metadata file ({type(e).__name__}: {e})") \
-            from None
-    tensors = _state(meta).get("state_dict_metadata")
+    tensors = _dcp_metadata(data).get("state_dict_metadata")
     if not isinstance(tensors, dict):
         raise NotCheckpointMetadata("no state_dict_metadata (not a torch DCP checkpoint?)")
     for item in tensors.values():

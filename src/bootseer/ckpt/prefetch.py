@@ -189,7 +189,7 @@ def _stored_in_parts(engine, remote, sizes: dict) -> bool:
             data = f.read()
     except OSError:
         return False
-    return share.sharded("dcp", data)
+    return share.sharded(data)
 
 
 def _node_share(engine, node_reads, sources: dict, ranges: list) -> tuple[set[str], list]:

@@ -49,13 +49,11 @@ def applies(mode: str, nodes: int) -> bool:
     return mode == "reads" or (mode == "auto" and nodes >= 2)
 
 
-def sharded(kind: str, metadata: bytes | None) -> bool:
+def sharded(metadata: bytes) -> bool:
     """Under ``auto``: whether each rank loads its own part, so that a node stages its
-    ranks' reads. Only a DCP checkpoint that stores tensors in parts says so; one that
+    ranks' reads. Only a DCP ``.metadata`` that stores tensors in parts says so; one that
     stores every tensor whole (a replicated model), safetensors and other files are read
     whole by every rank: staged whole, the job's peers sharing them."""
-    if kind != "dcp" or metadata is None:
-        return False
     from bootseer.ckpt.named_files import NotCheckpointMetadata, dcp_sharded
     try:
         return dcp_sharded(metadata)

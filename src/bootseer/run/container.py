@@ -203,13 +203,7 @@ def _dev_lines(dev: str, o: Options) -> list[str]:
     lines = [f"mkdir -p {q}", f"mount -t tmpfs -o nosuid,noexec,mode=755,size=1m bootseer-dev {q}"]
     lines += [f"mknod -m 666 {q}/{name} c {major} {minor}"
               for name, major, minor in STANDARD_DEV_NODES]
-    lines += [f"mkdir -m 755 {q}/pts",
-              f"mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts {q}/pts",
-              f"ln -s pts/ptmx {q}/ptmx",
-              f"mkdir -m 1777 {q}/shm",
-              f"mount -t tmpfs -o nosuid,nodev,mode=1777{shm} shm {q}/shm",
-              f"ln -s /proc/self/fd {q}/fd", f"ln -s /proc/self/fd/0 {q}/stdin",
-              f"ln -s /proc/self/fd/1 {q}/stdout", f"ln -s /proc/self/fd/2 {q}/stderr"]
+    lines += rootless.dev_rest(q, shm)
     for node in o.devices.nodes:
         try:
             st = os.stat(node.host)

@@ -103,14 +103,19 @@ def dev_lines(dev: str, nodes: Sequence[tuple[str, str]], shm_size: int | None) 
         lines += _bind_file(f"/dev/{name}", f"{dev}/{name}")
     for host, target in nodes:
         lines += _bind_file(host, dev + target.removeprefix("/dev"))
-    lines += [f"mkdir -m 755 {q}/pts",
-              f"mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts {q}/pts",
-              f"ln -s pts/ptmx {q}/ptmx",
-              f"mkdir -m 1777 {q}/shm",
-              f"mount -t tmpfs -o nosuid,nodev,mode=1777{shm} shm {q}/shm",
-              f"ln -s /proc/self/fd {q}/fd", f"ln -s /proc/self/fd/0 {q}/stdin",
-              f"ln -s /proc/self/fd/1 {q}/stdout", f"ln -s /proc/self/fd/2 {q}/stderr"]
-    return lines
+    return lines + dev_rest(q, shm)
+
+
+def dev_rest(q: str, shm: str) -> list[str]:
+    """What every container's /dev has beside its device nodes (``q``: the quoted /dev
+    path, ``shm``: the shm mount's size option): its own pts, a shm, the fd links."""
+    return [f"mkdir -m 755 {q}/pts",
+            f"mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts {q}/pts",
+            f"ln -s pts/ptmx {q}/ptmx",
+            f"mkdir -m 1777 {q}/shm",
+            f"mount -t tmpfs -o nosuid,nodev,mode=1777{shm} shm {q}/shm",
+            f"ln -s /proc/self/fd {q}/fd", f"ln -s /proc/self/fd/0 {q}/stdin",
+            f"ln -s /proc/self/fd/1 {q}/stdout", f"ln -s /proc/self/fd/2 {q}/stderr"]
 
 
 def command(rootfs: str, state_dir: str, inner: Sequence[str], *,

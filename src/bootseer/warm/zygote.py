@@ -189,8 +189,7 @@ class Zygote:
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
 
     def serve(self) -> int:
-        if self.listener.fileno() >= 0 and not self.sel.get_map():
-            self.listen()
+        """Take workers (after :meth:`listen`) until stopped, idle or unsafe."""
         print(f"zygote ready: {self.path} ({rss_mb()} MiB)", file=sys.stderr, flush=True)
         try:
             # done (stopped, unsafe, too big): no new worker, but running ones are still
