@@ -93,10 +93,10 @@ def safetensors_plan(url: str, files: list[str], *, opener=None) -> list[Range]:
 
 
 def merge(plan: list[Range], gap: int = 0) -> list[Range]:
-    """Adjacent ranges of one file (gap bytes apart at most) become one."""
+    """Adjacent or overlapping ranges of one file (gap bytes apart at most) become one."""
     out: list[Range] = []
     for r in plan:
-        if out and out[-1].path == r.path and 0 <= r.start - out[-1].end <= gap:
+        if out and out[-1].path == r.path and out[-1].start <= r.start <= out[-1].end + gap:
             out[-1] = Range(r.path, out[-1].start, max(out[-1].end, r.end))
         else:
             out.append(r)

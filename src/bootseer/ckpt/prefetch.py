@@ -198,12 +198,7 @@ def _node_share(engine, node_reads, sources: dict, ranges: list) -> tuple[set[st
     starts reading streams whole from its first read."""
     from bootseer.ckpt import plan as plans
     history = node_reads.load(sources) or frozenset()
-    read: list = []   # the ranges read, sorted and merged (recorded reads may overlap)
-    for path, start, end in sorted(node_reads.ranges):
-        if read and read[-1].path == path and start <= read[-1].end:
-            read[-1] = plans.Range(path, read[-1].start, max(read[-1].end, end))
-        else:
-            read.append(plans.Range(path, start, end))
+    read = plans.merge([plans.Range(*r) for r in sorted(node_reads.ranges)])
     covered: dict[str, int] = {}
     for r in read:
         covered[r.path] = covered.get(r.path, 0) + r.length
