@@ -236,8 +236,10 @@ def test_chunks_in_the_node_cache_are_seeded_not_fetched(tree, nodes, tmp_path):
     entries linked into the seed copy); a node holding half fetches only the other half."""
     store, _, _, set_bytes = tree
     publish(tree, tmp_path)
-    full = nodes(1, nodes=3)
-    half = nodes(2, nodes=3)
+    # a peer that stalls takes the rest from the origin (a feature): under a loaded
+    # machine's pauses the origin's count would then measure load, not the cache
+    full = nodes(1, nodes=3, stall_s=20.0)
+    half = nodes(2, nodes=3, stall_s=20.0)
     refs = full.reader.all_chunks()
     for ref in refs:
         full.cache.put(ref.digest, full.reader.chunk(ref))
@@ -254,7 +256,7 @@ def test_chunks_in_the_node_cache_are_seeded_not_fetched(tree, nodes, tmp_path):
     # what the node had is not fetched again, the rest came from the other node's cache
     assert st_half["fetched_chunks"] == len(refs) - len(refs[::2]), st_half
     assert store.sent == sent0, "every chunk was in some node's cache"
-    empty = nodes(3, nodes=3).run()            # everything from the two caches
+    empty = nodes(3, nodes=3, stall_s=20.0).run()   # everything from the two caches
     st = empty.wait()
     assert empty.has_all() and st["origin_bytes"] == 0, st
 
