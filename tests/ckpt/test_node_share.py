@@ -100,6 +100,40 @@ def test_a_node_stages_the_shards_its_ranks_read(need_fuse, checkpoint, tmp_path
     assert "__0_0.distcp" not in served(server)
 
 
+def test_a_fresh_node_stages_the_profiled_part_of_a_shard_it_reads(need_fuse, checkpoint,
+                                                                   tmp_path):
+    """A node with no history of its own (a fresh node, or its ranks moved) and a recorded
+    access profile: a shard its rank starts reading streams the part the profile says was
+    read, not the whole file; a read past it still gets the right bytes, on demand."""
+    from bootseer.ckpt.mount import mount_checkpoint
+    src, server = checkpoint
+    url = f"{server.url}/"
+    stripe = 256 << 10
+    config = BootseerConfig.from_env({}, overrides={
+        "cache": {"dir": str(tmp_path / "node/cache")},
+        "ckpt": {"stage": "reads", "stripe_bytes": stripe, "readahead_max_bytes": stripe}})
+    want = (src / "__1_0.distcp").read_bytes()
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with mount_checkpoint(url, str(mp), config):   # records the profile: 1 MiB of __1 read
+        wait_for(lambda: ".metadata" in complete(config, url))
+        with open(mp / "__1_0.distcp", "rb") as f:
+            assert f.read(MiB) == want[:MiB]
+    staged_dir = staging.node_staging_dir(config)
+    history_path(staged_dir, url).unlink()   # no load of this node's own to plan from
+    staging.gc(staged_dir, 0)
+    since = log_size(server)
+    with mount_checkpoint(url, str(mp), config):
+        wait_for(lambda: ".metadata" in complete(config, url))
+        with open(mp / "__1_0.distcp", "rb") as f:
+            assert f.read(MiB) == want[:MiB]
+            time.sleep(1.0)   # what streams after the first read has had its time
+            # the profile's part (the first MiB and the kernel's read-ahead), not 3 MiB
+            assert sent(server, "__1_0.distcp", since) <= 2 * MiB + stripe
+            f.seek(2 * MiB)
+            assert f.read(MiB) == want[2 * MiB:3 * MiB]   # outside the profile: on demand
+
+
 def test_stage_all_and_a_bad_setting(need_fuse, checkpoint, tmp_path):
     from bootseer.ckpt.mount import mount_checkpoint
     from bootseer.errors import ConfigError

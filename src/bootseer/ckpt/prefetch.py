@@ -157,7 +157,8 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     else:
         partial: list = []
         if node_reads is not None:
-            wanted_files, partial = _node_share(engine, node_reads, sources, ranges)
+            wanted_files, partial = _node_share(engine, node_reads, sources, ranges,
+                                                exact=kind == "profile")
             ranges = [r for r in ranges if r.path in wanted_files]
         ranges = ranges + plans.file_plan({p: n for p, n in sizes.items() if p in wanted_files})
         ranges += partial   # what this node read last time of files it reads in part
@@ -192,10 +193,13 @@ def _stored_in_parts(engine, remote, sizes: dict) -> bool:
     return share.sharded(data)
 
 
-def _node_share(engine, node_reads, sources: dict, ranges: list) -> tuple[set[str], list]:
+def _node_share(engine, node_reads, sources: dict, ranges: list, *,
+                exact: bool) -> tuple[set[str], list]:
     """What is staged at once: (files whole: the small ones and those this node read whole
     last time, the ranges it read of the others); from then on, a large file the job
-    starts reading streams whole from its first read."""
+    starts reading streams from its first read: the ranges the recorded access profile
+    says were read of it (``exact``: the plan is such a profile; its other bytes are
+    read on demand), else the whole file."""
     from bootseer.ckpt import plan as plans
     history = node_reads.load(sources) or frozenset()
     read = plans.merge([plans.Range(*r) for r in sorted(node_reads.ranges)])
@@ -217,7 +221,9 @@ def _node_share(engine, node_reads, sources: dict, ranges: list) -> tuple[set[st
         src = sources.get(rel)
         if src is None or engine.closed:
             return
-        order = [r for r in ranges if r.path == rel] + [plans.Range(rel, 0, src.size)]
+        order = [r for r in ranges if r.path == rel]
+        if not (exact and order):
+            order.append(plans.Range(rel, 0, src.size))
         Prefetch(engine, [Span(src, r.start, r.end) for r in order])
     node_reads.planned(on_new)
     return whole, partial

@@ -10,8 +10,10 @@ With a node share, a node's prefetch takes
 * the byte ranges this node's ranks read at their last load of this checkpoint on this
   node (restarts mostly land on the same nodes, with the same ranks), in the order they
   were read, as soon as the start allows; a read outside them is served on demand;
-* any other large file from the moment the job first reads it: the whole file streams in
-  the background, in plan order, while the reads that came first are served on demand.
+* any other large file from the moment the job first reads it: the ranges the checkpoint's
+  recorded access profile says were read of it (another node's ranks read them: the same
+  model loads the same parts of a shard), else the whole file, in the background, while
+  the reads that came first are served on demand.
 
 Which ranks a node runs is known only after the rendezvous (torchrun's c10d backend hands
 out ranks in joining order), so the node learns its files from its own reads, never from a
