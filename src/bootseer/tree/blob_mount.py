@@ -37,7 +37,7 @@ from bootseer.tree.preread import PREFETCHED, hot_ranges, preread
 from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
-PREREAD = "preread"           # created in the state dir once the hot head was pre-read
+PREREAD = "preread"           # created in the state dir once the hot chunks were pre-read
 FRESH_BYTES = 64 << 20        # prefetched hot chunks kept in memory until pre-read
 
 
