@@ -101,7 +101,7 @@ def fetch(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
     try:
         with client.lane() as f:
             data = fetch_blob(f, client.store(), digest)   # checked against the digest
-    except BootseerError as e:   # missing, corrupt, or the store unreachable
+    except (BootseerError, OSError) as e:   # missing, corrupt, or the store unreachable
         log.warning("tree %s's stored metadata image cannot be used (%s): writing it here",
                     short, e)
         return None
