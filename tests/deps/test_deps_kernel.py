@@ -165,6 +165,46 @@ def test_a_tampered_blob_or_metadata_image_is_never_mounted(published, tmp_path,
     assert run_py(prefix, BOTH) == "3"
 
 
+def test_a_restore_mounts_the_snapshots_stored_metadata_image(published, tmp_path, caplog,
+                                                               monkeypatch):
+    """The snapshot's metadata image is made when it is published and named in its TOC: a
+    fresh node mounts that one and writes none; a copy in the store failing its digest is
+    never mounted (the node writes its own)."""
+    from bootseer.deps.snapshot import env_ref, load_manifest
+    from bootseer.store import open_store
+    from bootseer.tree import format as fmt
+    from bootseer.tree import meta_image
+    urls, spec, prefix, key = published
+    store = open_store(str(tmp_path / "store"))
+    tree = load_manifest(store, store.get_ref(env_ref(key)), key)["tree"]
+    image = fmt.decode(store.read(tree), tree).erofs["images"]["env"]
+    written = meta_image.write_image
+
+    def refuse(*a, **kw):
+        raise AssertionError("a metadata image was written at the restore")
+    monkeypatch.setattr(meta_image, "write_image", refuse)
+    with caplog.at_level(logging.INFO, logger="bootseer"):
+        assert restore(published, tmp_path, "n1").form == "mount"
+    assert run_py(prefix, BOTH) == "3"
+    assert "its stored metadata image" in caplog.text and "writing it here" not in caplog.text
+    metas = list((tmp_path / "n1" / "cache" / "erofs").glob("*.meta"))
+    assert [m.read_bytes() for m in metas] == [store.read(image)]
+    unmount(prefix)
+    monkeypatch.setattr(meta_image, "write_image", written)
+    path = store.path(image)
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[1024] ^= 0xFF
+    path.write_bytes(bytes(data))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bootseer"):
+        assert restore(published, tmp_path, "n2").form == "mount"
+    assert caplog.text.count("stored metadata image cannot be used") == 1
+    assert run_py(prefix, BOTH) == "3"
+    metas = list((tmp_path / "n2" / "cache" / "erofs").glob("*.meta"))
+    assert len(metas) == 1 and metas[0].read_bytes() != bytes(data)
+
+
 def test_umount_while_a_process_holds_a_file_open_is_lazy_and_leaves_nothing(published, tmp_path):
     urls, spec, prefix, key = published
     restore(published, tmp_path, "n1")

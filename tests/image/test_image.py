@@ -101,6 +101,11 @@ def test_image_tars_of_either_kind_convert(tmp_path, kind):
     from bootseer.tree.reader import TreeReader
     r = TreeReader(store, convert.convert(str(archive), store), Fetcher())
     assert r.read("/etc/a", 5000, 0) == b"A" * 5000
+    # its metadata image made at convert time, named by the TOC: a start only fetches it
+    from bootseer.tree import meta_image
+    from bootseer.tree.blob import BlobLayout
+    stored = store.read(r.toc.erofs["images"]["tree"])
+    assert stored == meta_image.image_of(r.digest, r.toc, BlobLayout(r.toc))
 
 
 def test_path_traversal_refused(tmp_path):

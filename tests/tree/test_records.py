@@ -20,10 +20,12 @@ from bootseer.store.cache import NodeCache
 from bootseer.store.digest import sha256_digest
 from bootseer.store.fetch import Fetcher
 from bootseer.tree import format as fmt
+from bootseer.tree import meta_image
+from bootseer.tree.blob import BlobLayout
 from bootseer.tree.build import BuildStats, TreeBuilder
 from bootseer.tree.extract import chunk_order, extract, plan
 from bootseer.tree.reader import TreeReader
-from bootseer.tree.toc import ChunkRef, Entry, Toc
+from bootseer.tree.toc import ChunkRef, Entry, Toc, TreeFormatError
 
 DATA = Path(__file__).parent / "data"
 BIG = bytes(range(256)) * 40   # 10240 bytes: chunks of 4096, 4096, 2048
@@ -57,7 +59,7 @@ def build_legacy_input(store) -> str:
     b.add_special("/dev/null", "c", 0o666, rdev=259)
     b.add_special("/dev/blk", "b", 0o660, rdev=2049)
     b.add_special("/run/fifo", "p", 0o644)
-    digest = b.finish({"env": ["PATH=/bin"], "chain_ids": ["sha256:" + "a" * 64]})
+    digest = b.finish({"env": ["PATH=/bin"], "chain_ids": ["sha256:" + "a" * 64]}, erofs=())
     assert b.stats == BuildStats(files=4, bytes=2 * len(BIG) + 10, chunks=7, dedup_chunks=4,
                                  stored_bytes=b.stats.stored_bytes)
     return digest
@@ -160,3 +162,31 @@ def test_the_rules_know_the_records_not_the_codec():
     assert not {m for m in imported if m and m.startswith("bootseer.tree.format")}
     assert not any(isinstance(n, ast.ImportFrom) and n.module == "bootseer.tree"
                    and any(a.name == "format" for a in n.names) for n in ast.walk(tree))
+
+
+def test_a_tree_names_its_stored_metadata_image_and_encodes_to_the_same_bytes(tmp_path):
+    """The builder stores the tree's metadata image and names it in the TOC (what the tree
+    digest covers); a TOC with the field decodes and encodes to its own bytes."""
+    store = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(store, chunk_size=4096)
+    b.add_file("/a", b"x" * 5000)
+    digest = b.finish()
+    blob = store.read(digest)
+    toc = fmt.decode(blob, digest)
+    assert set(toc.erofs) == {"format", "layout", "images"} and set(toc.erofs["images"]) == {"tree"}
+    image = store.read(toc.erofs["images"]["tree"])   # the store checked it against its digest
+    assert image == meta_image.image_of(digest, toc, BlobLayout(toc))
+    assert toc.erofs["layout"] == BlobLayout(toc).key
+    assert fmt.encode(toc) == blob
+
+
+@pytest.mark.parametrize("field", [
+    "sha256:" + "0" * 64, {"format": "x", "layout": "y"},
+    {"format": "x", "layout": "y", "images": {"tree": "md5:00"}}])
+def test_a_malformed_erofs_field_refuses_the_tree(field):
+    doc = {"v": 1, "kind": "bootseer.tree", "chunk_size": 4096, "packs": [], "meta": {},
+           "entries": [{"path": "/", "type": "d", "mode": 0o755, "uid": 0, "gid": 0,
+                        "mtime": 0.0, "size": 0}], "erofs": field}
+    blob = zstandard.ZstdCompressor().compress(json.dumps(doc).encode())
+    with pytest.raises(TreeFormatError, match="field 'erofs' is malformed"):
+        fmt.decode(blob)

@@ -17,6 +17,7 @@ from bootseer.testing.fakes import MemoryBackend
 from bootseer.tree import format as fmt
 from bootseer.tree.blob import BlobLayout
 from bootseer.tree.build import TreeBuilder
+from bootseer.tree.preread import hot_ranges
 
 # few distinct byte values: chunks repeat (dedup) and compress to varied sizes
 contents = st.binary(max_size=3000).map(lambda b: bytes(x % 3 for x in b))
@@ -67,9 +68,17 @@ def test_blob_layout_slots_are_aligned_disjoint_and_located(tree, chunk_size, da
     _, toc = build(tree, chunk_size, 1 << 20)
     chunks = {c.digest: c for e in toc.entries if e.type == "f" for c in e.chunks or ()}
     hot = data.draw(st.lists(st.sampled_from(sorted(chunks)), max_size=5)) if chunks else []
-    layout = BlobLayout(toc, hot)
+    layout = BlobLayout(toc)
     assert sorted(c.digest for c in layout.refs) == sorted(chunks)
-    assert [c.digest for c in layout.refs[:layout.hot_count]] == list(dict.fromkeys(hot))
+    # in TOC order whatever the profile: the layout, and so the metadata image, is the
+    # tree's own
+    assert [c.digest for c in layout.refs] == [c.digest for c in toc.distinct_chunks()]
+    ranges = hot_ranges(layout, hot)
+    assert [r.digest for r in ranges] == list(dict.fromkeys(hot))
+    for r in ranges:   # where a file holds the hot chunk, in that file's coordinates
+        e = next(e for e in toc.entries if e.path == r.path)
+        assert e.chunks[r.offset // chunk_size].digest == r.digest
+        assert r.length == chunks[r.digest].size
     ends = [*layout.offsets[1:], layout.size] if layout.refs else []
     for i, (c, start, end) in enumerate(zip(layout.refs, layout.offsets, ends, strict=True)):
         assert start % BLOCK == 0 and layout.block_of[c.digest] * BLOCK == start
@@ -77,5 +86,3 @@ def test_blob_layout_slots_are_aligned_disjoint_and_located(tree, chunk_size, da
         for off in (start, start + c.size // 2, end - 1):
             assert layout.locate(off) == i
     assert layout.size == layout.blocks * BLOCK
-    # the hot chunks are the blob's first bytes: read ahead of everything else
-    assert layout.hot_bytes == ([0, *ends][layout.hot_count] if layout.refs else 0)

@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from bootseer import trace as tracing
@@ -31,12 +30,10 @@ from bootseer.errors import MountError
 from bootseer.mount.choose import What, choose
 from bootseer.mount.erofs import images, kernel
 from bootseer.store.client import StoreClient
+from bootseer.tree import meta_image
 from bootseer.tree.blob import BlobLayout, unsupported
-from bootseer.tree.blob_mount import image_of
-from bootseer.tree.extract import SETID
 from bootseer.tree.extract import extract as extract_tree
 from bootseer.tree.reader import TreeReader
-from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
 
@@ -139,16 +136,6 @@ def mount_restore(config: BootseerConfig, store, manifest: dict, prefix: str, ke
         raise
 
 
-def without_privileges(toc: Toc) -> Toc:
-    """The TOC as an environment is restored: no set-id bits, only ``user.*`` xattrs, no
-    device nodes or fifos (as an extraction writes it; the mounts are nosuid, nodev)."""
-    entries = tuple(replace(e, mode=e.mode & ~SETID,
-                            xattrs={k: v for k, v in (e.xattrs or {}).items()
-                                    if k.startswith("user.")})
-                    for e in toc.entries if e.type not in ("c", "b", "p"))
-    return replace(toc, entries=entries)
-
-
 def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str, key: str,
                      *, writable: bool, progress) -> None:
     tree = manifest["tree"]
@@ -171,17 +158,16 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
         if why is not None:
             raise KernelMountError(f"the snapshot's tree cannot be an EROFS image: {why}")
         layout = BlobLayout(reader.toc)
-        # the metadata image (pure Python, a second or two for 20k files) is written
-        # while the fetch's threads decompress and verify
+        # the metadata image (the snapshot's stored one, else written here: a second or
+        # two for 20k files) is fetched while the blob is
         made: dict = {}
 
         def write_meta() -> None:
             # its own cache entry: the lazy mount of the same tree keeps every bit
-            name, toc = f"{tree}:env", without_privileges(reader.toc)
             try:
                 made["meta"] = str(images.metadata_image(
-                    config.cache.dir, name, layout.key, state,
-                    lambda: image_of(name, toc, layout)))
+                    config.cache.dir, f"{tree}:env", layout.key, state,
+                    lambda: meta_image.image(config, tree, reader.toc, layout, "env")))
             except BaseException as e:  # noqa: BLE001 - raised in the restoring thread
                 made["error"] = e
         writer = threading.Thread(target=write_meta, name="bootseer-erofs-meta")

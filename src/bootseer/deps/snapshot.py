@@ -70,7 +70,8 @@ def publish(store, prefix: str, key: str, portable_key: str | None = None, *,
     with tracing.phase("deps.publish"):
         b = TreeBuilder(store)
         add_directory(b, root)
-        tree = b.finish(meta={"kind": "bootseer.env", "key": key, "prefix": prefix})
+        tree = b.finish(meta={"kind": "bootseer.env", "key": key, "prefix": prefix},
+                        erofs=("env",))   # the image a restore mounts, made once here
         manifest = {"format": FORMAT, "key": key, "tree": tree, "prefix": prefix,
                     "created": time.time(), "relocations": relocate.scan(root, prefix),
                     "cuda": compat.installed_cuda_runtime(root), "python": python}

@@ -1,13 +1,16 @@
 """A tree as one data blob plus an EROFS metadata image (the kernel path of a lazy mount).
 
 The blob holds every distinct chunk of the tree once, uncompressed, each at a 4 KiB
-boundary, the profile's hot chunks first in their recorded order, then the rest in TOC
-order (a package's files side by side). A blob offset maps back to one chunk digest,
+boundary, in TOC order (a package's files side by side). The layout depends on the tree
+alone, never on a profile, so the metadata image pointing into it is made once, when the
+tree is built (``bootseer.tree.meta_image``), and one local blob serves every profile;
+the start's hot chunks are found through the files holding them (the pre-read follows
+exact ranges, ``bootseer.tree.preread``). A blob offset maps back to one chunk digest,
 so reads are verified, cached, recorded and prefetched per chunk exactly as on the
 FUSE tree view, and profiles stay the same format. Dedup across trees stays in the node
 cache and the store (content-addressed chunks); inside one blob a chunk appears once.
 
-* :class:`BlobLayout`: where each chunk sits, the hot extent, a key naming the layout;
+* :class:`BlobLayout`: where each chunk sits, and a key naming the layout;
 * :func:`erofs_root`: the TOC as writer inodes pointing into that layout;
 * :class:`BlobView`: the one-file view a FUSE server mounts while the blob is incomplete;
 * :func:`write_blob` / :func:`assemble` / :func:`verify_blob`: the complete blob as a
@@ -46,7 +49,7 @@ def unsupported(toc: Toc) -> str | None:
 
 
 class BlobLayout:
-    def __init__(self, toc: Toc, hot: list[str] | tuple[str, ...] = ()):
+    def __init__(self, toc: Toc):
         self.chunk_size = toc.chunk_size
         by_digest: dict[str, ChunkRef] = {}
         # a file holding the chunk, and its index there (profile rows name the path)
@@ -56,12 +59,8 @@ class BlobLayout:
                 if c.digest not in by_digest:
                     by_digest[c.digest] = c
                     self.where[c.digest] = (e.path, i)
-        hot_refs = []
-        for d in dict.fromkeys(hot):
-            if d in by_digest:
-                hot_refs.append(by_digest.pop(d))
-        self.refs: list[ChunkRef] = hot_refs + list(by_digest.values())
-        self.hot_count = len(hot_refs)
+        self.ref_of = by_digest
+        self.refs: list[ChunkRef] = list(by_digest.values())
         self.offsets: list[int] = []
         self.block_of: dict[str, int] = {}
         blk = 0
@@ -71,8 +70,6 @@ class BlobLayout:
             blk += max(blocks_for(c.size), 1)
         self.blocks = blk
         self.size = blk * BLOCK
-        self.hot_bytes = self.offsets[len(hot_refs)] if len(hot_refs) < len(self.refs) \
-            else self.size
         h = hashlib.sha256(LAYOUT_VERSION + b"\0%d\0" % self.chunk_size)
         for c in self.refs:
             h.update(b"%s:%d\0" % (c.digest.encode(), c.size))

@@ -1,7 +1,9 @@
 """A lazy tree on the kernel path, as the tree describes it to the serving seam
 (:mod:`bootseer.mount.serve`, which chooses, mounts and unmounts):
 
-* the metadata image, written from the TOC (about 100 bytes per file plus directories);
+* the metadata image (about 100 bytes per file plus directories), made when the tree was
+  built and fetched by the digest its TOC names, else written here
+  (:mod:`bootseer.tree.meta_image`);
 * the data blob's layout, how a local copy is checked chunk by chunk and how it is
   assembled from the node cache;
 * the single-file view a FUSE server serves the blob from when it is not local (the tree
@@ -23,19 +25,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
-from bootseer.mount.erofs.writer import write_image
 from bootseer.mount.handle import MountHandle
 from bootseer.mount.serve import ErofsTree
 from bootseer.mount.view import TreeView
 from bootseer.node import partfile
 from bootseer.store.cache import NodeCache
 from bootseer.store.client import StoreClient
-from bootseer.tree.blob import BlobLayout, all_local, assemble, erofs_root, verify_blob
+from bootseer.tree import meta_image
+from bootseer.tree.blob import BlobLayout, all_local, assemble, verify_blob
 from bootseer.tree.preread import PREFETCHED, hot_ranges, preread
 from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
-PREREAD = "preread"           # created in the state dir once the hot head was pre-read
+PREREAD = "preread"           # created in the state dir once the hot chunks were pre-read
 FRESH_BYTES = 64 << 20        # prefetched hot chunks kept in memory until pre-read
 
 
@@ -60,28 +62,19 @@ class LocalBlob:
         assemble(self.layout, self.cache, dest)
 
 
-def image_of(tree: str, toc: Toc, layout: BlobLayout) -> bytes:
-    """The EROFS metadata image of ``toc`` with its data in ``layout``'s blob."""
-    root, skipped = erofs_root(toc, layout)
-    image, stats = write_image(root, chunk_size=layout.chunk_size, blob_blocks=layout.blocks,
-                               tag=layout.key.encode())
-    if stats.skipped_xattrs or skipped["hardlinks_to_missing"]:
-        log.warning("tree %s: %d xattrs outside EROFS's namespaces and %d dangling hard "
-                    "links are not in the image", tree[:19], stats.skipped_xattrs,
-                    skipped["hardlinks_to_missing"])
-    return image
-
-
 def erofs_tree(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
-               blob_view: Callable[[], TreeView], blob_server: str) -> ErofsTree:
-    """The kernel path's description of ``tree`` (``blob_view``: the blob server's view
-    factory, ``blob_server`` its mount's name)."""
+               hot: list[str], blob_view: Callable[[], TreeView],
+               blob_server: str) -> ErofsTree:
+    """The kernel path's description of ``tree`` (``hot``: the profile's chunks in its
+    order, ``blob_view``: the blob server's view factory, ``blob_server`` its mount's
+    name). Its metadata image is the one stored with the tree, fetched while the blob
+    server starts, or written here when there is none to use."""
     return ErofsTree(
         name=tree, blob=LocalBlob(config, layout),
-        image=lambda: image_of(tree, toc, layout),
+        image=lambda: meta_image.image(config, tree, toc, layout, "tree"),
         blob_view=blob_view, blob_server=blob_server,
         on_local=lambda state: _on_local_blob(tree, state),
-        on_fuse_blob=lambda handle, state: _on_fuse_blob(config, layout, handle, state))
+        on_fuse_blob=lambda handle, state: _on_fuse_blob(config, layout, hot, handle, state))
 
 
 def _on_local_blob(tree: str, state: Path) -> None:
@@ -94,12 +87,13 @@ def _on_local_blob(tree: str, state: Path) -> None:
         (state / marker).touch()
 
 
-def _on_fuse_blob(config: BootseerConfig, layout: BlobLayout, handle: MountHandle,
-                  state: Path) -> None:
+def _on_fuse_blob(config: BootseerConfig, layout: BlobLayout, hot: list[str],
+                  handle: MountHandle, state: Path) -> None:
     """The hot chunks into the page cache, each as soon as the prefetch made it local."""
     is_local = StoreClient.of(config).cache.contains
+    ranges = hot_ranges(layout, hot)
     threading.Thread(target=preread, daemon=True, name="bootseer-preread",
-                     args=(os.path.abspath(handle.mountpoint), hot_ranges(layout), is_local,
+                     args=(os.path.abspath(handle.mountpoint), ranges, is_local,
                            state / PREFETCHED, state / PREREAD, handle.stopped)).start()
-    log.info("EROFS at %s on the FUSE-served blob (%d bytes, hot head %d)",
-             handle.mountpoint, layout.size, layout.hot_bytes)
+    log.info("EROFS at %s on the FUSE-served blob (%d bytes; %d hot chunks, %d bytes)",
+             handle.mountpoint, layout.size, len(ranges), sum(r.length for r in ranges))

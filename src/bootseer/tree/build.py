@@ -16,6 +16,7 @@ from typing import IO, TypedDict
 from bootseer.errors import BootseerError
 from bootseer.store.digest import sha256_digest
 from bootseer.tree import format as fmt
+from bootseer.tree import meta_image
 from bootseer.tree.toc import ChunkRef, Entry, Toc
 
 CHUNK = 1 << 20
@@ -210,8 +211,11 @@ class TreeBuilder:
         self._pending = []
         self._pack = bytearray()
 
-    def finish(self, meta: dict | None = None) -> str:
-        """Write the last pack and the TOC; return the tree digest."""
+    def finish(self, meta: dict | None = None,
+               erofs: tuple[str, ...] = ("tree",)) -> str:
+        """Write the last pack, the EROFS metadata images of ``erofs``'s variants
+        (``bootseer.tree.meta_image``: made once here, never at a start) and the TOC
+        naming them; return the tree digest."""
         self._flush()
         if "/" not in self.entries:
             self.add_dir("/")
@@ -219,7 +223,10 @@ class TreeBuilder:
         entries = tuple(
             replace(e, chunks=tuple(self._seen[c.digest] for c in e.chunks)) if e.chunks
             else e for e in (self.entries[p] for p in sorted(self.entries)))
-        blob = fmt.encode(Toc(self.chunk_size, tuple(self.packs), entries, meta or {}))
+        toc = Toc(self.chunk_size, tuple(self.packs), entries, meta or {})
+        if erofs:
+            toc = replace(toc, erofs=meta_image.stored(self.store, toc, erofs))
+        blob = fmt.encode(toc)
         digest = sha256_digest(blob)
         self.store.write(digest, blob)
         return digest

@@ -49,12 +49,14 @@ class Preread:
     skipped_bytes: int = 0
 
 
-def hot_ranges(layout: BlobLayout) -> list[HotRange]:
-    """Each hot chunk in profile order, where one file of the tree holds it."""
+def hot_ranges(layout: BlobLayout, hot: list[str]) -> list[HotRange]:
+    """Each hot chunk (``hot``: digests in profile order), where one file of the tree
+    holds it."""
     out = []
-    for ref in layout.refs[:layout.hot_count]:
-        path, i = layout.where[ref.digest]
-        out.append(HotRange(ref.digest, path, i * layout.chunk_size, ref.size))
+    for d in dict.fromkeys(hot):
+        if d in layout.where:
+            path, i = layout.where[d]
+            out.append(HotRange(d, path, i * layout.chunk_size, layout.ref_of[d].size))
     return out
 
 

@@ -184,7 +184,7 @@ def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: 
     """Runs in the blob's FUSE server process: the tree session behind a one-file view."""
     s = TreeSession(config, tree, state_dir, record=record, profile=profile,
                     window_timeout_s=window_timeout_s)
-    layout = BlobLayout(s.reader.toc, hot)
+    layout = BlobLayout(s.reader.toc)
     if layout.key != key:
         raise ValueError(f"blob layout {layout.key[:12]} differs from the image's {key[:12]}")
     # the pre-read follows the prefetch closely: hot chunks wait for it in memory
@@ -200,10 +200,10 @@ def _kernel_path(config: BootseerConfig, tree: str, toc: Toc, profile: dict | No
     if why is not None:
         return why
     hot = [row[0] for row in profile["chunks"]] if profile else []
-    layout = BlobLayout(toc, hot)
+    layout = BlobLayout(toc)   # the profile's own: its metadata image was made once
     view = functools.partial(blob_server_view, config, tree, state_dir, record, profile,
                              window_timeout_s, hot, layout.key)
-    return blob_mount.erofs_tree(config, tree, toc, layout, view,
+    return blob_mount.erofs_tree(config, tree, toc, layout, hot, view,
                                  blob_server=f"{name}-blob-{tree[7:19]}")
 
 

@@ -70,6 +70,8 @@ def check(doc: dict, digest: str = "") -> None:
     for p in packs:
         if type(p) is not str or not _DIGEST.fullmatch(p):
             raise TreeFormatError(f"{name} is refused: pack {p!r} is not a sha256 digest")
+    if "erofs" in doc:
+        _check_erofs(doc["erofs"], name)
     by_path: dict[str, dict] = {}
     for e in entries:
         if type(e) is not dict:
@@ -114,6 +116,18 @@ def check(doc: dict, digest: str = "") -> None:
             if te is None or te["type"] != "f":
                 raise refuse(path, f"is a hard link to {target!r}, which is not a regular "
                                    f"file of the tree")
+
+
+def _check_erofs(field: object, name: str) -> None:
+    """The optional field naming the stored metadata images: a format and a layout key
+    (strings) and images by variant, each a sha256 digest."""
+    images = field.get("images") if type(field) is dict else None
+    if not (type(field) is dict and type(field.get("format")) is str
+            and type(field.get("layout")) is str and type(images) is dict
+            and all(type(k) is str and type(v) is str and _DIGEST.fullmatch(v)
+                    for k, v in images.items())):
+        raise TreeFormatError(f"{name} is refused: its field 'erofs' is malformed "
+                              f"(format, layout and images by variant, each a sha256 digest)")
 
 
 def _check_fields(e: dict, refuse) -> None:
