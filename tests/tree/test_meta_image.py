@@ -106,3 +106,18 @@ def test_a_tree_without_a_stored_image_still_mounts(tmp_path, src, caplog):
     finally:
         handle.unmount()
     assert caplog.text.count("names no stored tree metadata image") == 1
+
+
+def test_a_node_that_refuses_stored_images_writes_its_own(tmp_path, src, caplog):
+    from dataclasses import replace
+    store, digest, toc = _build(tmp_path, src)
+    config = _config(tmp_path)
+    config = replace(config, mount=replace(config.mount, stored_metadata=False))
+    with caplog.at_level(logging.INFO, logger="bootseer"):
+        handle, mp, _ = _mount(config, digest, tmp_path)
+    try:
+        assert assert_same_tree(src, mp) > 50
+    finally:
+        handle.unmount()
+    assert "mount.stored_metadata is off" in caplog.text
+    assert "its stored metadata image" not in caplog.text

@@ -231,6 +231,11 @@ class MountConfig:
     """How lazy trees (images, environments) are mounted: ``erofs`` (the kernel's EROFS on
     a metadata image and a data blob), ``fuse`` (the Python FUSE tree view) or ``auto``
     (EROFS where the kernel has file-backed mounts, else FUSE, said once in the log)."""
+    stored_metadata: bool = True
+    """Mount the EROFS metadata image a tree's producer stored with it (its digest is part
+    of the tree's, so it is as trusted as the tree; a fresh node then writes none). False:
+    every node writes its own from the checked TOC, so the kernel parses only images this
+    node wrote (a site that does not trust its image producers' tooling that far)."""
     platform: str = ""
     """Which tree of a multi-platform image this node mounts (``os/arch[/variant]``);
     empty: this machine's (``platform.machine()`` in OCI's names: x86_64 is amd64)."""

@@ -87,6 +87,10 @@ def fetch(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
           variant: str) -> bytes | None:
     """The stored image, verified; None (said once) when there is none to use."""
     field, short = toc.erofs, tree[:19]
+    if not config.mount.stored_metadata:
+        log.info("tree %s: mount.stored_metadata is off: writing its %s metadata image here",
+                 short, variant)
+        return None
     digest = (field or {}).get("images", {}).get(variant)
     if field is None or digest is None:
         log.info("tree %s names no stored %s metadata image (built before they were "
