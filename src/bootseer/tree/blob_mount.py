@@ -73,21 +73,25 @@ def image_of(tree: str, toc: Toc, layout: BlobLayout) -> bytes:
 
 
 def erofs_tree(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
-               blob_view: Callable[[], TreeView], blob_server: str) -> ErofsTree:
+               blob_view: Callable[[], TreeView], blob_server: str,
+               profile: dict | None = None) -> ErofsTree:
     """The kernel path's description of ``tree`` (``blob_view``: the blob server's view
-    factory, ``blob_server`` its mount's name)."""
+    factory, ``blob_server`` its mount's name; ``profile``: the hot set, whose read blocks
+    the pre-read follows)."""
     return ErofsTree(
         name=tree, blob=LocalBlob(config, layout),
         image=lambda: image_of(tree, toc, layout),
         blob_view=blob_view, blob_server=blob_server,
         on_local=lambda state: _on_local_blob(tree, state),
-        on_fuse_blob=lambda handle, state: _on_fuse_blob(config, layout, handle, state))
+        on_fuse_blob=lambda handle, state: _on_fuse_blob(config, layout, handle, state,
+                                                         profile))
 
 
 def _on_local_blob(tree: str, state: Path) -> None:
     partfile.write_atomic(state / "figures.json", json.dumps({
         "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
-        "read_chunks": 0, "read_bytes": 0, "coverage": 1.0, "precision": None,
+        "read_chunks": 0, "read_bytes": 0, "read_block_bytes": 0,
+        "coverage": 1.0, "precision": None,
         "stall_s": 0.0, "demand_chunks": 0, "store_bytes": 0, "store_requests": 0,
         "prefetch": None}).encode())
     for marker in (PREFETCHED, PREREAD):
@@ -95,11 +99,13 @@ def _on_local_blob(tree: str, state: Path) -> None:
 
 
 def _on_fuse_blob(config: BootseerConfig, layout: BlobLayout, handle: MountHandle,
-                  state: Path) -> None:
-    """The hot chunks into the page cache, each as soon as the prefetch made it local."""
+                  state: Path, profile: dict | None = None) -> None:
+    """The hot ranges into the page cache, each as soon as the prefetch made its chunk
+    local."""
     is_local = StoreClient.of(config).cache.contains
     threading.Thread(target=preread, daemon=True, name="bootseer-preread",
-                     args=(os.path.abspath(handle.mountpoint), hot_ranges(layout), is_local,
+                     args=(os.path.abspath(handle.mountpoint), hot_ranges(layout, profile),
+                           is_local,
                            state / PREFETCHED, state / PREREAD, handle.stopped)).start()
     log.info("EROFS at %s on the FUSE-served blob (%d bytes, hot head %d)",
              handle.mountpoint, layout.size, layout.hot_bytes)

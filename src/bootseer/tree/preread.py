@@ -5,7 +5,8 @@ Python.
 
 Two things keep the pre-read from costing the job anything:
 
-* it reads exactly the hot chunks' bytes: the file is opened with ``POSIX_FADV_RANDOM``, so
+* it reads exactly the hot bytes (the blocks the profile says the start read, or the
+  whole chunk when it names none): the file is opened with ``POSIX_FADV_RANDOM``, so
   the kernel's read-ahead never runs past a hot range into the file's next chunk (a cold
   one: it would be fetched on demand, a stall on the link the job shares, and recorded
   into the next profile as if the job had read it);
@@ -41,7 +42,7 @@ class HotRange:
 
 @dataclass(frozen=True, slots=True)
 class Preread:
-    """What a pre-read did: the hot chunks (and bytes) read into the page cache, and
+    """What a pre-read did: the hot ranges (and bytes) read into the page cache, and
     those skipped because the prefetch did not make them local."""
     chunks: int = 0
     bytes: int = 0
@@ -49,12 +50,31 @@ class Preread:
     skipped_bytes: int = 0
 
 
-def hot_ranges(layout: BlobLayout) -> list[HotRange]:
-    """Each hot chunk in profile order, where one file of the tree holds it."""
+def hot_ranges(layout: BlobLayout, profile: dict | None = None) -> list[HotRange]:
+    """Each hot chunk in profile order, where one file of the tree holds it: its read
+    blocks (runs of neighbours as one range, in first-access order) when ``profile``
+    names them, else the whole chunk."""
+    bsize = (profile or {}).get("block_size")
+    blocks = (profile or {}).get("blocks") or {}
     out = []
     for ref in layout.refs[:layout.hot_count]:
         path, i = layout.where[ref.digest]
-        out.append(HotRange(ref.digest, path, i * layout.chunk_size, ref.size))
+        base = i * layout.chunk_size
+        mine = blocks.get(ref.digest) if bsize else None
+        if mine is None or not bsize:
+            out.append(HotRange(ref.digest, path, base, ref.size))
+            continue
+        runs: list[list[int]] = []   # [first block, blocks]
+        for b in mine:
+            if b * bsize >= ref.size:
+                continue
+            if runs and runs[-1][0] + runs[-1][1] == b:
+                runs[-1][1] += 1
+            else:
+                runs.append([b, 1])
+        for b, n in runs:
+            lo = b * bsize
+            out.append(HotRange(ref.digest, path, base + lo, min(n * bsize, ref.size - lo)))
     return out
 
 

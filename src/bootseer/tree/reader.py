@@ -55,8 +55,9 @@ class TreeReader:
                 parent, name = p.rsplit("/", 1)
                 self.children.setdefault(parent or "/", []).append(name)
         self._sources = [BlobSource(store, d) for d in self.packs]
-        # access recorder hook: (chunk digest, path, bytes, was it local when read)
-        self.on_chunk: Callable[[str, str, int, bool], None] | None = None
+        # access recorder hook: (chunk digest, path, bytes, was it local when read, and
+        # the bytes lo:hi of the chunk the read wants)
+        self.on_chunk: Callable[[str, str, int, bool, int, int | None], None] | None = None
         self._zd = threading.local()
         self.counters = {"chunks_local": 0, "chunks_fetched": 0, "bytes_fetched": 0,
                          "stall_s": 0.0}
@@ -143,9 +144,10 @@ class TreeReader:
             while self._fresh_bytes > self._fresh_max and self._fresh:
                 self._fresh_bytes -= len(self._fresh.popitem(last=False)[1])
 
-    def chunk(self, ref: ChunkRef, path: str = "") -> bytes:
+    def chunk(self, ref: ChunkRef, path: str = "", lo: int = 0, hi: int | None = None) -> bytes:
         """Uncompressed, verified bytes of one chunk (memory, then the node cache, whose
-        entries are re-verified as they are read, then the store)."""
+        entries are re-verified as they are read, then the store). ``lo:hi``: the part
+        the caller wants, for the recorder (the whole chunk is returned)."""
         digest = ref.digest
         fresh = None
         with self._lock:
@@ -166,10 +168,10 @@ class TreeReader:
             with self._lock:
                 self.counters["chunks_local"] += 1
             if self.on_chunk is not None:
-                self.on_chunk(digest, path, ref.size, True)
+                self.on_chunk(digest, path, ref.size, True, lo, hi)
             return data
         if self.on_chunk is not None:
-            self.on_chunk(digest, path, ref.size, False)
+            self.on_chunk(digest, path, ref.size, False, lo, hi)
         t0 = time.monotonic()
         fut = self.submit_chunk(ref, Priority.DEMAND)
         if path:
@@ -252,5 +254,5 @@ class TreeReader:
         for i in range(offset // csize, (end - 1) // csize + 1):
             ref, base = chunks[i], i * csize
             lo, hi = max(offset - base, 0), min(end - base, ref.size)
-            out.append(self.chunk(ref, path)[lo:hi])
+            out.append(self.chunk(ref, path, lo, hi)[lo:hi])
         return b"".join(out)

@@ -1,0 +1,75 @@
+"""Hot sets at block granularity: the recorder notes which blocks of each chunk a start
+reads, profiles merge them, older profiles (whole chunks) still read, and the pre-read
+follows the blocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from bootseer.tree import profile as prof
+from bootseer.tree.blob import BlobLayout
+from bootseer.tree.preread import HotRange, hot_ranges
+from bootseer.tree.record import BLOCK, AccessRecorder
+from bootseer.tree.toc import ChunkRef, Entry, Toc
+
+MiB = 1 << 20
+
+
+def test_recorder_notes_the_blocks_read_in_first_access_order():
+    rec = AccessRecorder("t1", timeout_s=None)
+    rec("c1", "/a", MiB, False, 5 * BLOCK + 10, 5 * BLOCK + 4096)   # a 4 KiB touch
+    rec("c1", "/a", MiB, True, 0, 2 * BLOCK)                         # two blocks
+    rec("c1", "/a", MiB, True, 5 * BLOCK, 5 * BLOCK + 1)             # again: no new block
+    rec("c2", "/b", 3000)                                            # whole small chunk
+    p = rec.profile()
+    assert p["block_size"] == BLOCK and p["blocks"] == {"c1": [5, 0, 1], "c2": [0]}
+    assert rec.first_bytes == MiB + 3000 and rec.block_bytes == 3 * BLOCK + 3000
+    assert prof.hot_bytes(p) == {"chunk_bytes": MiB + 3000, "block_bytes": 3 * BLOCK + 3000}
+
+
+def _p(chunks, blocks=None, runs=1):
+    p = {"kind": "bootseer.profile", "tree": "t1", "runs": runs,
+         "chunks": [[d, first, 1, "/f", MiB] for d, first in chunks]}
+    if blocks is not None:
+        p.update(block_size=BLOCK, blocks=blocks)
+    return p
+
+
+def test_merge_unites_block_lists_and_an_old_profile_makes_its_chunks_whole():
+    a = _p([("c1", 0.1), ("c2", 0.2)], {"c1": [3, 1], "c2": [0]})
+    b = _p([("c1", 0.3), ("c3", 0.4)], {"c1": [1, 7], "c3": [2]})
+    m = prof.merge([a, b])
+    assert m["blocks"] == {"c1": [3, 1, 7], "c2": [0], "c3": [2]}
+    assert prof.hot_bytes(m)["block_bytes"] == 5 * BLOCK
+    old = _p([("c2", 0.1)])   # recorded before block lists: c2 was read whole
+    m2 = prof.merge([m, old])
+    assert m2["blocks"] == {"c1": [3, 1, 7], "c3": [2]}
+    assert prof.hot_bytes(m2) == {"chunk_bytes": 3 * MiB, "block_bytes": 4 * BLOCK + MiB}
+    # profiles all without blocks merge as before, with no block lists at all
+    plain = prof.merge([old, _p([("c9", 0.2)])])
+    assert "blocks" not in plain and prof.hot_bytes(plain)["block_bytes"] == 2 * MiB
+    # another block size cannot be united: those chunks count whole
+    other = {**_p([("c1", 0.5)]), "block_size": 2 * BLOCK, "blocks": {"c1": [0]}}
+    assert "c1" not in prof.merge([m, other])["blocks"]
+
+
+def test_malformed_block_lists_are_refused_with_a_hint():
+    for bad in ({"block_size": 1000, "blocks": {}},
+                {"block_size": BLOCK, "blocks": {"c1": ["x"]}},
+                {"block_size": BLOCK, "blocks": [1]}):
+        with pytest.raises(prof.ProfileError, match="record it again"):
+            prof.check({**_p([("c1", 0.1)]), **bad}, "t1")
+    with pytest.raises(prof.ProfileError, match="another image"):
+        prof.check(_p([("c1", 0.1)], {"c1": [0]}), "t2")
+
+
+def test_preread_ranges_follow_the_blocks_and_old_profiles_read_whole_chunks():
+    refs = (ChunkRef("c1", 0, 0, 1, MiB), ChunkRef("c2", 0, 1, 1, MiB // 2))
+    toc = Toc(MiB, ("p",), (Entry("/", "d", 0o755, 0, 0, 0.0, 0),
+                            Entry("/f", "f", 0o644, 0, 0, 0.0, MiB + MiB // 2, chunks=refs)))
+    lay = BlobLayout(toc, ["c1", "c2"])
+    assert hot_ranges(lay) == [HotRange("c1", "/f", 0, MiB), HotRange("c2", "/f", MiB, MiB // 2)]
+    p = _p([("c1", 0.1), ("c2", 0.2)], {"c1": [4, 5, 6, 0], "c2": [7, 8, 9]})
+    assert hot_ranges(lay, p) == [
+        HotRange("c1", "/f", 4 * BLOCK, 3 * BLOCK), HotRange("c1", "/f", 0, BLOCK),
+        HotRange("c2", "/f", MiB + 7 * BLOCK, BLOCK)]   # blocks 8, 9 lie past its end
