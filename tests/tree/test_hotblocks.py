@@ -1,16 +1,23 @@
 """Hot sets at block granularity: the recorder notes which blocks of each chunk a start
 reads, profiles merge them, older profiles (whole chunks) still read, and the pre-read
-follows the blocks."""
+follows the blocks; the tree's block table (bound to the TOC) checks each block."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
 
+import pytest
+import zstandard
+
+from bootseer.errors import DigestMismatch
+from bootseer.tree import blocks
+from bootseer.tree import format as fmt
 from bootseer.tree import profile as prof
 from bootseer.tree.blob import BlobLayout
 from bootseer.tree.preread import HotRange, hot_ranges
 from bootseer.tree.record import BLOCK, AccessRecorder
-from bootseer.tree.toc import ChunkRef, Entry, Toc
+from bootseer.tree.toc import ChunkRef, Entry, Toc, TreeFormatError
 
 MiB = 1 << 20
 
@@ -73,3 +80,50 @@ def test_preread_ranges_follow_the_blocks_and_old_profiles_read_whole_chunks():
     assert hot_ranges(lay, p) == [
         HotRange("c1", "/f", 4 * BLOCK, 3 * BLOCK), HotRange("c1", "/f", 0, BLOCK),
         HotRange("c2", "/f", MiB + 7 * BLOCK, BLOCK)]   # blocks 8, 9 lie past its end
+
+
+def _tree(tmp_path, **kw):
+    from bootseer.store import open_store
+    from bootseer.tree.build import TreeBuilder
+    store = open_store(str(tmp_path / "store"))
+    b = TreeBuilder(store, chunk_size=MiB, **kw)
+    data = os.urandom(MiB + 5000)
+    b.add_file("/big", data)
+    b.add_file("/small", b"tiny")
+    digest = b.finish()
+    return store, fmt.decode(store.read(digest), digest), data
+
+
+def test_block_table_is_bound_to_the_tree_and_checks_each_block(tmp_path):
+    store, toc, data = _tree(tmp_path)
+    assert toc.blocks is not None and toc.blocks["block_size"] == BLOCK
+    table = blocks.load(toc, store.read)
+    assert table is not None
+    c0, c1 = next(e for e in toc.entries if e.path == "/big").chunks or ()
+    assert table.check(c0, 3, data[3 * BLOCK:4 * BLOCK])
+    assert table.check(c1, 0, data[MiB:])                       # the short last block
+    bad = bytearray(data[3 * BLOCK:4 * BLOCK])
+    bad[100] ^= 1
+    assert not table.check(c0, 3, bytes(bad))                   # one wrong byte
+    assert not table.check(c0, 4, data[3 * BLOCK:4 * BLOCK])    # the right bytes, elsewhere
+    assert not table.check(c1, 1, b"")                          # past the chunk's end
+    # a store that answers with another table (one that would pass zeroed blocks) is
+    # never trusted: the TOC names the table's digest
+    forged = blocks.encode(toc.distinct_chunks(), {
+        c.digest: bytes(blocks.HASH * -(-c.size // BLOCK)) for c in toc.distinct_chunks()})
+    with pytest.raises(DigestMismatch):
+        blocks.load(toc, lambda digest: forged)
+
+
+def test_trees_without_a_block_table_keep_their_digest_and_bad_tables_are_refused(tmp_path):
+    store, toc, _ = _tree(tmp_path, block_size=3 * 4096)   # does not tile a chunk: none
+    assert toc.blocks is None and blocks.load(toc, store.read) is None
+    assert b'"blocks"' not in zstandard.ZstdDecompressor().decompress(fmt.encode(toc))
+    doc = {"v": 1, "kind": "bootseer.tree", "chunk_size": MiB, "packs": [], "meta": {},
+           "entries": [{"path": "/", "type": "d", "mode": 0o755, "uid": 0, "gid": 0,
+                        "mtime": 0, "size": 0}]}
+    for bad in ({"digest": "sha256:" + "0" * 64, "block_size": 1000},
+                {"digest": "nope", "block_size": BLOCK}, ["x"]):
+        blob = zstandard.ZstdCompressor().compress(json.dumps({**doc, "blocks": bad}).encode())
+        with pytest.raises(TreeFormatError, match="block table"):
+            fmt.decode(blob, "sha256:" + "1" * 64)

@@ -8,7 +8,8 @@
                   "rdev": 0,                    # device nodes (recorded, never mounted)
                   "xattrs": {"user.x": "<base64>"},
                   "chunks": [["sha256:<uncompressed>", pack_index, offset, clen, ulen], ...]}],
-     "meta": {...}}
+     "meta": {...},
+     "blocks": {"digest": "sha256:...", "block_size": 65536}}   # optional: the block table
 
 Keys are sorted and separators compact, so a TOC decoded and encoded again is the same
 bytes (the same tree digest). The records it decodes to are ``bootseer.tree.toc``'s; this
@@ -32,6 +33,8 @@ def encode(toc: Toc) -> bytes:
     import zstandard
     doc = {"v": VERSION, "kind": KIND, "chunk_size": toc.chunk_size, "packs": list(toc.packs),
            "meta": toc.meta, "entries": [_entry_doc(e) for e in toc.entries]}
+    if toc.blocks is not None:   # absent from older trees: their digests stay the same
+        doc["blocks"] = toc.blocks
     return zstandard.ZstdCompressor(level=9).compress(
         json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
 
@@ -65,7 +68,8 @@ def _decode(blob: bytes, digest: str) -> Toc:
                               f"reads version {VERSION}")
     validate.check(doc, digest)
     return Toc(doc["chunk_size"], tuple(doc["packs"]),
-               tuple(_entry(e) for e in doc["entries"]), doc.get("meta") or {})
+               tuple(_entry(e) for e in doc["entries"]), doc.get("meta") or {},
+               doc.get("blocks"))
 
 
 def _maker(cls: type) -> Callable[..., Any]:

@@ -56,12 +56,15 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Toc:
-    """A tree: its chunk size, its packs (blob digests), its entries sorted by path, and
-    what the producer recorded about it (``meta``: an image's env, chain ids, ...)."""
+    """A tree: its chunk size, its packs (blob digests), its entries sorted by path, what
+    the producer recorded about it (``meta``: an image's env, chain ids, ...), and where
+    the digests of its chunks' sub-chunk blocks are (``blocks``: ``{"digest", "block_size"}``
+    of a :mod:`bootseer.tree.blocks` table; None for a tree built without one)."""
     chunk_size: int
     packs: tuple[str, ...]
     entries: tuple[Entry, ...]
     meta: dict = field(default_factory=dict)
+    blocks: dict | None = None
 
     def files(self) -> Iterator[Entry]:
         """The regular files (hard links excluded: they name one of these)."""
