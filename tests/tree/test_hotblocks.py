@@ -78,8 +78,9 @@ def test_preread_ranges_follow_the_blocks_and_old_profiles_read_whole_chunks():
     assert hot_ranges(lay) == [HotRange("c1", "/f", 0, MiB), HotRange("c2", "/f", MiB, MiB // 2)]
     p = _p([("c1", 0.1), ("c2", 0.2)], {"c1": [4, 5, 6, 0], "c2": [7, 8, 9]})
     assert hot_ranges(lay, p) == [
-        HotRange("c1", "/f", 4 * BLOCK, 3 * BLOCK), HotRange("c1", "/f", 0, BLOCK),
-        HotRange("c2", "/f", MiB + 7 * BLOCK, BLOCK)]   # blocks 8, 9 lie past its end
+        HotRange("c1", "/f", 4 * BLOCK, 3 * BLOCK, (4, 5, 6)),
+        HotRange("c1", "/f", 0, BLOCK, (0,)),
+        HotRange("c2", "/f", MiB + 7 * BLOCK, BLOCK, (7,))]   # blocks 8, 9 lie past its end
 
 
 def _tree(tmp_path, **kw):

@@ -31,7 +31,7 @@ from bootseer.node import partfile
 from bootseer.store.cache import NodeCache
 from bootseer.store.client import StoreClient
 from bootseer.tree.blob import BlobLayout, all_local, assemble, erofs_root, verify_blob
-from bootseer.tree.preread import PREFETCHED, hot_ranges, preread
+from bootseer.tree.preread import HOTPACK, PREFETCHED, hot_ranges, preread
 from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ def _on_fuse_blob(config: BootseerConfig, layout: BlobLayout, handle: MountHandl
     threading.Thread(target=preread, daemon=True, name="bootseer-preread",
                      args=(os.path.abspath(handle.mountpoint), hot_ranges(layout, profile),
                            is_local,
-                           state / PREFETCHED, state / PREREAD, handle.stopped)).start()
+                           state / PREFETCHED, state / PREREAD, handle.stopped, 600.0,
+                           state / HOTPACK)).start()
     log.info("EROFS at %s on the FUSE-served blob (%d bytes, hot head %d)",
              handle.mountpoint, layout.size, layout.hot_bytes)

@@ -68,6 +68,14 @@ class BlockDigests:
     def __init__(self, block_size: int, spans: dict[str, memoryview]):
         self.block_size, self._spans = block_size, spans
 
+    def digest(self, ref: ChunkRef, index: int) -> bytes:
+        """The raw sha256 of block ``index`` of chunk ``ref`` (KeyError/IndexError if the
+        table has no such block)."""
+        span = self._spans[ref.digest]
+        if not 0 <= index < len(span) // HASH:
+            raise IndexError(f"chunk {ref.digest[:19]} has no block {index}")
+        return bytes(span[index * HASH:(index + 1) * HASH])
+
     def check(self, ref: ChunkRef, index: int, data: bytes) -> bool:
         span = self._spans.get(ref.digest)
         lo = index * self.block_size

@@ -16,6 +16,7 @@ Two things keep the pre-read from costing the job anything:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -28,16 +29,18 @@ log = logging.getLogger(__name__)
 PIECE = 1 << 20
 POLL_S = 0.01
 PREFETCHED = "prefetched"   # created in a mount's state dir when the hot blocks are local
+HOTPACK = "hotpack.json"    # the hot pack's blocks kept, per chunk digest (the prefetch's)
 
 
 @dataclass(frozen=True, slots=True)
 class HotRange:
     """A hot chunk where one file of the tree holds it: ``length`` bytes at ``offset``
-    of ``path``."""
+    of ``path``; ``blocks``: the chunk's blocks they are (none known: the whole chunk)."""
     digest: str
     path: str
     offset: int
     length: int
+    blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +63,12 @@ def hot_ranges(layout: BlobLayout, profile: dict | None = None) -> list[HotRange
     for ref in layout.refs[:layout.hot_count]:
         path, i = layout.where[ref.digest]
         base = i * layout.chunk_size
-        mine = blocks.get(ref.digest) if bsize else None
-        if mine is None or not bsize:
+        if not bsize:
             out.append(HotRange(ref.digest, path, base, ref.size))
             continue
+        mine = blocks.get(ref.digest)
+        if mine is None:   # read whole: every block
+            mine = range(-(-ref.size // bsize))
         runs: list[list[int]] = []   # [first block, blocks]
         for b in mine:
             if b * bsize >= ref.size:
@@ -74,17 +79,33 @@ def hot_ranges(layout: BlobLayout, profile: dict | None = None) -> list[HotRange
                 runs.append([b, 1])
         for b, n in runs:
             lo = b * bsize
-            out.append(HotRange(ref.digest, path, base + lo, min(n * bsize, ref.size - lo)))
+            out.append(HotRange(ref.digest, path, base + lo, min(n * bsize, ref.size - lo),
+                                tuple(range(b, b + n))))
     return out
 
 
 def preread(mountpoint: str, hot: list[HotRange], is_local, prefetched: Path,
-            done: Path, stop: threading.Event, wait_s: float = 600.0) -> Preread:
+            done: Path, stop: threading.Event, wait_s: float = 600.0,
+            pack_file: Path | None = None) -> Preread:
     """Read each hot range through ``mountpoint`` once ``is_local(digest)`` says its chunk
-    is in the node cache; after ``prefetched`` appears (or ``wait_s``), chunks still not
+    is in the node cache, or ``pack_file`` (written by the prefetch) says a hot pack
+    brought its blocks; after ``prefetched`` appears (or ``wait_s``), ranges still not
     local are skipped. Creates ``done`` at the end. Never raises: an error only costs the
     warm-up."""
     chunks = nbytes = skipped_chunks = skipped_bytes = 0
+    packed: dict[str, set[int]] | None = None
+
+    def here(r: HotRange) -> bool:
+        nonlocal packed
+        if is_local(r.digest):
+            return True
+        if packed is None and pack_file is not None and pack_file.exists():
+            try:
+                packed = {d: set(b) for d, b in json.loads(pack_file.read_text()).items()}
+            except (OSError, ValueError, AttributeError, TypeError):
+                packed = {}
+        return bool(r.blocks) and packed is not None and set(r.blocks) <= packed.get(
+            r.digest, set())
 
     def figures() -> Preread:
         return Preread(chunks, nbytes, skipped_chunks, skipped_bytes)
@@ -92,7 +113,7 @@ def preread(mountpoint: str, hot: list[HotRange], is_local, prefetched: Path,
     waited, given_up = 0.0, False
     try:
         for r in hot:
-            while not given_up and not is_local(r.digest):
+            while not given_up and not here(r):
                 if prefetched.exists() or waited > wait_s:
                     given_up = True   # the prefetch is over: what is not local stays so
                     break
@@ -101,7 +122,7 @@ def preread(mountpoint: str, hot: list[HotRange], is_local, prefetched: Path,
                 waited += POLL_S
             if stop.is_set():
                 return figures()
-            if given_up and not is_local(r.digest):
+            if given_up and not here(r):
                 skipped_chunks += 1
                 skipped_bytes += r.length
                 continue

@@ -17,11 +17,14 @@ profile's) becomes whole again.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 from bootseer.errors import BootseerError
 from bootseer.store.digest import sha256_digest
 from bootseer.tree.record import block_bytes
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class ProfileError(BootseerError, ValueError):
@@ -105,6 +108,11 @@ def check(profile: dict, tree: str) -> None:
 
 def _check_blocks(profile: dict) -> None:
     """The block lists, when present, are well formed (a profile comes from the store)."""
+    pack = profile.get("pack")
+    if pack is not None and not (isinstance(pack, dict) and isinstance(
+            pack.get("digest"), str) and _DIGEST.fullmatch(pack["digest"])):
+        raise ProfileError(f"the profile's hot pack {pack!r} names no sha256 digest: "
+                           "publish the profile again (`image profile push`)")
     blocks, bsize = profile.get("blocks"), profile.get("block_size")
     if blocks is None:
         return
@@ -153,8 +161,10 @@ def latest(store, tree: str) -> dict | None:
 
 
 def publish_recorded(config, path: str) -> str | None:
-    """Merge a start's recorded profile (``path``) into the tree's published one and push
-    the result; None when nothing was recorded or the store is read-only."""
+    """Merge a start's recorded profile (``path``) into the tree's published one, write
+    its hot pack from this node's chunks (:mod:`bootseer.tree.hotpack`; not when the tree
+    has no block table) and push the result; None when nothing was recorded or the store
+    is read-only."""
     import logging
     import os
 
@@ -170,7 +180,31 @@ def publish_recorded(config, path: str) -> str | None:
         new = json.load(f)
     old = latest(store, new["tree"])
     merged = merge([new] + ([old] if old else []))
+    pack = _write_pack(config, merged)
+    if pack is not None:
+        merged["pack"] = pack
     digest = push(store, merged)
     from bootseer.tree.peers import publish_for_profile
     publish_for_profile(config, store, merged)   # later starts' nodes join their peers at once
     return digest
+
+
+def _write_pack(config, merged: dict) -> dict | None:
+    """The hot pack of ``merged`` from this node's cache, or None (no block table, no
+    hot block at hand, or an error: the profile is published without a pack)."""
+    import logging
+
+    from bootseer.store.client import StoreClient
+    from bootseer.tree import blocks, hotpack
+    from bootseer.tree.reader import load_toc
+    client = StoreClient.of(config)
+    store, cache = client.store(), client.cache
+    try:
+        with client.lane() as f:
+            toc = load_toc(store, merged["tree"], f, cache)
+            table = blocks.load(toc, lambda d: cache.get(d) or store.read(d))
+        return None if table is None else hotpack.write(store, toc, table, merged, cache)
+    except Exception as e:  # noqa: BLE001 - the profile is worth publishing without it
+        logging.getLogger(__name__).warning("hot pack of tree %s not written: %s",
+                                            merged["tree"][:19], e)
+        return None

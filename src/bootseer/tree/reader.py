@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from bootseer.errors import BlobNotFound, DigestMismatch
 from bootseer.store.digest import verify
@@ -20,6 +21,9 @@ from bootseer.store.fetch import Fetcher, Lane, Priority, fetch_blob
 from bootseer.store.source import BlobSource
 from bootseer.tree import format as fmt
 from bootseer.tree.toc import ChunkRef, Entry, Toc
+
+if TYPE_CHECKING:
+    from bootseer.tree.hotpack import HotBlocks
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,8 @@ class TreeReader:
         self._fresh_wanted: set[str] = set()
         self._fresh_bytes = self._fresh_max = 0
         self._read_ahead_dirs: set[str] = set()
+        # the blocks a hot pack brought (bootseer.tree.hotpack.HotBlocks), set by prefetch
+        self.hot: HotBlocks | None = None
 
     # -- metadata -----------------------------------------------------------------------------
     def entry(self, path: str) -> Entry:
@@ -187,6 +193,20 @@ class TreeReader:
             self.cache.offer(digest, data, verified=True)   # decode verified it
         return data
 
+    def part(self, ref: ChunkRef, path: str, lo: int, hi: int) -> bytes:
+        """Bytes ``lo:hi`` of one chunk, verified: from the hot pack's blocks when they
+        cover the range (each checked against the tree's block table), else from the
+        whole chunk (``chunk``)."""
+        hot = self.hot
+        data = hot.get(ref, lo, hi) if hot is not None else None
+        if data is None:
+            return self.chunk(ref, path, lo, hi)[lo:hi]
+        with self._lock:
+            self.counters["chunks_local"] += 1
+        if self.on_chunk is not None:
+            self.on_chunk(ref.digest, path, ref.size, True, lo, hi)
+        return data
+
     # Demand read-ahead: without a profile every miss is a round trip, and a Python import
     # reads a package's small files one by one. On the first miss in a directory, the
     # small files beside it are queued at PREFETCH priority (they sit next to each other in
@@ -254,5 +274,5 @@ class TreeReader:
         for i in range(offset // csize, (end - 1) // csize + 1):
             ref, base = chunks[i], i * csize
             lo, hi = max(offset - base, 0), min(end - base, ref.size)
-            out.append(self.chunk(ref, path, lo, hi)[lo:hi])
+            out.append(self.part(ref, path, lo, hi))
         return b"".join(out)

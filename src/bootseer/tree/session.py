@@ -21,7 +21,7 @@ from bootseer.store import live
 from bootseer.store.client import StoreClient
 from bootseer.tree import blob_mount
 from bootseer.tree.blob import BlobLayout, BlobView, unsupported
-from bootseer.tree.preread import PREFETCHED
+from bootseer.tree.preread import HOTPACK, PREFETCHED
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.record import AccessRecorder
 from bootseer.tree.toc import Toc
@@ -86,7 +86,8 @@ class TreeSession:
             from bootseer.peers import share_for
             from bootseer.tree.prefetch import Prefetcher
             self.prefetcher = Prefetcher(self.reader, profile, done_file=done,
-                                         peers=share_for(config, self.store)).start()
+                                         peers=share_for(config, self.store),
+                                         pack_file=str(self.state / HOTPACK)).start()
         else:
             open(done, "a").close()   # nothing to prefetch
         self._done = threading.Event()
