@@ -165,3 +165,31 @@ def test_a_tree_without_a_block_table_keeps_the_chunk_path(tmp_path, need_root):
     assert got == _job(src) and every == {p: (src / p).read_bytes() for p in _files(src)}
     assert figures["prefetch"]["fetched_chunks"] == len(profile["chunks"])
     assert figures["demand_chunks"] == 0
+
+
+def test_warming_a_node_ahead_fetches_whole_chunks_a_start_reads_blocks(tmp_path, recorded):
+    """``image prefetch`` (use_pack False) warms whole hot chunks, so a later mount finds
+    them local; a start's prefetch takes the pack, and its reader serves a hot range from
+    the blocks and a range beyond them from its chunk, each byte right."""
+    from bootseer.store.client import StoreClient
+    from bootseer.tree.prefetch import Prefetcher
+    from bootseer.tree.reader import TreeReader
+    store, digest, _, everything, profile = recorded
+    for cache, use_pack in (("warm", False), ("start", True)):
+        client = StoreClient.of(_config(tmp_path, cache))
+        with client.lane() as f:
+            reader = TreeReader(store, digest, f, client.cache)
+            p = Prefetcher(reader, profile, use_pack=use_pack).start()
+            p.wait(30)
+            if not use_pack:
+                assert p.stats["fetched_chunks"] == len(profile["chunks"])
+                assert p.stats["pack_blocks"] == 0
+                continue
+            assert p.stats["fetched_chunks"] == 0 and reader.hot is not None
+            shard = everything["data/shard-1.bin"]
+            before = reader.counters["chunks_fetched"]
+            assert reader.read("/data/shard-1.bin", 4096, 2 * MiB + 300) == \
+                shard[2 * MiB + 300:2 * MiB + 4396]
+            assert reader.counters["chunks_fetched"] == before   # from the pack's blocks
+            assert reader.read("/data/shard-1.bin", 4096, 3 * MiB) == shard[3 * MiB:3 * MiB + 4096]
+            assert reader.counters["chunks_fetched"] == before + 1   # cold: its chunk

@@ -342,7 +342,9 @@ def _prefetch(args) -> int:
     with client.lane() as f:
         held = live.hold(client.cache.root, tree)   # store gc keeps it while we fetch
         try:
-            p = Prefetcher(TreeReader(store, tree, f, client.cache), profile).start()
+            # whole hot chunks, not the hot pack: a later start then finds them all local
+            p = Prefetcher(TreeReader(store, tree, f, client.cache), profile,
+                           use_pack=False).start()
             s = p.stats
             follow("prefetch", s["planned_chunks"],
                    lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],

@@ -36,13 +36,15 @@ def _pack_order(c: ChunkRef) -> tuple[int, int]:
 class Prefetcher:
     def __init__(self, reader: TreeReader, profile: dict | None, *, window: int = 512,
                  batch: int = 256, done_file: str | None = None, peers=None,
-                 pack_file: str | None = None):
+                 pack_file: str | None = None, use_pack: bool = True):
         self.reader, self.window, self.batch = reader, window, batch
         self.peers = peers   # a bootseer.peers.share.PeerShare: the job's nodes as a source
         self.done_file = done_file
         # where the hot pack's covered blocks are written for the pre-read (digest -> blocks)
         self.pack_file = pack_file
-        self.profile = profile
+        # ``use_pack`` False: whole chunks only (a node cache warmed ahead of any start,
+        # whose mount then finds every hot chunk local)
+        self.profile = profile if use_pack else None
         by_digest = {c.digest: c for c in reader.all_chunks()}
         hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", [])
                if row[0] in by_digest]
