@@ -128,3 +128,31 @@ def test_trees_without_a_block_table_keep_their_digest_and_bad_tables_are_refuse
         blob = zstandard.ZstdCompressor().compress(json.dumps({**doc, "blocks": bad}).encode())
         with pytest.raises(TreeFormatError, match="block table"):
             fmt.decode(blob, "sha256:" + "1" * 64)
+
+
+def test_a_pack_keeps_the_first_hot_blocks_within_its_size_cap(tmp_path):
+    from bootseer.config import CacheConfig
+    from bootseer.store.cache import NodeCache
+    from bootseer.tree import hotpack
+    store, toc, data = _tree(tmp_path)
+    cache = NodeCache(CacheConfig(dir=str(tmp_path / "cache"), budget_bytes=1 << 30))
+    for c in toc.distinct_chunks():
+        cache.offer(c.digest, store_chunk(store, toc, c), verified=False)
+    big = next(e for e in toc.entries if e.path == "/big").chunks or ()
+    p = {**_p([(big[0].digest, 0.1)], {big[0].digest: [2, 0, 1]}), "tree": "t1"}
+    table = blocks.load(toc, store.read)
+    assert table is not None
+    full = hotpack.write(store, toc, table, p, cache)
+    assert full is not None and full["blocks"] == 3
+    capped = hotpack.write(store, toc, table, p, cache, max_bytes=2 * BLOCK + 1000)
+    assert capped is not None and capped["blocks"] == 2   # blocks 2 and 0, in access order
+    kept, dropped = hotpack.unpack("t1", toc, table, capped, store.read(capped["digest"]),
+                                   cache)
+    assert kept == {big[0].digest: {2, 0}} and dropped == 0
+    assert hotpack.HotBlocks(table, kept, cache).get(big[0], 10, 5000) == data[10:5000]
+
+
+def store_chunk(store, toc, ref) -> bytes:
+    """A chunk's bytes from its pack in ``store``."""
+    raw = store.read(toc.packs[ref.pack])[ref.offset:ref.end]
+    return zstandard.ZstdDecompressor().decompress(raw, max_output_size=ref.size)

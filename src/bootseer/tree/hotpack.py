@@ -33,6 +33,7 @@ from bootseer.tree.toc import ChunkRef, Toc
 log = logging.getLogger(__name__)
 MAGIC = b"bootseer.hotpack.v1\n"
 KIND = "bootseer.hotpack"
+MAX_BYTES = 512 << 20   # a pack is fetched and checked in memory; later hot blocks go as chunks
 _LEN = struct.Struct(">I")
 
 
@@ -52,15 +53,17 @@ def _wanted(profile: dict, by_digest: dict[str, ChunkRef], bsize: int):
                 yield ref, b
 
 
-def write(store, toc: Toc, table: BlockDigests, profile: dict, cache) -> dict | None:
+def write(store, toc: Toc, table: BlockDigests, profile: dict, cache,
+          max_bytes: int = MAX_BYTES) -> dict | None:
     """Write the pack of ``profile``'s hot blocks from the chunks ``cache`` holds (each
-    verified as it is read; a chunk not there is left out) and return the profile's
-    ``pack`` entry, or None when no block was at hand."""
+    verified as it is read; a chunk not there is left out), the first ``max_bytes`` of
+    them in profile order, and return the profile's ``pack`` entry, or None when no block
+    was at hand."""
     import zstandard
     zc = zstandard.ZstdCompressor(level=3)
     bsize = table.block_size
     by_digest = {c.digest: c for c in toc.distinct_chunks()}
-    rows, body = [], []
+    rows, body, total = [], [], 0
     have: dict[str, bytes | None] = {}
     for ref, b in _wanted(profile, by_digest, bsize):
         if ref.digest not in have:
@@ -69,8 +72,11 @@ def write(store, toc: Toc, table: BlockDigests, profile: dict, cache) -> dict | 
         if data is None:
             continue
         z = zc.compress(data[b * bsize:(b + 1) * bsize])
+        if total + len(z) > max_bytes:
+            break
         rows.append([ref.digest, b, len(z)])
         body.append(z)
+        total += len(z)
     if not rows:
         return None
     head = json.dumps({"kind": KIND, "tree": profile["tree"], "block_size": bsize,
