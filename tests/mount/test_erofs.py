@@ -212,6 +212,11 @@ def test_profile_recorded_on_the_kernel_path_prefetched_then_replayed_needs_no_s
     profile = json.loads((state / "profile.json").read_text())
     from bootseer.tree import profile as prof
     from bootseer.tree.blob_mount import PREREAD
+    # the hot set at the granularity the kernel read: each shard's 64 KiB header is the
+    # kernel's first read-ahead window of its chunk (a few blocks), not the whole chunk
+    hot = prof.hot_bytes(profile)
+    assert recorded["read_block_bytes"] == hot["block_bytes"] < hot["chunk_bytes"]
+    assert any(len(b) < MiB // profile["block_size"] for b in profile["blocks"].values())
     prof.push(store, profile)
 
     handle, mp, state = _mount(_config(tmp_path, cache="fresh-node"), digest, tmp_path,

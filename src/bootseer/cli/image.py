@@ -342,7 +342,9 @@ def _prefetch(args) -> int:
     with client.lane() as f:
         held = live.hold(client.cache.root, tree)   # store gc keeps it while we fetch
         try:
-            p = Prefetcher(TreeReader(store, tree, f, client.cache), profile).start()
+            # whole hot chunks, not the hot pack: a later start then finds them all local
+            p = Prefetcher(TreeReader(store, tree, f, client.cache), profile,
+                           use_pack=False).start()
             s = p.stats
             follow("prefetch", s["planned_chunks"],
                    lambda: s["fetched_chunks"] + s["already_local"] + s["errors"],
@@ -426,13 +428,15 @@ def _show(args) -> int:
         else:
             print(f"no profile for {tree}")
         return 1
-    total = sum(r[4] for r in p["chunks"])
+    hot = prof.hot_bytes(p)
+    total = hot["chunk_bytes"]
     if args.json:
         print_json({"tree": tree, "profile": {"chunks": len(p["chunks"]), "bytes": total,
+                                              "block_bytes": hot["block_bytes"],
                                               "runs": p["runs"]}})
         return 0
-    print(f"tree {tree}: {len(p['chunks'])} hot chunks, {total / 2**20:.1f} MiB, "
-          f"{p['runs']} run(s)")
+    print(f"tree {tree}: {len(p['chunks'])} hot chunks, {total / 2**20:.1f} MiB "
+          f"({hot['block_bytes'] / 2**20:.1f} MiB in the blocks read), {p['runs']} run(s)")
     return 0
 
 

@@ -191,8 +191,9 @@ class BlobView:
 
     def _slice(self, ref: ChunkRef, lo: int, hi: int) -> bytes:
         # the reader keeps the last chunks in memory, verified: the kernel's smaller
-        # reads of one chunk cost neither a re-read nor a re-hash
-        return self.reader.chunk(ref, self.layout.where[ref.digest][0])[lo:hi]
+        # reads of one chunk cost neither a re-read nor a re-hash (a hot pack's blocks,
+        # when they cover the range, serve it without the chunk)
+        return self.reader.part(ref, self.layout.where[ref.digest][0], lo, hi)
 
     def statfs(self) -> dict:
         return {"f_bsize": BLOCK, "f_frsize": BLOCK, "f_blocks": self.layout.blocks,

@@ -33,7 +33,7 @@ from bootseer.store.cache import NodeCache
 from bootseer.store.client import StoreClient
 from bootseer.tree import meta_image
 from bootseer.tree.blob import BlobLayout, all_local, assemble, verify_blob
-from bootseer.tree.preread import PREFETCHED, hot_ranges, preread
+from bootseer.tree.preread import HOTPACK, PREFETCHED, hot_ranges, preread
 from bootseer.tree.toc import Toc
 
 log = logging.getLogger(__name__)
@@ -64,23 +64,26 @@ class LocalBlob:
 
 def erofs_tree(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
                hot: list[str], blob_view: Callable[[], TreeView],
-               blob_server: str) -> ErofsTree:
+               blob_server: str, profile: dict | None = None) -> ErofsTree:
     """The kernel path's description of ``tree`` (``hot``: the profile's chunks in its
-    order, ``blob_view``: the blob server's view factory, ``blob_server`` its mount's
-    name). Its metadata image is the one stored with the tree, fetched while the blob
-    server starts, or written here when there is none to use."""
+    order, ``profile``: the hot set, whose read blocks the pre-read follows;
+    ``blob_view``: the blob server's view factory, ``blob_server`` its mount's name). Its
+    metadata image is the one stored with the tree, fetched while the blob server starts,
+    or written here when there is none to use."""
     return ErofsTree(
         name=tree, blob=LocalBlob(config, layout),
         image=lambda: meta_image.image(config, tree, toc, layout, "tree"),
         blob_view=blob_view, blob_server=blob_server,
         on_local=lambda state: _on_local_blob(tree, state),
-        on_fuse_blob=lambda handle, state: _on_fuse_blob(config, layout, hot, handle, state))
+        on_fuse_blob=lambda handle, state: _on_fuse_blob(config, layout, hot, handle, state,
+                                                         profile))
 
 
 def _on_local_blob(tree: str, state: Path) -> None:
     partfile.write_atomic(state / "figures.json", json.dumps({
         "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
-        "read_chunks": 0, "read_bytes": 0, "coverage": 1.0, "precision": None,
+        "read_chunks": 0, "read_bytes": 0, "read_block_bytes": 0,
+        "coverage": 1.0, "precision": None,
         "stall_s": 0.0, "demand_chunks": 0, "store_bytes": 0, "store_requests": 0,
         "prefetch": None}).encode())
     for marker in (PREFETCHED, PREREAD):
@@ -88,12 +91,14 @@ def _on_local_blob(tree: str, state: Path) -> None:
 
 
 def _on_fuse_blob(config: BootseerConfig, layout: BlobLayout, hot: list[str],
-                  handle: MountHandle, state: Path) -> None:
-    """The hot chunks into the page cache, each as soon as the prefetch made it local."""
+                  handle: MountHandle, state: Path, profile: dict | None = None) -> None:
+    """The hot ranges into the page cache, each as soon as the prefetch made its chunk
+    (or the hot pack its blocks) local."""
     is_local = StoreClient.of(config).cache.contains
-    ranges = hot_ranges(layout, hot)
+    ranges = hot_ranges(layout, hot, profile)
     threading.Thread(target=preread, daemon=True, name="bootseer-preread",
                      args=(os.path.abspath(handle.mountpoint), ranges, is_local,
-                           state / PREFETCHED, state / PREREAD, handle.stopped)).start()
-    log.info("EROFS at %s on the FUSE-served blob (%d bytes; %d hot chunks, %d bytes)",
+                           state / PREFETCHED, state / PREREAD, handle.stopped, 600.0,
+                           state / HOTPACK)).start()
+    log.info("EROFS at %s on the FUSE-served blob (%d bytes; %d hot ranges, %d bytes)",
              handle.mountpoint, layout.size, len(ranges), sum(r.length for r in ranges))

@@ -15,6 +15,7 @@ from typing import IO, TypedDict
 
 from bootseer.errors import BootseerError
 from bootseer.store.digest import sha256_digest
+from bootseer.tree import blocks as blk
 from bootseer.tree import format as fmt
 from bootseer.tree import meta_image
 from bootseer.tree.toc import ChunkRef, Entry, Toc
@@ -47,7 +48,7 @@ class BuildStats:
 
 class TreeBuilder:
     def __init__(self, store, *, chunk_size: int = CHUNK, pack_size: int = PACK, level: int = 3,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, block_size: int = blk.BLOCK):
         import zstandard
         self.store, self.chunk_size, self.pack_size = store, chunk_size, pack_size
         self._zc = zstandard.ZstdCompressor(level=level)
@@ -58,6 +59,9 @@ class TreeBuilder:
         self._pending: list[str] = []   # digests of the chunks in the open pack
         self._links: dict[str, list[str]] = {}   # file path -> hard links naming it
         self.progress = progress
+        # each distinct chunk's block digests (bootseer.tree.blocks), when blocks tile chunks
+        self._block_size = block_size if blk.usable(chunk_size, block_size) else 0
+        self._block_table: dict[str, bytes] = {}
         self._files = self._bytes = self._chunks = self._dedup = self._stored = 0
 
     @property
@@ -187,6 +191,8 @@ class TreeBuilder:
             self._dedup += 1
             return self._seen[digest]
         comp = self._zc.compress(data)
+        if self._block_size:
+            self._block_table[digest] = blk.digests_of(data, self._block_size)
         ref = ChunkRef(digest, -1, len(self._pack), len(comp), len(data))
         self._pack += comp
         self._pending.append(digest)
@@ -224,6 +230,9 @@ class TreeBuilder:
             replace(e, chunks=tuple(self._seen[c.digest] for c in e.chunks)) if e.chunks
             else e for e in (self.entries[p] for p in sorted(self.entries)))
         toc = Toc(self.chunk_size, tuple(self.packs), entries, meta or {})
+        if self._block_size:
+            toc = replace(toc, blocks=blk.build(toc, self._block_table, self.store,
+                                                self._block_size))
         if erofs:
             toc = replace(toc, erofs=meta_image.stored(self.store, toc, erofs))
         blob = fmt.encode(toc)

@@ -10,7 +10,8 @@
                   "chunks": [["sha256:<uncompressed>", pack_index, offset, clen, ulen], ...]}],
      "meta": {...},
      "erofs": {"format": "bootseer.erofs-meta.v1", "layout": "<hex>",   # optional
-               "images": {"tree": "sha256:...", "env": "sha256:..."}}}
+               "images": {"tree": "sha256:...", "env": "sha256:..."}},
+     "blocks": {"digest": "sha256:...", "block_size": 65536}}   # optional: the block table
 
 Keys are sorted and separators compact, so a TOC decoded and encoded again is the same
 bytes (the same tree digest). The records it decodes to are ``bootseer.tree.toc``'s; this
@@ -36,6 +37,8 @@ def encode(toc: Toc) -> bytes:
            "meta": toc.meta, "entries": [_entry_doc(e) for e in toc.entries]}
     if toc.erofs is not None:   # absent otherwise: an older tree encodes to its own bytes
         doc["erofs"] = toc.erofs
+    if toc.blocks is not None:   # absent from older trees: their digests stay the same
+        doc["blocks"] = toc.blocks
     return zstandard.ZstdCompressor(level=9).compress(
         json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
 
@@ -70,7 +73,7 @@ def _decode(blob: bytes, digest: str) -> Toc:
     validate.check(doc, digest)
     return Toc(doc["chunk_size"], tuple(doc["packs"]),
                tuple(_entry(e) for e in doc["entries"]), doc.get("meta") or {},
-               doc.get("erofs"))
+               doc.get("erofs"), doc.get("blocks"))
 
 
 def _maker(cls: type) -> Callable[..., Any]:

@@ -1,17 +1,23 @@
 """Prefetch the hot chunks of a tree in recorded order, many requests in flight, at
 PREFETCH priority (demand reads go first; a demanded chunk already queued is promoted,
-never fetched twice). When the hot set is most of the image, pull everything eagerly in
-pack order instead. Failures are logged and counted: prefetch never fails a job."""
+never fetched twice). When the profile names a hot pack (:mod:`bootseer.tree.hotpack`)
+and the tree has a block table, the pack comes first: its verified blocks serve the
+reads they cover, and only hot chunks it does not cover are fetched whole. When the hot
+set is most of the image, pull everything eagerly in pack order instead. Failures are
+logged and counted: prefetch never fails a job."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from bootseer.node import partfile
 from bootseer.store.fetch import Priority
+from bootseer.tree import hotpack
 from bootseer.tree.peer_source import TreeChunks
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.toc import ChunkRef
@@ -29,10 +35,16 @@ def _pack_order(c: ChunkRef) -> tuple[int, int]:
 
 class Prefetcher:
     def __init__(self, reader: TreeReader, profile: dict | None, *, window: int = 512,
-                 batch: int = 256, done_file: str | None = None, peers=None):
+                 batch: int = 256, done_file: str | None = None, peers=None,
+                 pack_file: str | None = None, use_pack: bool = True):
         self.reader, self.window, self.batch = reader, window, batch
         self.peers = peers   # a bootseer.peers.share.PeerShare: the job's nodes as a source
         self.done_file = done_file
+        # where the hot pack's covered blocks are written for the pre-read (digest -> blocks)
+        self.pack_file = pack_file
+        # ``use_pack`` False: whole chunks only (a node cache warmed ahead of any start,
+        # whose mount then finds every hot chunk local)
+        self.profile = profile if use_pack else None
         by_digest = {c.digest: c for c in reader.all_chunks()}
         hot = [by_digest[row[0]] for row in (profile or {}).get("chunks", [])
                if row[0] in by_digest]
@@ -44,7 +56,8 @@ class Prefetcher:
                       "planned_bytes": sum(c.size for c in self.plan),
                       "fetched_chunks": 0, "fetched_bytes": 0, "already_local": 0, "errors": 0,
                       "eager": self.eager, "seconds": 0.0, "origin_bytes": 0,
-                      "peer_bytes": 0}
+                      "peer_bytes": 0, "pack_bytes": 0, "pack_blocks": 0,
+                      "pack_dropped_blocks": 0}
         self.prefetched: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -60,6 +73,8 @@ class Prefetcher:
         pending: deque = deque()
         plan = self.plan
         try:
+            if not self.eager and self.profile and self.profile.get("pack"):
+                plan = self.plan = self._hot_pack()
             if self.peers is not None and self.peers.wants(self.stats["planned_bytes"]):
                 # Peers first (each chunk verified as from the store); the origin gets what
                 # they did not deliver. Demand reads go to the store meanwhile.
@@ -100,6 +115,33 @@ class Prefetcher:
         self.stats["seconds"] = time.monotonic() - t0
         if self.done_file:
             open(self.done_file, "a").close()
+
+    def _hot_pack(self) -> list[ChunkRef]:
+        """Bring the profile's hot pack; the plan left for whole chunks (all of it when
+        the pack cannot be used: the chunk path serves, as without one)."""
+        try:
+            got = hotpack.fetch(self.reader, self.profile or {})
+        except Exception as e:  # noqa: BLE001 - a bad pack costs only its bytes
+            log.warning("hot pack of tree %s not used: %s", self.reader.digest[:19], e)
+            self.stats["errors"] += 1
+            return self.plan
+        if got is None:
+            return self.plan
+        hot, covered, dropped = got
+        self.reader.hot = hot
+        pack = (self.profile or {})["pack"]
+        self.stats.update(pack_bytes=pack.get("bytes", 0), pack_dropped_blocks=dropped,
+                          pack_blocks=sum(len(b) for b in hot.kept.values()))
+        if dropped:
+            log.warning("hot pack %s: %d blocks failed their block digests and were dropped "
+                        "(their chunks are fetched instead)", pack["digest"][:19], dropped)
+        if self.pack_file:
+            partfile.write_atomic(self.pack_file, json.dumps(
+                {d: sorted(b) for d, b in covered.items()}).encode())
+        plan = [c for c in self.plan if c.digest not in covered]
+        self.stats.update(planned_chunks=len(plan),
+                          planned_bytes=sum(c.size for c in plan) + pack.get("bytes", 0))
+        return plan
 
     def _complete(self, ref: ChunkRef, fut) -> None:
         try:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from bootseer.errors import BlobNotFound, DigestMismatch
 from bootseer.store.digest import verify
@@ -20,6 +21,9 @@ from bootseer.store.fetch import Fetcher, Lane, Priority, fetch_blob
 from bootseer.store.source import BlobSource
 from bootseer.tree import format as fmt
 from bootseer.tree.toc import ChunkRef, Entry, Toc
+
+if TYPE_CHECKING:
+    from bootseer.tree.hotpack import HotBlocks
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +59,9 @@ class TreeReader:
                 parent, name = p.rsplit("/", 1)
                 self.children.setdefault(parent or "/", []).append(name)
         self._sources = [BlobSource(store, d) for d in self.packs]
-        # access recorder hook: (chunk digest, path, bytes, was it local when read)
-        self.on_chunk: Callable[[str, str, int, bool], None] | None = None
+        # access recorder hook: (chunk digest, path, bytes, was it local when read, and
+        # the bytes lo:hi of the chunk the read wants)
+        self.on_chunk: Callable[[str, str, int, bool, int, int | None], None] | None = None
         self._zd = threading.local()
         self.counters = {"chunks_local": 0, "chunks_fetched": 0, "bytes_fetched": 0,
                          "stall_s": 0.0}
@@ -66,6 +71,8 @@ class TreeReader:
         self._fresh_wanted: set[str] = set()
         self._fresh_bytes = self._fresh_max = 0
         self._read_ahead_dirs: set[str] = set()
+        # the blocks a hot pack brought (bootseer.tree.hotpack.HotBlocks), set by prefetch
+        self.hot: HotBlocks | None = None
 
     # -- metadata -----------------------------------------------------------------------------
     def entry(self, path: str) -> Entry:
@@ -143,9 +150,10 @@ class TreeReader:
             while self._fresh_bytes > self._fresh_max and self._fresh:
                 self._fresh_bytes -= len(self._fresh.popitem(last=False)[1])
 
-    def chunk(self, ref: ChunkRef, path: str = "") -> bytes:
+    def chunk(self, ref: ChunkRef, path: str = "", lo: int = 0, hi: int | None = None) -> bytes:
         """Uncompressed, verified bytes of one chunk (memory, then the node cache, whose
-        entries are re-verified as they are read, then the store)."""
+        entries are re-verified as they are read, then the store). ``lo:hi``: the part
+        the caller wants, for the recorder (the whole chunk is returned)."""
         digest = ref.digest
         fresh = None
         with self._lock:
@@ -166,10 +174,10 @@ class TreeReader:
             with self._lock:
                 self.counters["chunks_local"] += 1
             if self.on_chunk is not None:
-                self.on_chunk(digest, path, ref.size, True)
+                self.on_chunk(digest, path, ref.size, True, lo, hi)
             return data
         if self.on_chunk is not None:
-            self.on_chunk(digest, path, ref.size, False)
+            self.on_chunk(digest, path, ref.size, False, lo, hi)
         t0 = time.monotonic()
         fut = self.submit_chunk(ref, Priority.DEMAND)
         if path:
@@ -183,6 +191,20 @@ class TreeReader:
         self._remember(digest, data)
         if self.cache is not None:   # a full cache only costs the caching
             self.cache.offer(digest, data, verified=True)   # decode verified it
+        return data
+
+    def part(self, ref: ChunkRef, path: str, lo: int, hi: int) -> bytes:
+        """Bytes ``lo:hi`` of one chunk, verified: from the hot pack's blocks when they
+        cover the range (each checked against the tree's block table), else from the
+        whole chunk (``chunk``)."""
+        hot = self.hot
+        data = hot.get(ref, lo, hi) if hot is not None else None
+        if data is None:
+            return self.chunk(ref, path, lo, hi)[lo:hi]
+        with self._lock:
+            self.counters["chunks_local"] += 1
+        if self.on_chunk is not None:
+            self.on_chunk(ref.digest, path, ref.size, True, lo, hi)
         return data
 
     # Demand read-ahead: without a profile every miss is a round trip, and a Python import
@@ -252,5 +274,5 @@ class TreeReader:
         for i in range(offset // csize, (end - 1) // csize + 1):
             ref, base = chunks[i], i * csize
             lo, hi = max(offset - base, 0), min(end - base, ref.size)
-            out.append(self.chunk(ref, path)[lo:hi])
+            out.append(self.part(ref, path, lo, hi))
         return b"".join(out)

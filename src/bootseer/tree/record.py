@@ -1,6 +1,8 @@
 """Access recording on the read path: for each chunk, when it was first read (seconds
-since the window opened), how often, and by which path. The window closes on an explicit
-call, when a trigger file appears, or at a timeout; later reads are not recorded."""
+since the window opened), how often, and by which path; and which of its ``BLOCK``-sized
+blocks were read, in first-access order (a 4 KiB touch need not make its whole chunk hot).
+The window closes on an explicit call, when a trigger file appears, or at a timeout; later
+reads are not recorded."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import json
 import os
 import threading
 import time
+
+BLOCK = 64 << 10   # the profile's sub-chunk unit: a power of two dividing the chunk size
 
 
 class AccessRecorder:
@@ -18,12 +22,15 @@ class AccessRecorder:
         self.closed = False
         self.closed_by: str | None = None
         self.chunks: dict[str, list] = {}   # digest -> [first_s, count, path, bytes]
+        self.blocks: dict[str, dict[int, None]] = {}   # digest -> its read blocks, in order
         self.local_first_bytes = 0          # bytes already local at their first read
         self.first_bytes = 0
         self._lock = threading.Lock()
         self._checks = 0
 
-    def __call__(self, digest: str, path: str, size: int, local: bool = False) -> None:
+    def __call__(self, digest: str, path: str, size: int, local: bool = False,
+                 lo: int = 0, hi: int | None = None) -> None:
+        """A read of bytes ``lo:hi`` (default: all) of chunk ``digest``."""
         if self.closed:
             return
         now = time.monotonic() - self.t0
@@ -42,6 +49,10 @@ class AccessRecorder:
                 self.local_first_bytes += size if local else 0
             else:
                 rec[1] += 1
+            seen = self.blocks.setdefault(digest, {})
+            last = (size if hi is None else min(hi, size)) - 1
+            for b in range(lo // BLOCK, max(last, lo) // BLOCK + 1):
+                seen.setdefault(b)
 
     def close(self, why: str = "api") -> None:
         if not self.closed:
@@ -56,11 +67,27 @@ class AccessRecorder:
     def profile(self) -> dict:
         with self._lock:
             rows = sorted(([d, *r] for d, r in self.chunks.items()), key=lambda r: r[1])
+            blocks = {d: list(b) for d, b in self.blocks.items()}
         return {"v": 1, "kind": "bootseer.profile", "tree": self.tree, "runs": 1,
-                "closed_by": self.closed_by, "chunks": rows}
+                "closed_by": self.closed_by, "chunks": rows, "block_size": BLOCK,
+                "blocks": blocks}
+
+    @property
+    def block_bytes(self) -> int:
+        """The bytes of the blocks read (the hot set at block granularity)."""
+        with self._lock:
+            return sum(block_bytes(r[3], BLOCK, self.blocks.get(d))
+                       for d, r in self.chunks.items())
 
     def save(self, path: str) -> None:
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
             json.dump(self.profile(), f)
         os.replace(tmp, path)
+
+
+def block_bytes(size: int, block: int, blocks) -> int:
+    """Bytes of ``blocks`` (indices; None: every block) of a ``size``-byte chunk."""
+    if blocks is None:
+        return size
+    return sum(max(min(block, size - b * block), 0) for b in blocks)

@@ -21,7 +21,7 @@ from bootseer.store import live
 from bootseer.store.client import StoreClient
 from bootseer.tree import blob_mount
 from bootseer.tree.blob import BlobLayout, BlobView, unsupported
-from bootseer.tree.preread import PREFETCHED
+from bootseer.tree.preread import HOTPACK, PREFETCHED
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.record import AccessRecorder
 from bootseer.tree.toc import Toc
@@ -39,8 +39,9 @@ COUNTERS_EVERY_S = 2.0
 @dataclass(frozen=True, slots=True)
 class StartFigures:
     """A start's figures, written as ``figures.json`` when its window closes: the read
-    chunks and bytes, the share local at first read (``coverage``), the share of the
-    prefetched bytes that were read (``precision``), the time reads waited for the store
+    chunks and bytes (``read_block_bytes``: of the blocks read), the share local at first
+    read (``coverage``), the share of the prefetched bytes that were read (``precision``),
+    the time reads waited for the store
     and how many chunks they waited for, the store's bytes and requests, and the
     prefetch's counts (``Prefetcher.stats``)."""
     tree: str
@@ -48,6 +49,7 @@ class StartFigures:
     closed_by: str | None
     read_chunks: int
     read_bytes: int
+    read_block_bytes: int
     coverage: float | None
     precision: float | None
     stall_s: float
@@ -84,7 +86,8 @@ class TreeSession:
             from bootseer.peers import share_for
             from bootseer.tree.prefetch import Prefetcher
             self.prefetcher = Prefetcher(self.reader, profile, done_file=done,
-                                         peers=share_for(config, self.store)).start()
+                                         peers=share_for(config, self.store),
+                                         pack_file=str(self.state / HOTPACK)).start()
         else:
             open(done, "a").close()   # nothing to prefetch
         self._done = threading.Event()
@@ -144,6 +147,7 @@ class TreeSession:
         return StartFigures(
             tree=self.reader.digest, window_s=round(getattr(rec, "window_s", 0.0), 3),
             closed_by=rec.closed_by, read_chunks=len(read), read_bytes=rec.first_bytes,
+            read_block_bytes=rec.block_bytes,
             coverage=rec.coverage, precision=(used / pre_bytes) if pre_bytes else None,
             stall_s=round(self.reader.counters["stall_s"], 3),
             demand_chunks=int(self.reader.counters["chunks_fetched"]),
@@ -204,7 +208,7 @@ def _kernel_path(config: BootseerConfig, tree: str, toc: Toc, profile: dict | No
     view = functools.partial(blob_server_view, config, tree, state_dir, record, profile,
                              window_timeout_s, hot, layout.key)
     return blob_mount.erofs_tree(config, tree, toc, layout, hot, view,
-                                 blob_server=f"{name}-blob-{tree[7:19]}")
+                                 blob_server=f"{name}-blob-{tree[7:19]}", profile=profile)
 
 
 def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: str, *,

@@ -56,16 +56,19 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Toc:
-    """A tree: its chunk size, its packs (blob digests), its entries sorted by path, and
-    what the producer recorded about it (``meta``: an image's env, chain ids, ...).
-    ``erofs``, when the producer stored them, names the tree's EROFS metadata images
-    (``bootseer.tree.meta_image``): part of the tree's digest, so they are as trusted as
-    its entries."""
+    """A tree: its chunk size, its packs (blob digests), its entries sorted by path, what
+    the producer recorded about it (``meta``: an image's env, chain ids, ...), where the
+    digests of its chunks' sub-chunk blocks are (``blocks``: ``{"digest", "block_size"}``
+    of a :mod:`bootseer.tree.blocks` table; None for a tree built without one), and, when
+    the producer stored them, its EROFS metadata images (``erofs``:
+    ``bootseer.tree.meta_image``). Both are part of the tree's digest, so they are as
+    trusted as its entries."""
     chunk_size: int
     packs: tuple[str, ...]
     entries: tuple[Entry, ...]
     meta: dict = field(default_factory=dict)
     erofs: dict | None = None
+    blocks: dict | None = None
 
     def files(self) -> Iterator[Entry]:
         """The regular files (hard links excluded: they name one of these)."""

@@ -72,6 +72,15 @@ def check(doc: dict, digest: str = "") -> None:
             raise TreeFormatError(f"{name} is refused: pack {p!r} is not a sha256 digest")
     if "erofs" in doc:
         _check_erofs(doc["erofs"], name)
+    blocks = doc.get("blocks")
+    if blocks is not None:
+        bsize = blocks.get("block_size") if type(blocks) is dict else None
+        if not (type(blocks) is dict and set(blocks) == {"digest", "block_size"}
+                and type(blocks["digest"]) is str and _DIGEST.fullmatch(blocks["digest"])
+                and type(bsize) is int and 4096 <= bsize < csize and csize % bsize == 0
+                and not bsize & (bsize - 1)):
+            raise TreeFormatError(f"{name} is refused: its block table {blocks!r} is not "
+                                  "a digest and a power-of-two block size dividing the chunks")
     by_path: dict[str, dict] = {}
     for e in entries:
         if type(e) is not dict:
