@@ -118,9 +118,11 @@ class LocalImage:
         """(4): evict the storage's files, then ``podman run``; seconds to READY."""
         evict(self.dir / "r")
         left = residency(self.dir / "r")["resident_bytes"]
-        argv = [*self.podman, "run", "--rm", "--pull", "never", "--runtime", "runc",
-                "--network", "host", "--ipc", "host", "-e", f"BOOTSEER_READY_FILE={READY_FILE}",
-                self.ref, "python3", "-c", code]
+        # the flags bootseer's own podman runtime passes (runc, host network and IPC, the
+        # host's hard limits: podman's defaults exceed what this node allows)
+        argv = [*self.podman, "run", "--rm", "--pull", "never",
+                *container.podman_option_flags(container.Options(network="host")),
+                "-e", f"BOOTSEER_READY_FILE={READY_FILE}", self.ref, "python3", "-c", code]
         t0 = time.monotonic()
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready = None
