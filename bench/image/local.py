@@ -8,11 +8,12 @@
     still resident afterwards are reported (``left_resident_bytes``).
 truth: the image's rootfs copied onto an ext4 file system on a loop device the bench makes
     (its backing file on the scratch tmpfs; the root disk's own read-ahead is 8 MiB, a loop
-    device's the kernel default), unmounted and mounted again (its page cache goes with it),
-    the loop device's read-ahead set, the workload run once in it (the chroot runtime, a
-    private overlay over it), then every file's residency read with mincore(2): the bytes
-    the start brought into the page cache, at 128 KiB read-ahead and at 0 (the pages it
-    touched). Goal (issue #25): the profile's hot bytes / resident bytes at 128 KiB <= 1.3.
+    device's the kernel default), mounted afresh and every file evicted (a remount alone
+    may find the old superblock and its cache alive), the loop device's read-ahead set,
+    the workload run once in it (the chroot runtime, a private overlay over it), then every
+    file's residency read with mincore(2): the bytes the start brought into the page cache,
+    at 128 KiB read-ahead and at 0 (the pages it touched), less any resident before the
+    run. Goal (issue #25): the profile's hot bytes / resident bytes at 128 KiB <= 1.3.
 """
 
 from __future__ import annotations
@@ -190,6 +191,9 @@ def truth(rootfs: Path, code: str, scratch: Path, *, read_ahead_kb: tuple[int, .
             ra.write_text(str(kb))
             subprocess.run(["mount", "-o", "ro", loop, str(mnt)], check=True)
             try:
+                # a fresh mount may find the superblock, and its page cache, still alive
+                # (the runtime's overlay over it is torn down after the run ends): evict too
+                evict(mnt)
                 before = residency(mnt)["resident_bytes"]
                 c = container.Container(rootfs=str(mnt), argv=["python3", "-c", code],
                                         env={"BOOTSEER_READY_FILE": READY_FILE})

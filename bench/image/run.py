@@ -244,7 +244,10 @@ def report(med: dict, results: dict, hot: dict, truths: dict, args) -> None:
               + (f", {hot['hot_block_bytes'] / 2**20:.1f} MiB in the blocks read"
                  if "hot_block_bytes" in hot else ""))
     for kb, t in truths.items():
-        res = max(t["resident_bytes"], 1)
+        if t["resident_bytes"] <= 0:   # nothing measured: no ratio to print
+            goals.append(f"read-ahead {kb} KiB: no resident bytes measured")
+            continue
+        res = t["resident_bytes"]
         line = f"hot / resident at read-ahead {kb} KiB: {hot.get('hot_bytes', 0) / res:.2f}"
         if "hot_block_bytes" in hot:
             line += f" (blocks {hot['hot_block_bytes'] / res:.2f})"
