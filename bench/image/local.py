@@ -80,13 +80,15 @@ def resident_bytes(path: str, size: int) -> int:
 
 
 def residency(root: Path) -> dict:
-    total = files = touched = 0
+    total = files = touched = size_all = 0
     for p, size in _files(root):
         r = resident_bytes(p, size)
         files += 1
         total += r
         touched += r > 0
-    return {"resident_bytes": total, "files": files, "files_touched": touched}
+        size_all += size
+    return {"resident_bytes": total, "files": files, "files_touched": touched,
+            "bytes": size_all}
 
 
 def evict(root: Path) -> None:

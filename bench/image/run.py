@@ -189,8 +189,9 @@ def main() -> int:
                         truths = truth(rootfs, code, scratch)
                     for kb, r in truths.items():
                         print(f"  read-ahead {kb:3} KiB: {r['resident_bytes'] / 2**20:8.1f} MiB "
-                              f"resident in {r['files_touched']} of {r['files']} files",
-                              flush=True)
+                              f"resident ({r['resident_bytes'] / max(r['bytes'], 1):.1%} of the "
+                              f"image's {r['bytes'] / 2**20:.0f} MiB) in {r['files_touched']} "
+                              f"of {r['files']} files", flush=True)
             finally:
                 local_image.close()
             if not (args.no_containerd or args.quick):   # issue #15: the same image through the CRI

@@ -64,7 +64,8 @@ def test_mincore_residency_follows_the_page_cache(tmp_path):
         r.read()
     got = local.resident_bytes(str(f), size)
     assert local.PAGE + 4 <= got <= 2 * local.PAGE + 4, got   # the touched page and the tail
-    assert local.residency(tmp_path) == {"resident_bytes": got, "files": 1, "files_touched": 1}
+    assert local.residency(tmp_path) == {"resident_bytes": got, "files": 1, "files_touched": 1,
+                                         "bytes": size}
 
 
 def test_hot_bytes_counts_whole_chunks_and_the_blocks_read():
