@@ -43,6 +43,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2] / "src"))
+sys.path.insert(0, str(HERE.parents[1]))   # bench/outdir.py
+
+import outdir  # noqa: E402
 
 from bootseer.config import parse_size  # noqa: E402
 
@@ -375,11 +378,8 @@ def inner(args) -> int:
         print(f"| {r['variant']} | {r['seconds']} | {r['GB/s']} | {r['link_%']} | {x} | {mem} "
               f"| {r.get('fetched_over_consumed', '-')} | {r.get('fuse', '-')} "
               f"| {r.get('stall_s', '-')} | {cpu} |")
-    out = HERE.parents[1] / "results" / "ckpt.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
-                                        if k not in ("inner", "scratch")}, "rows": rows},
-                              indent=1))
+    outdir.write_json("ckpt.json", {"args": {k: v for k, v in vars(args).items()
+                                             if k not in ("inner", "scratch")}, "rows": rows})
     return 0
 
 

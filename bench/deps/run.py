@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import shutil
@@ -63,7 +62,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "bench"))   # bench/outdir.py
 
+import outdir  # noqa: E402
 from stacks import (  # noqa: E402
     PYTHON_VERSION,
     STACKS,
@@ -82,7 +83,7 @@ from bootseer.demo.main import node_disks, scratch_tmpfs, shaped_link  # noqa: E
 from bootseer.testing import servers  # noqa: E402
 
 PYTHON = f"/usr/bin/python{PYTHON_VERSION}"
-LOG = ROOT / "bench/results/deps.log"
+LOG_NAME = "deps.log"   # under bench/results (outdir)
 NODE_ROOT = "/opt/bsbench-deps"    # same path on every node, private per node
 PREFIX = f"{NODE_ROOT}/env"
 WHEEL_CACHE = "/var/cache/bootseer-bench/wheels"
@@ -173,7 +174,7 @@ class Bench:
 
     def log(self, what: str, text: str) -> None:
         """Every variant's output, kept for a look afterwards."""
-        with open(LOG, "a") as f:
+        with open(outdir.path(LOG_NAME), "a") as f:
             f.write(f"--- {what}\n{text}\n")
 
     def node(self) -> Node:
@@ -440,16 +441,15 @@ def main() -> int:
         return 1
     stack = STACKS[args.stack]
     nodes = stack.nodes if args.nodes is None else args.nodes
-    out = Path(args.out or ROOT / "bench/results" /
-               ("deps.json" if stack.name == "large" else f"deps-{stack.name}.json"))
+    out = outdir.path(args.out or ("deps.json" if stack.name == "large"
+                                   else f"deps-{stack.name}.json"))
     reqs = list(stack.pins) + ([TORCH] if args.with_torch else [])
     index = wheelhouse(Path(args.wheel_cache), stack.name, reqs)
     Path(NODE_ROOT).mkdir(parents=True, exist_ok=True)
     from bootseer.demo.link import rate_bits
     limit = str(int(rate_bits(args.per_connection + 'bit') / 8))
     hot: dict[str, list[float]] = {}
-    LOG.parent.mkdir(parents=True, exist_ok=True)
-    LOG.write_text("")
+    outdir.path(LOG_NAME).write_text("")
     with scratch_tmpfs("8g") as scratch, node_disks() as nodes_dir, \
             shaped_link(args.rate) as netns:
         www = scratch / "www"
@@ -477,10 +477,9 @@ def main() -> int:
             web.stop()
             reg.stop()
     summary = report(row.rows, hot, nodes)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "stack": stack.name, "pins": reqs,
-                               "wheels_mb": round(size / 1e6), "rows": row.rows,
-                               "load_after": os.getloadavg()[0], **summary}, indent=1))
+    outdir.write_json(out, {"args": vars(args), "stack": stack.name, "pins": reqs,
+                            "wheels_mb": round(size / 1e6), "rows": row.rows,
+                            "load_after": os.getloadavg()[0], **summary})
     return 0
 
 

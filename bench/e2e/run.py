@@ -33,12 +33,14 @@ memory idle zygotes held is printed (per node, from its "zygote stopped" line).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench/outdir.py
+
+import outdir
 
 from bootseer.demo import main as demo
 from bootseer.demo import scenario as S
@@ -128,7 +130,7 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(p)
     p.add_argument("--large", action="store_true", help="the ~2.5 GB checkpoint")
-    p.set_defaults(out="bench/results/e2e", per_connection="100m", scratch_size="16g")
+    p.set_defaults(out=str(outdir.root() / "e2e"), per_connection="100m", scratch_size="16g")
     args = p.parse_args()
     from bootseer.demo.assets import TRAIN_ARGS
     train_args = LARGE_TRAIN_ARGS if args.large else TRAIN_ARGS
@@ -155,13 +157,11 @@ def main() -> int:
     warm = warm_summary(rows, done)
     if warm:
         print("\n" + warm)
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e.json").write_text(json.dumps(
-        {"args": vars(args), "rows": rows, "overheads": table, "rendezvous_wait": waits,
-         "zygote_mb": {name: zygote_mb(results) for name, results in done},
-         "nodes": {name: [{"node": r.node, "rc": r.rc, **r.summary} for r in results]
-                   for name, results in done}}, indent=1, default=str))
+    outdir.write_json("e2e.json", {
+        "args": vars(args), "rows": rows, "overheads": table, "rendezvous_wait": waits,
+        "zygote_mb": {name: zygote_mb(results) for name, results in done},
+        "nodes": {name: [{"node": r.node, "rc": r.rc, **r.summary} for r in results]
+                  for name, results in done}})
     return 0
 
 

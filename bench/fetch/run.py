@@ -29,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))   # bench/outdir.py
+
+import outdir  # noqa: E402
 
 from bootseer.demo.link import rate_bits, shaped_namespace  # noqa: E402
 from bootseer.testing import servers  # noqa: E402
@@ -141,8 +144,7 @@ def main() -> int:
         t = statistics.median(times)
         mibs = args.size_mib / t
         print(f"{name:30} {t:7.2f} {mibs:8.1f} {100 * mibs / link:6.1f}% {base / t:12.1f}x")
-    (ROOT / "bench/results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench/results/fetch.json").write_text(json.dumps({"args": vars(args), "runs": res}))
+    outdir.write_json("fetch.json", {"args": vars(args), "runs": res})
     return 0
 
 

@@ -365,11 +365,10 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     load_after = _uptime()
     name = "scale.json" if args.rate == "1gbit" else f"scale-{args.rate}.json"
-    results = Path(__file__).resolve().parents[1] / "results" / name
-    results.parent.mkdir(parents=True, exist_ok=True)   # ignored by git: a fresh clone has none
-    results.write_text(json.dumps({"set_bytes": set_bytes, "rate": args.rate, "rows": rows,
-                                   "load_before": load_before, "load_after": load_after},
-                                  indent=1) + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench/outdir.py
+    import outdir
+    outdir.write_json(name, {"set_bytes": set_bytes, "rate": args.rate, "rows": rows,
+                             "load_before": load_before, "load_after": load_after})
     base = {(r["set"], r["peers"]): r["ready_s"] for r in rows if r["n"] == counts[0]}
     print(f"\nsets of {args.mib} MiB (stored: "
           + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in set_bytes.items())

@@ -10,9 +10,9 @@ ceiling on this machine (the shaped-link goals are bench/fetch's).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -85,8 +85,9 @@ def main() -> None:
             s.stop()
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"size_bytes": size, "rows": rows}, f, indent=1)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        import outdir  # bench/outdir.py: the --json file's directory is made
+        outdir.write_json(os.path.abspath(args.json), {"size_bytes": size, "rows": rows})
 
 
 if __name__ == "__main__":
