@@ -31,7 +31,7 @@ from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
 from bootseer.node import alive, outputs
 from bootseer.node import proc as procs
-from bootseer.run import baseline, inroot, tracing
+from bootseer.run import baseline, inroot, tracing, warmkeep
 from bootseer.run import container as C
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
@@ -336,6 +336,24 @@ class NodeRun:
             t.start()
         return threads
 
+    def _warm_in_image(self, image: Prepared, workdir: str, env: dict[str, str],
+                       binds: list[C.Bind]) -> tuple[list[str], list[C.Bind]]:
+        """Command and binds of a warm start in an image: a zygote kept between containers
+        (``warm.keep_s`` > 0, chroot runtime), else one in the job's own container."""
+        s, w, tree = self.spec, self.config.warm, str(image.attrs.get("tree") or self.spec.image)
+        if w.keep_s > 0 and self._runtime == "chroot":
+            kept = warmkeep.prepare(w, rootfs=image.path, image=tree, argv=s.argv, env=env,
+                                    workdir=workdir, binds=binds, options=self._options,
+                                    per_run=str(self.state))
+            if kept is not None:
+                log.warning("%s", kept.said)
+                return kept.argv, kept.binds
+        elif w.keep_s > 0:
+            log.warning("warm: a zygote is kept between containers with the chroot runtime "
+                        "only; this one lives in the job's container")
+        argv, more = ship.in_container(self.state / "warmpkg", w, s.image or "", s.argv, env)
+        return argv, [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
+
     def _launch(self, prepared: dict[str, Prepared]) -> int:
         s = self.spec
         signal_dir = self.state / "signal"
@@ -365,11 +383,10 @@ class NodeRun:
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
             tracing.keep_capture(env, trace_env, s.env)
             argv = s.argv
-            if s.warm:   # the zygote lives in the job's container (docs/warm-start.md)
+            if s.warm:   # a kept zygote, or one in the job's container (docs/warm-start.md)
                 try:
-                    argv, more = ship.in_container(self.state / "warmpkg", self.config.warm,
-                                                   s.image or "", s.argv, env)
-                    binds += [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
+                    argv, more = self._warm_in_image(image, workdir, env, binds)
+                    binds += more
                 except PermissionError as e:
                     log.warning("warm: %s: workers start cold", e)
             container = C.Container(rootfs=image.path, argv=argv, workdir=workdir,

@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bootseer_warm.supervisor")
     p.add_argument("--max-rss", type=int, default=0, metavar="MB")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument("--kept", action="store_true",
+                   help="the zygote was started by bootseer run in a container of its own "
+                        "(kept between starts): route the workers, start none here")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS (the job's command)")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -43,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(routed, str):
         _say(f"warm: {routed}: workers start cold")
         run = cmd
+    elif args.kept:
+        env.update(Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss,
+                           keep_s=0).job_env())
+        run = routed.argv
     else:
         session = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
         session.env.update(session.job_env())

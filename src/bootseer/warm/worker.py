@@ -41,6 +41,9 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
     except ValueError:
         sock.close()
         return f"{TIMEOUT_VAR} is not a number of seconds"
+    # this process's root: a zygote kept in another container has its child chroot there,
+    # so the child sees the job's own mounts (image, binds, checkpoint, /dev)
+    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
     try:
         sock.connect(path)
         if proto.peer_uid(sock) != os.getuid():
@@ -50,13 +53,15 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
         proto.send(sock, {"op": "fork", "argv": cmd, "env": dict(os.environ),
                           "cwd": os.getcwd(), "unbuffered": unbuffered,
                           "key": warm_key(cmd, os.environ, os.getcwd())},
-                   [0, 1, 2])
+                   [0, 1, 2, root])
         reply = proto.recv(sock, bytearray())
     except ConnectionResetError:
         reply = None
     except (OSError, ValueError) as e:
         sock.close()
         return f"zygote unreachable ({e.__class__.__name__}: {e})"
+    finally:
+        os.close(root)
     if reply is None:
         sock.close()
         return "zygote closed the connection (died mid-fork?)"
@@ -68,10 +73,11 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
 
 def _wait(sock: socket.socket, pid: int) -> int:
     """Relay signals to the child until the zygote reports how it ended; end the same way."""
+    # over the socket, not kill(2): a kept zygote's child lives in another PID namespace
     def relay(signum, _frame):
         try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
+            proto.send(sock, {"op": "signal", "sig": signum})
+        except OSError:
             pass
     for sig in RELAYED:
         signal.signal(sig, relay)

@@ -1,0 +1,201 @@
+"""A zygote kept between containers on a node (``bootseer run --image --warm`` with
+``warm.keep_s > 0``): started by ``bootseer run`` as a detached container of its own (the
+same image tree, environment, working directory, user, binds and network as the job),
+reused by the next start when its key matches, it is alive and it passes its check.
+
+The job's workers reach its socket through the bound per-user, per-image directory; each
+forked child chroots into the worker's own root (the fd the launcher passes), so it sees
+the job's mounts, and signals go over the socket (the child lives in the zygote's PID
+namespace). It ends itself after ``keep_s`` idle seconds (its PID namespace with it); a
+stale or dead one is stopped by its PID and replaced. See docs/warm-start.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bootseer import trace
+from bootseer.run import container as C
+from bootseer.warm import proto, ship
+from bootseer.warm.key import DIR_VAR, KEYED_VARS, key_difference, socket_path
+from bootseer.warm.session import route
+
+RECORD = "kept.json"
+READY_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What the job's container needs to be served by the kept zygote."""
+    argv: list[str]
+    binds: list[C.Bind]
+    said: str
+    hit: bool
+
+
+def layout_key(*, image: str, argv: Sequence[str], env: Mapping[str, str], workdir: str,
+               binds: Sequence[C.Bind], options: C.Options, per_run: str) -> dict[str, str]:
+    """What a kept zygote must share with the job, besides what the zygote checks itself
+    (script and config digests): image tree, uid, command, working directory, environment
+    and binds less this run's own paths (under ``per_run``), network, devices."""
+    key = {"image": image, "uid": str(os.getuid()), "argv": json.dumps(list(argv)),
+           "workdir": workdir, "network": options.network,
+           "devices": json.dumps([n.target for n in options.devices.nodes])}
+    for name, value in env.items():
+        if per_run not in value or name in KEYED_VARS:
+            key[f"env.{name}"] = value
+    key["binds"] = json.dumps([[b.source, b.target, b.readonly] for b in binds
+                               if not b.source.startswith(per_run)])
+    return key
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop(record: Mapping) -> None:
+    """Stop a kept zygote by its PID: the ``unshare`` whose command names its state dir
+    (so a reused PID is never signalled); ``--kill-child`` takes its namespace with it."""
+    pid, marker = int(record.get("pid", 0)), str(record.get("state", ""))
+    if pid <= 0 or not marker or marker not in _cmdline(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _info(path: str) -> dict | None:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(path)
+            proto.send(s, {"op": "info"})
+            return proto.recv(s, bytearray())
+    except (OSError, ValueError):
+        return None
+
+
+def _usable(record: Mapping, key: Mapping[str, str], host: str) -> str | None:
+    """Why the recorded zygote cannot serve this start (None: it can)."""
+    pid, marker = int(record.get("pid", 0)), str(record.get("state", ""))
+    if not _alive(pid) or marker not in _cmdline(pid):
+        return f"kept zygote {pid} is gone"
+    why = key_difference(record.get("key", {}), key)
+    if why is not None:
+        return why
+    info = _info(os.path.join(host, str(record.get("socket", ""))))
+    if info is None:
+        return f"kept zygote {pid} does not answer"
+    if info.get("stale"):
+        return str(info["stale"])
+    return None
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str, str],
+            workdir: str, binds: list[C.Bind], options: C.Options, per_run: str) -> Kept | None:
+    """Reuse or start the node's kept zygote for this job; None when the command cannot be
+    routed (the caller runs it as usual). ``env`` gets PYTHONPATH and the socket directory.
+    PermissionError: a bad ``warm.dir``."""
+    started = time.time()
+    routed = route(argv, env)
+    if isinstance(routed, str):
+        return None
+    host = ship.host_dir(settings.dir, image)
+    pkg = ship.write_package(os.path.join(host, "pkg"))
+    env["PYTHONPATH"] = ":".join(p for p in (ship.CONTAINER_PKG_DIR, env.get("PYTHONPATH")) if p)
+    env[DIR_VAR] = ship.CONTAINER_DIR
+    more = [C.Bind(pkg, ship.CONTAINER_PKG_DIR), C.Bind(host, ship.CONTAINER_DIR, readonly=False)]
+    key = layout_key(image=image, argv=argv, env=env, workdir=workdir, binds=binds,
+                     options=options, per_run=per_run)
+    job_argv = ship.container_command(argv, max_rss_mb=settings.max_rss_mb,
+                                      timeout_s=settings.timeout_s, kept=True)
+    record_path = os.path.join(host, RECORD)
+    record = _read(record_path)
+    why = _usable(record, key, host) if record else "no kept zygote"
+    if why is None:
+        trace.emit("job.warm", started, time.time(), hit=True, scope="kept",
+                   pid=int(record["pid"]))
+        return Kept(job_argv, more, f"warm: kept zygote {record['pid']} reused", True)
+    stop(record)
+    said = _start(settings, host, record_path, key, rootfs=rootfs, argv=argv,
+                  worker=routed.worker, env=env, workdir=workdir,
+                  binds=[b for b in binds if not b.source.startswith(per_run)] + more,
+                  options=options)
+    trace.emit("job.warm", started, time.time(), hit=False, scope="kept", why=why)
+    return Kept(job_argv, more, f"warm: {why}: {said}", False)
+
+
+def _start(settings, host: str, record_path: str, key: dict[str, str], *, rootfs: str,
+           argv: list[str], worker: list[str], env: dict[str, str], workdir: str,
+           binds: list[C.Bind], options: C.Options) -> str:
+    """Start the zygote's own container, detached (it outlives this run); one line."""
+    sock = socket_path(worker, workdir, {DIR_VAR: host})
+    modules_file = sock[:-len(".sock")] + ".modules"
+    modules: list[str] = []
+    if os.path.exists(modules_file):
+        with open(modules_file) as f:
+            modules = [m.strip() for m in f if m.strip()]
+    if os.path.exists(sock):
+        os.unlink(sock)   # the last one's, if it died without removing it
+    state = os.path.join(host, "ct")
+    shutil.rmtree(state, ignore_errors=True)
+    os.makedirs(f"{state}/m")
+    os.makedirs(f"{state}/w")
+    c = C.Container(rootfs=rootfs, workdir=workdir, env=env, binds=binds, options=options,
+                    argv=[ship.image_python(argv), "-m", f"{ship.PACKAGE}.zygote", "--modules",
+                          ",".join(modules), "--idle", str(settings.keep_s), "--max-rss",
+                          str(settings.max_rss_mb), "--", *worker])
+    log_path = os.path.join(host, "zygote.log")
+    with open(log_path, "wb") as log:
+        # its own session and no parent-death signal: it outlives this run by design
+        proc = subprocess.Popen(C.chroot_command(c, state), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True)
+    with open(record_path + ".tmp", "w") as f:
+        json.dump({"pid": proc.pid, "key": key, "state": state,
+                   "socket": os.path.basename(sock)}, f)
+    os.replace(record_path + ".tmp", record_path)
+    deadline = time.monotonic() + READY_WAIT_S
+    while time.monotonic() < deadline:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+        if "zygote ready" in text:
+            return (f"zygote {proc.pid} started in a container of its own, kept "
+                    f"{settings.keep_s:g} s idle, {len(modules)} modules imported")
+        if proc.poll() is not None:
+            last = text.strip().splitlines()[-1:] or ["it exited"]
+            return f"no zygote ({last[0]}): workers start cold"
+        time.sleep(0.05)
+    stop({"pid": proc.pid, "state": state})
+    return "no zygote (not ready in time): workers start cold"
