@@ -338,8 +338,7 @@ class NodeRun:
 
     def _warm_in_image(self, image: Prepared, workdir: str, env: dict[str, str],
                        binds: list[C.Bind]) -> tuple[list[str], list[C.Bind]]:
-        """Command and binds of a warm start in an image: a zygote kept between containers
-        (``warm.keep_s`` > 0, chroot runtime), else one in the job's own container."""
+        """A zygote kept between containers (keep_s > 0, chroot), else in the job's."""
         s, w, tree = self.spec, self.config.warm, str(image.attrs.get("tree") or self.spec.image)
         if w.keep_s > 0 and self._runtime == "chroot":
             kept = warmkeep.prepare(w, rootfs=image.path, image=tree, argv=s.argv, env=env,
@@ -348,9 +347,6 @@ class NodeRun:
             if kept is not None:
                 log.warning("%s", kept.said)
                 return kept.argv, kept.binds
-        elif w.keep_s > 0:
-            log.warning("warm: a zygote is kept between containers with the chroot runtime "
-                        "only; this one lives in the job's container")
         argv, more = ship.in_container(self.state / "warmpkg", w, s.image or "", s.argv, env)
         return argv, [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from bootseer import trace
+from bootseer import jobenv, trace
 from bootseer.run import container as C
 from bootseer.warm import proto, ship
 from bootseer.warm.key import DIR_VAR, KEYED_VARS, key_difference, socket_path
@@ -30,6 +30,11 @@ from bootseer.warm.session import route
 
 RECORD = "kept.json"
 READY_WAIT_S = 120.0
+# Per-start values: each forked child takes its worker's own; the zygote's are not used.
+PER_START = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                       "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", jobenv.READY_FILE,
+                       jobenv.WARM_MODULES})
+PER_START_PREFIXES = ("TORCHELASTIC_", "SLURM_", jobenv.TRACE_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -45,12 +50,14 @@ def layout_key(*, image: str, argv: Sequence[str], env: Mapping[str, str], workd
                binds: Sequence[C.Bind], options: C.Options, per_run: str) -> dict[str, str]:
     """What a kept zygote must share with the job, besides what the zygote checks itself
     (script and config digests): image tree, uid, command, working directory, environment
-    and binds less this run's own paths (under ``per_run``), network, devices."""
+    less per-start values and binds less this run's own paths (under ``per_run``),
+    network, devices."""
     key = {"image": image, "uid": str(os.getuid()), "argv": json.dumps(list(argv)),
            "workdir": workdir, "network": options.network,
            "devices": json.dumps([n.target for n in options.devices.nodes])}
     for name, value in env.items():
-        if per_run not in value or name in KEYED_VARS:
+        per_start = name in PER_START or name.startswith(PER_START_PREFIXES)
+        if name in KEYED_VARS or not (per_start or per_run in value):
             key[f"env.{name}"] = value
     key["binds"] = json.dumps([[b.source, b.target, b.readonly] for b in binds
                                if not b.source.startswith(per_run)])
@@ -90,13 +97,20 @@ def stop(record: Mapping) -> None:
 
 def _info(path: str) -> dict | None:
     try:
+        # through the directory's fd: a warm.dir path may be longer than a socket address
+        folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5)
-            s.connect(path)
+            s.connect(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
             proto.send(s, {"op": "info"})
             return proto.recv(s, bytearray())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(folder)
 
 
 def _usable(record: Mapping, key: Mapping[str, str], host: str) -> str | None:

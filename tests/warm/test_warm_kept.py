@@ -1,0 +1,135 @@
+"""A zygote kept between containers (``warm.keep_s``): started as a detached container of
+its own by the first image start, reused by the next, replaced when stale or dead, gone
+after ``keep_s`` idle seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer.config.settings import WarmConfig
+from bootseer.run import container as C
+from bootseer.run import warmkeep
+from tests.conftest import BUSYBOX, is_root, need
+from tests.run.test_job_trace import make_python_rootfs
+
+JOB = """\
+import os, sys
+print(f"rank {os.environ.get('RANK')} sees {open('/data/x').read()}", flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory):
+    need(is_root(), "containers need root")
+    need(os.path.exists(BUSYBOX) and os.path.exists("/usr/bin/python3"),
+         "busybox-static and a system python3 are needed")
+    need("chroot" in C.available_runtimes(), "the chroot runtime is needed")
+    return make_python_rootfs(tmp_path_factory.mktemp("keptroot"))
+
+
+def _start(rootfs: Path, tmp: Path, settings: WarmConfig, rank: str, env_extra=None):
+    job, state = tmp / "job", tmp / f"state-{time.monotonic_ns()}"
+    (state / "data").mkdir(parents=True)
+    (state / "data/x").write_text(f"this run's {rank}")   # a per-run mount the zygote lacks
+    env = {"RANK": rank, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    binds = [C.Bind(str(job), "/job"), C.Bind(str(state / "data"), "/data")]
+    kept = warmkeep.prepare(settings, rootfs=str(rootfs), image="tree-1",
+                            argv=["python3", "train.py", "7"], env=env, workdir="/job",
+                            binds=binds, options=C.Options(), per_run=str(state))
+    assert kept is not None
+    c = C.Container(rootfs=str(rootfs), argv=kept.argv, workdir="/job", env=env,
+                    binds=binds + kept.binds)   # the forked child sees the job's mounts
+    r = C.start(c, runtime="chroot", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = r.proc.communicate(timeout=60)
+        rc = r.wait()
+    finally:
+        r.kill()
+    return kept, rc, out.decode(), err.decode()
+
+
+def _record(settings: WarmConfig) -> dict:
+    from bootseer.warm import ship
+    return json.loads(Path(ship.host_dir(settings.dir, "tree-1"), warmkeep.RECORD).read_text())
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not warmkeep._alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_kept_zygote_serves_the_next_start_and_goes_after_keep_s(rootfs, tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job/train.py").write_text(JOB)
+    settings = WarmConfig(keep_s=6.0, dir=str(tmp_path / "warm"), timeout_s=5.0)
+    first = _start(rootfs, tmp_path, settings, "0")
+    assert not first[0].hit and "no kept zygote" in first[0].said, first[0].said
+    assert first[1] == 7 and "rank 0 sees this run's 0" in first[2], first
+    pid = _record(settings)["pid"]
+    assert warmkeep._alive(pid), "kept after the job"
+    second = _start(rootfs, tmp_path, settings, "3")
+    assert second[0].hit and second[0].said == f"warm: kept zygote {pid} reused", second[0]
+    assert second[1] == 7 and second[2] == "rank 3 sees this run's 3\n", second
+    assert "cold start" not in second[3], second[3]
+    # an environment that differs: a miss, the stale one stopped by its PID
+    third = _start(rootfs, tmp_path, settings, "1", {"OMP_NUM_THREADS": "2"})
+    assert not third[0].hit and "key differs: env.OMP_NUM_THREADS" in third[0].said
+    assert third[1] == 7 and "rank 1" in third[2] and not warmkeep._alive(pid)
+    # changed code: the zygote itself says it is stale
+    pid = _record(settings)["pid"]
+    (tmp_path / "job/train.py").write_text(JOB + "# changed\n")
+    fourth = _start(rootfs, tmp_path, settings, "2", {"OMP_NUM_THREADS": "2"})
+    assert "key differs: file.train.py" in fourth[0].said and not warmkeep._alive(pid)
+    assert fourth[1] == 7 and "rank 2" in fourth[2], fourth
+    # after keep_s idle seconds nothing is left running: the zygote and its namespace
+    pid = _record(settings)["pid"]
+    assert _gone(pid, settings.keep_s + 10), "the kept zygote outlived keep_s"
+
+
+@pytest.mark.timeout(120)
+def test_killed_kept_zygote_falls_back(rootfs, tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job/train.py").write_text(JOB)
+    settings = WarmConfig(keep_s=30.0, dir=str(tmp_path / "warm"), timeout_s=5.0)
+    _start(rootfs, tmp_path, settings, "0")
+    rec = _record(settings)
+    os.kill(rec["pid"], signal.SIGKILL)
+    assert _gone(rec["pid"], 10)
+    again = _start(rootfs, tmp_path, settings, "5")
+    assert not again[0].hit and f"kept zygote {rec['pid']} is gone" in again[0].said
+    assert again[1] == 7 and "rank 5" in again[2], again
+    # killed between the check and the worker: the worker starts cold, in one line
+    rec = _record(settings)
+    (tmp_path / "job/x").write_text("a cold one")
+    kept = warmkeep.prepare(settings, rootfs=str(rootfs), image="tree-1",
+                            argv=["python3", "train.py", "7"],
+                            env={"RANK": "6", "PYTHONUNBUFFERED": "1"}, workdir="/job",
+                            binds=[C.Bind(str(tmp_path / "job"), "/job")],
+                            options=C.Options(), per_run=str(tmp_path / "nothing"))
+    assert kept is not None and kept.hit
+    warmkeep.stop(rec)
+    c = C.Container(rootfs=str(rootfs), argv=kept.argv, workdir="/job",
+                    env={"RANK": "6", "PYTHONUNBUFFERED": "1", "PYTHONPATH": "/run/bootseer/"
+                         "warmpkg", "BOOTSEER_WARM_DIR": "/run/bootseer/warm"},
+                    binds=[C.Bind(str(tmp_path / "job"), "/job"),
+                           C.Bind(str(tmp_path / "job"), "/data"), *kept.binds])
+    r = C.start(c, runtime="chroot", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = r.proc.communicate(timeout=60)
+        assert r.wait() == 7 and out == b"rank 6 sees a cold one\n", err
+        assert err.count(b"bootseer warm: cold start (zygote unreachable") == 1, err
+    finally:
+        r.kill()
