@@ -133,3 +133,41 @@ def test_killed_kept_zygote_falls_back(rootfs, tmp_path):
         assert err.count(b"bootseer warm: cold start (zygote unreachable") == 1, err
     finally:
         r.kill()
+
+
+@pytest.fixture
+def python_image(registry, rootfs, tmp_path):
+    from tests.run.test_baseline import push_busybox
+    return push_busybox(registry, rootfs, tmp_path, tag="kept")
+
+
+@pytest.mark.timeout(240)
+def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
+    """Two ``bootseer run --image --warm`` starts with ``warm.keep_s``: the second is served
+    by the zygote the first started, and ends as the first did."""
+    import sys
+    store, job = str(tmp_path / "store"), tmp_path / "job"
+    run = [sys.executable, "-m", "bootseer"]
+    assert subprocess.run([*run, "image", "convert", python_image, "--to", store],
+                          capture_output=True).returncode == 0
+    job.mkdir()
+    (job / "train.py").write_text(JOB)
+    (job / "x").write_text("the job's bind")
+    env = {**os.environ, "BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "c"),
+           "BOOTSEER_WARM_DIR": str(tmp_path / "warm"), "BOOTSEER_WARM_KEEP_S": "30"}
+    said = []
+    try:
+        for rank in ("0", "4"):
+            r = subprocess.run([*run, "run", "--image", python_image, "--warm", "--runtime",
+                                "chroot", "--bind", f"{job}:/job", "--bind", f"{job}:/data",
+                                "--env", f"RANK={rank}", "--workdir", "/job", "--", "python3",
+                                "train.py", "7"], capture_output=True, text=True, env=env,
+                               timeout=200)
+            assert r.returncode == 7 and r.stdout == f"rank {rank} sees the job's bind\n", r
+            said.append(r.stderr)
+    finally:
+        for record in (tmp_path / "warm").glob(f"*/{warmkeep.RECORD}"):
+            warmkeep.stop(json.loads(record.read_text()))
+    assert "no kept zygote" in said[0] and "started in a container of its own" in said[0]
+    assert "warm: kept zygote" in said[1] and "reused" in said[1], said[1]
+    assert "cold start" not in said[1], said[1]
