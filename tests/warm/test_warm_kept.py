@@ -154,7 +154,8 @@ def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
     (job / "train.py").write_text(JOB)
     (job / "x").write_text("the job's bind")
     env = {**os.environ, "BOOTSEER_STORE_URL": store, "BOOTSEER_CACHE_DIR": str(tmp_path / "c"),
-           "BOOTSEER_WARM_DIR": str(tmp_path / "warm"), "BOOTSEER_WARM_KEEP_S": "30"}
+           "BOOTSEER_WARM_DIR": str(tmp_path / "warm"), "BOOTSEER_WARM_KEEP_S": "30",
+           "BOOTSEER_TRACE_LOCATION": str(tmp_path / "trace"), "BOOTSEER_TRACE_JOB_ID": "kept"}
     said = []
     try:
         for rank in ("0", "4"):
@@ -171,3 +172,10 @@ def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
     assert "no kept zygote" in said[0] and "started in a container of its own" in said[0]
     assert "warm: kept zygote" in said[1] and "reused" in said[1], said[1]
     assert "cold start" not in said[1], said[1]
+    # the trace says it too: the run's job.warm (scope kept), a miss then a hit
+    events = [json.loads(line) for f in sorted((tmp_path / "trace").rglob("*"))
+              if f.is_file() for line in f.read_text(errors="replace").splitlines()
+              if '"job.warm"' in line]
+    kept = [(e["attrs"].get("hit"), e["attrs"].get("why")) for e in events
+            if e.get("attrs", {}).get("scope") == "kept"]
+    assert sorted(kept, key=str) == sorted([(False, "no kept zygote"), (True, None)], key=str)
