@@ -83,7 +83,7 @@ def test_kept_zygote_serves_the_next_start_and_goes_after_keep_s(rootfs, tmp_pat
     second = _start(rootfs, tmp_path, settings, "3")
     assert second[0].hit and second[0].said == f"warm: kept zygote {pid} reused", second[0]
     assert second[1] == 7 and second[2] == "rank 3 sees this run's 3\n", second
-    assert "cold start" not in second[3], second[3]
+    assert "cold start" not in second[3] and "warm: zygote kept (" in second[3], second[3]
     # an environment that differs: a miss, the stale one stopped by its PID
     third = _start(rootfs, tmp_path, settings, "1", {"OMP_NUM_THREADS": "2"})
     assert not third[0].hit and "key differs: env.OMP_NUM_THREADS" in third[0].said

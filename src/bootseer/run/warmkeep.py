@@ -80,22 +80,31 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def stop(record: Mapping) -> None:
+def stop(record: Mapping, host: str | None = None) -> None:
     """Stop a kept zygote by its PID: the ``unshare`` whose command names its state dir
-    (so a reused PID is never signalled); ``--kill-child`` takes its namespace with it."""
+    (so a reused PID is never signalled); ``--kill-child`` takes its namespace with it.
+    One still serving another job's workers (asked over its socket in ``host``) is told
+    to take no more and ends once they have, so that their exit statuses come back."""
     pid, marker = int(record.get("pid", 0)), str(record.get("state", ""))
-    if pid <= 0 or not marker or marker not in _cmdline(pid):
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    if host and record.get("socket"):
+        info = _info(os.path.join(host, str(record["socket"])))
+        if info is not None and info.get("workers"):
+            _send(os.path.join(host, str(record["socket"])), {"op": "stop"})
+            return
+    if pid > 0 and marker and marker in _cmdline(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if marker and not _alive(pid):
+        shutil.rmtree(marker, ignore_errors=True)   # its (empty) mount points' directory
 
 
-def _info(path: str) -> dict | None:
+def _send(path: str, msg: dict) -> dict | None:
+    """``msg`` to the zygote at ``path``; its answer (None: none)."""
     try:
         # through the directory's fd: a warm.dir path may be longer than a socket address
         folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
@@ -105,12 +114,16 @@ def _info(path: str) -> dict | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5)
             s.connect(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
-            proto.send(s, {"op": "info"})
-            return proto.recv(s, bytearray())
+            proto.send(s, msg)
+            return proto.recv(s, bytearray()) if msg["op"] == "info" else None
     except (OSError, ValueError):
         return None
     finally:
         os.close(folder)
+
+
+def _info(path: str) -> dict | None:
+    return _send(path, {"op": "info"})
 
 
 def _usable(record: Mapping, key: Mapping[str, str], host: str) -> str | None:
@@ -162,7 +175,7 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
         trace.emit("job.warm", started, time.time(), hit=True, scope="kept",
                    pid=int(record["pid"]))
         return Kept(job_argv, more, f"warm: kept zygote {record['pid']} reused", True)
-    stop(record)
+    stop(record, host)
     said = _start(settings, host, record_path, key, rootfs=rootfs, argv=argv,
                   worker=routed.worker, env=env, workdir=workdir,
                   binds=[b for b in binds if not b.source.startswith(per_run)] + more,
@@ -183,8 +196,7 @@ def _start(settings, host: str, record_path: str, key: dict[str, str], *, rootfs
             modules = [m.strip() for m in f if m.strip()]
     if os.path.exists(sock):
         os.unlink(sock)   # the last one's, if it died without removing it
-    state = os.path.join(host, "ct")
-    shutil.rmtree(state, ignore_errors=True)
+    state = os.path.join(host, f"ct-{time.time_ns()}")   # also names its process (stop)
     os.makedirs(f"{state}/m")
     os.makedirs(f"{state}/w")
     c = C.Container(rootfs=rootfs, workdir=workdir, env=env, binds=binds, options=options,

@@ -42,13 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command: python -m bootseer_warm.supervisor -- CMD ARGS")
     env = {**os.environ, "BOOTSEER_WARM_TIMEOUT_S": str(args.timeout)}
     routed = route(cmd, env)
-    session = None
+    session = kept = None
     if isinstance(routed, str):
         _say(f"warm: {routed}: workers start cold")
         run = cmd
     elif args.kept:
-        env.update(Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss,
-                           keep_s=0).job_env())
+        kept = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
+        env.update(kept.job_env())
         run = routed.argv
     else:
         session = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if session is not None:
             _say(session.close(keep=False))
+        elif kept is not None:   # what the zygote kept between containers holds now
+            _say(f"warm: zygote kept ({kept.memory_mb()} MiB held)")
     return 128 - rc if rc < 0 else rc
 
 

@@ -208,6 +208,7 @@ class Zygote:
             os.unlink(self.path)
         self.listener.bind(self.path)
         os.chmod(self.path, 0o600)
+        self.inode = os.stat(self.path).st_ino
         self.listener.listen(64)
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
 
@@ -233,8 +234,9 @@ class Zygote:
     def _close_listener(self) -> None:
         if self.listener.fileno() < 0:
             return
-        try:
-            os.unlink(self.path)
+        try:   # only its own: a stopped zygote's successor may have taken the slot
+            if os.stat(self.path).st_ino == getattr(self, "inode", None):
+                os.unlink(self.path)
         except OSError:
             pass
         self.sel.unregister(self.listener)
@@ -309,7 +311,7 @@ class Zygote:
                 stale = root_problem(self.cwd) or (key_difference(
                     self.key, warm_key(self.cmd, os.environ, self.cwd)) if self.cmd else None)
                 proto.send(conn, {"rss_mb": rss_mb(), "pid": os.getpid(), "key": self.key,
-                                  "stale": stale})
+                                  "stale": stale, "workers": len(self.pidfds)})
             if not any(c is conn for _, c in self.pidfds.values()):
                 self._drop(conn)
             return
