@@ -179,3 +179,51 @@ def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
     kept = [(e["attrs"].get("hit"), e["attrs"].get("why")) for e in events
             if e.get("attrs", {}).get("scope") == "kept"]
     assert sorted(kept, key=str) == sorted([(False, "no kept zygote"), (True, None)], key=str)
+
+
+SLEEPER = """\
+import sys, time
+print("up", flush=True)
+time.sleep(float(sys.argv[1]))
+sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_stale_zygote_serving_a_running_job_finishes_it(rootfs, tmp_path):
+    """A start with another key while the kept zygote still serves a job: the running
+    job's worker ends as it would (its exit status comes back), the stale zygote then ends;
+    the directory is this user's, 0700."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job/train.py").write_text(SLEEPER)
+    (tmp_path / "data").mkdir()
+    settings = WarmConfig(keep_s=30.0, dir=str(tmp_path / "warm"), timeout_s=5.0)
+    binds = [C.Bind(str(tmp_path / "job"), "/job")]
+
+    def start(extra):
+        env = {"PYTHONUNBUFFERED": "1", **extra}
+        kept = warmkeep.prepare(settings, rootfs=str(rootfs), image="tree-1",
+                                argv=["python3", "train.py", "2"], env=env, workdir="/job",
+                                binds=binds, options=C.Options(), per_run=str(tmp_path / "x"))
+        assert kept is not None
+        c = C.Container(rootfs=str(rootfs), argv=kept.argv, workdir="/job", env=env,
+                        binds=binds + kept.binds)
+        return kept, C.start(c, runtime="chroot", stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    first, running = start({})
+    try:
+        assert running.proc.stdout.readline() == b"up\n"
+        old = _record(settings)
+        second, other = start({"OMP_NUM_THREADS": "1"})
+        assert "key differs: env.OMP_NUM_THREADS" in second.said
+        assert warmkeep._alive(old["pid"]), "a zygote serving a job is not killed"
+        assert running.wait() == 3 and b"exit status lost" not in running.proc.stderr.read()
+        assert other.wait() == 3
+    finally:
+        running.kill()
+        other.kill()
+    assert _gone(old["pid"], 10), "the stopped zygote ends after its workers"
+    host = Path(tmp_path / "warm")
+    st = os.stat(next(host.glob("image-*")))
+    assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
+    warmkeep.stop(_record(settings))
