@@ -227,3 +227,18 @@ def test_stale_zygote_serving_a_running_job_finishes_it(rootfs, tmp_path):
     st = os.stat(next(host.glob("image-*")))
     assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
     warmkeep.stop(_record(settings))
+
+
+def test_kept_zygote_needs_the_chroot_runtime(tmp_path, caplog):
+    """Another runtime: one line with a hint, and the zygote lives in the job's container."""
+    settings = WarmConfig(keep_s=30.0, dir=str(tmp_path / "warm"))
+    with caplog.at_level("WARNING", logger="bootseer.run.warmkeep"):
+        kept = warmkeep.prepare(settings, rootfs=str(tmp_path), image="tree-1",
+                                argv=["python3", "train.py"], env={}, workdir="/job", binds=[],
+                                options=C.Options(), per_run=str(tmp_path / "x"),
+                                runtime="podman")
+    assert kept is None and not (tmp_path / "warm").exists()
+    assert [r.getMessage() for r in caplog.records] == [
+        "warm: a zygote is kept between containers with --runtime chroot only (this run: "
+        "podman); it lives in the job's container (hint: --runtime chroot, or "
+        "warm.keep_s = 0)"]

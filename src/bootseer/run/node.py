@@ -340,10 +340,10 @@ class NodeRun:
                        binds: list[C.Bind]) -> tuple[list[str], list[C.Bind]]:
         """A zygote kept between containers (keep_s > 0, chroot), else in the job's."""
         s, w, tree = self.spec, self.config.warm, str(image.attrs.get("tree") or self.spec.image)
-        if w.keep_s > 0 and self._runtime == "chroot":
+        if w.keep_s > 0:
             kept = warmkeep.prepare(w, rootfs=image.path, image=tree, argv=s.argv, env=env,
                                     workdir=workdir, binds=binds, options=self._options,
-                                    per_run=str(self.state))
+                                    per_run=str(self.state), runtime=self._runtime)
             if kept is not None:
                 log.warning("%s", kept.said)
                 return kept.argv, kept.binds

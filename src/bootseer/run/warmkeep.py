@@ -13,6 +13,7 @@ stale or dead one is stopped by its PID and replaced. See docs/warm-start.md.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ from bootseer.warm import proto, ship
 from bootseer.warm.key import DIR_VAR, KEYED_VARS, key_difference, socket_path
 from bootseer.warm.session import route
 
+log = logging.getLogger(__name__)
 RECORD = "kept.json"
 READY_WAIT_S = 120.0
 # Per-start values: each forked child takes its worker's own; the zygote's are not used.
@@ -151,11 +153,17 @@ def _read(path: str) -> dict:
 
 
 def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str, str],
-            workdir: str, binds: list[C.Bind], options: C.Options, per_run: str) -> Kept | None:
-    """Reuse or start the node's kept zygote for this job; None when the command cannot be
-    routed (the caller runs it as usual). ``env`` gets PYTHONPATH and the socket directory.
-    PermissionError: a bad ``warm.dir``."""
+            workdir: str, binds: list[C.Bind], options: C.Options, per_run: str,
+            runtime: str = "chroot") -> Kept | None:
+    """Reuse or start the node's kept zygote for this job; None when there is none to keep
+    (the caller has the zygote live in the job's container). ``env`` gets PYTHONPATH and
+    the socket directory. PermissionError: a bad ``warm.dir``."""
     started = time.time()
+    if runtime != "chroot":
+        log.warning("warm: a zygote is kept between containers with --runtime chroot only "
+                    "(this run: %s); it lives in the job's container (hint: --runtime "
+                    "chroot, or warm.keep_s = 0)", runtime)
+        return None
     routed = route(argv, env)
     if isinstance(routed, str):
         return None
