@@ -16,6 +16,7 @@ import pytest
 from bootseer.config.settings import WarmConfig
 from bootseer.run import container as C
 from bootseer.run import warmkeep
+from bootseer.warm import ship
 from tests.conftest import BUSYBOX, is_root, need
 from tests.run.test_job_trace import make_python_rootfs
 
@@ -53,11 +54,10 @@ def _start(rootfs: Path, tmp: Path, settings: WarmConfig, rank: str, env_extra=N
         rc = r.wait()
     finally:
         r.kill()
-    return kept, rc, out.decode(), err.decode()
+    return kept, rc, out.decode(), err.decode(), kept.close()
 
 
 def _record(settings: WarmConfig) -> dict:
-    from bootseer.warm import ship
     return json.loads(Path(ship.host_dir(settings.dir, "tree-1"), warmkeep.RECORD).read_text())
 
 
@@ -78,6 +78,7 @@ def test_kept_zygote_serves_the_next_start_and_goes_after_keep_s(rootfs, tmp_pat
     first = _start(rootfs, tmp_path, settings, "0")
     assert not first[0].hit and "no kept zygote" in first[0].said, first[0].said
     assert first[1] == 7 and "rank 0 sees this run's 0" in first[2], first
+    assert first[4].startswith("warm: zygote kept for 6 s idle ("), first[4]
     pid = _record(settings)["pid"]
     assert warmkeep._alive(pid), "kept after the job"
     second = _start(rootfs, tmp_path, settings, "3")
@@ -94,6 +95,15 @@ def test_kept_zygote_serves_the_next_start_and_goes_after_keep_s(rootfs, tmp_pat
     fourth = _start(rootfs, tmp_path, settings, "2", {"OMP_NUM_THREADS": "2"})
     assert "key differs: file.train.py" in fourth[0].said and not warmkeep._alive(pid)
     assert fourth[1] == 7 and "rank 2" in fourth[2], fourth
+    # the job's capture wrote a module list: at the job's end a zygote importing it is
+    # started for the next start, which it serves
+    pid, host = _record(settings)["pid"], Path(ship.host_dir(settings.dir, "tree-1"))
+    (host / _record(settings)["socket"].replace(".sock", ".modules")).write_text("json\nemail\n")
+    closed = fourth[0].close()
+    assert "new module list: zygote" in closed and "(2 modules)" in closed, closed
+    assert not warmkeep._alive(pid)
+    fifth = _start(rootfs, tmp_path, settings, "2", {"OMP_NUM_THREADS": "2"})
+    assert fifth[0].hit and fifth[2] == "rank 2 sees this run's 2\n", fifth
     # after keep_s idle seconds nothing is left running: the zygote and its namespace
     pid = _record(settings)["pid"]
     assert _gone(pid, settings.keep_s + 10), "the kept zygote outlived keep_s"

@@ -172,7 +172,7 @@ class NodeRun:
         self.ready_at: float | None = None
         self._running: C.Running | None = None
         self._proc: subprocess.Popen | None = None
-        self._warm: Session | None = None
+        self._warm: Session | warmkeep.Kept | None = None
         self._runtime, self._options = spec.runtime, C.Options()
         # told of each pipeline as it becomes ready: (name, kind, attrs, seconds)
         self.on_prepared: Callable[[str, str, dict, float], None] | None = None
@@ -344,8 +344,8 @@ class NodeRun:
             kept = warmkeep.prepare(w, rootfs=image.path, image=tree, argv=s.argv, env=env,
                                     workdir=workdir, binds=binds, options=self._options,
                                     per_run=str(self.state), runtime=self._runtime)
-            if kept is not None:
-                log.warning("%s", kept.said)
+            if kept is not None:   # closed (prepared for the next start) as a Session is
+                self._warm = kept
                 return kept.argv, kept.binds
         argv, more = ship.in_container(self.state / "warmpkg", w, s.image or "", s.argv, env)
         return argv, [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]

@@ -12,6 +12,7 @@ stale or dead one is stopped by its PID and replaced. See docs/warm-start.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bootseer import jobenv, trace
@@ -41,11 +42,24 @@ PER_START_PREFIXES = ("TORCHELASTIC_", "SLURM_", jobenv.TRACE_PREFIX)
 
 @dataclass(frozen=True)
 class Kept:
-    """What the job's container needs to be served by the kept zygote."""
+    """What the job's container needs to be served by the kept zygote, and ``close``:
+    called when the job has ended, it prepares the zygote for the next start (one line)."""
     argv: list[str]
     binds: list[C.Bind]
     said: str
     hit: bool
+    close: Callable[[], str]
+
+
+def _modules(path: str) -> tuple[list[str], str]:
+    """The module list the capture wrote next to the socket, and its digest (the key's)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return [], ""
+    names = [m.strip() for m in data.decode(errors="replace").splitlines() if m.strip()]
+    return names, hashlib.sha256(data).hexdigest()[:16]
 
 
 def layout_key(*, image: str, argv: Sequence[str], env: Mapping[str, str], workdir: str,
@@ -136,12 +150,30 @@ def _usable(record: Mapping, key: Mapping[str, str], host: str) -> str | None:
     why = key_difference(record.get("key", {}), key)
     if why is not None:
         return why
+    if not _ready(pid, marker):
+        return f"kept zygote {pid} did not get ready"
     info = _info(os.path.join(host, str(record.get("socket", ""))))
     if info is None:
         return f"kept zygote {pid} does not answer"
     if info.get("stale"):
         return str(info["stale"])
     return None
+
+
+def _ready(pid: int, state: str) -> bool:
+    """Wait for a zygote that may still be importing (one the last job's end started)."""
+    deadline = time.monotonic() + READY_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            with open(os.path.join(state, "log"), errors="replace") as f:
+                if "zygote ready" in f.read():
+                    return True
+        except OSError:
+            return False
+        if not _alive(pid):
+            return False
+        time.sleep(0.05)
+    return False
 
 
 def _read(path: str) -> dict:
@@ -174,6 +206,27 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
     more = [C.Bind(pkg, ship.CONTAINER_PKG_DIR), C.Bind(host, ship.CONTAINER_DIR, readonly=False)]
     key = layout_key(image=image, argv=argv, env=env, workdir=workdir, binds=binds,
                      options=options, per_run=per_run)
+    modules_file = socket_path(routed.worker, workdir, {DIR_VAR: host})[:-len(".sock")] + ".modules"
+    key["modules"] = _modules(modules_file)[1]
+    zygote_binds = [b for b in binds if not b.source.startswith(per_run)] + more
+
+    def start(why: str, wait: bool) -> str:
+        stop(_read(record_path), host)
+        return f"warm: {why}: " + _start(
+            settings, host, record_path, key, modules_file, rootfs=rootfs, argv=argv,
+            worker=routed.worker, env=env, workdir=workdir, binds=zygote_binds,
+            options=options, wait=wait)
+
+    def close() -> str:
+        """A new module list (the capture wrote it during the job): the next start's zygote
+        imports it, so it is started now, after the job, not while the next one imports."""
+        have = _modules(modules_file)[1]
+        if have == key["modules"]:
+            rss = _info(os.path.join(host, str(_read(record_path).get("socket", ""))))
+            return (f"warm: zygote kept for {settings.keep_s:g} s idle "
+                    f"({'?' if rss is None else rss.get('rss_mb')} MiB)")
+        key["modules"] = have
+        return start("new module list", wait=False)
     job_argv = ship.container_command(argv, max_rss_mb=settings.max_rss_mb,
                                       timeout_s=settings.timeout_s, kept=True)
     record_path = os.path.join(host, RECORD)
@@ -182,26 +235,21 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
     if why is None:
         trace.emit("job.warm", started, time.time(), hit=True, scope="kept",
                    pid=int(record["pid"]))
-        return Kept(job_argv, more, f"warm: kept zygote {record['pid']} reused", True)
-    stop(record, host)
-    said = _start(settings, host, record_path, key, rootfs=rootfs, argv=argv,
-                  worker=routed.worker, env=env, workdir=workdir,
-                  binds=[b for b in binds if not b.source.startswith(per_run)] + more,
-                  options=options)
-    trace.emit("job.warm", started, time.time(), hit=False, scope="kept", why=why)
-    return Kept(job_argv, more, f"warm: {why}: {said}", False)
+        said, hit = f"warm: kept zygote {record['pid']} reused", True
+    else:
+        said, hit = start(why, wait=True), False
+        trace.emit("job.warm", started, time.time(), hit=False, scope="kept", why=why)
+    log.warning("%s", said)
+    return Kept(job_argv, more, said, hit, close)
 
 
-def _start(settings, host: str, record_path: str, key: dict[str, str], *, rootfs: str,
-           argv: list[str], worker: list[str], env: dict[str, str], workdir: str,
-           binds: list[C.Bind], options: C.Options) -> str:
-    """Start the zygote's own container, detached (it outlives this run); one line."""
+def _start(settings, host: str, record_path: str, key: dict[str, str], modules_file: str, *,
+           rootfs: str, argv: list[str], worker: list[str], env: dict[str, str], workdir: str,
+           binds: list[C.Bind], options: C.Options, wait: bool) -> str:
+    """Start the zygote's own container, detached (it outlives this run); one line.
+    ``wait``: until it has imported (else the next start waits for it)."""
     sock = socket_path(worker, workdir, {DIR_VAR: host})
-    modules_file = sock[:-len(".sock")] + ".modules"
-    modules: list[str] = []
-    if os.path.exists(modules_file):
-        with open(modules_file) as f:
-            modules = [m.strip() for m in f if m.strip()]
+    modules = _modules(modules_file)[0]
     if os.path.exists(sock):
         os.unlink(sock)   # the last one's, if it died without removing it
     state = os.path.join(host, f"ct-{time.time_ns()}")   # also names its process (stop)
@@ -211,7 +259,7 @@ def _start(settings, host: str, record_path: str, key: dict[str, str], *, rootfs
                     argv=[ship.image_python(argv), "-m", f"{ship.PACKAGE}.zygote", "--modules",
                           ",".join(modules), "--idle", str(settings.keep_s), "--max-rss",
                           str(settings.max_rss_mb), "--", *worker])
-    log_path = os.path.join(host, "zygote.log")
+    log_path = os.path.join(state, "log")
     with open(log_path, "wb") as log:
         # its own session and no parent-death signal: it outlives this run by design
         proc = subprocess.Popen(C.chroot_command(c, state), stdin=subprocess.DEVNULL,
@@ -220,6 +268,8 @@ def _start(settings, host: str, record_path: str, key: dict[str, str], *, rootfs
         json.dump({"pid": proc.pid, "key": key, "state": state,
                    "socket": os.path.basename(sock)}, f)
     os.replace(record_path + ".tmp", record_path)
+    if not wait:
+        return f"zygote {proc.pid} starting in a container of its own ({len(modules)} modules)"
     deadline = time.monotonic() + READY_WAIT_S
     while time.monotonic() < deadline:
         with open(log_path, errors="replace") as f:

@@ -26,7 +26,7 @@ TIMEOUT_VAR = "BOOTSEER_WARM_TIMEOUT_S"
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
+def _ask(cmd: list[str]) -> tuple[socket.socket, int, bytearray] | str:
     """A forked child serving ``cmd`` and the connection its exit status comes back on, or
     why the zygote cannot serve it."""
     try:
@@ -44,6 +44,9 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
     # this process's root: a zygote kept in another container has its child chroot there,
     # so the child sees the job's own mounts (image, binds, checkpoint, /dev)
     root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    # one buffer for both answers: a child that ends at once has its exit status read
+    # with the fork's answer, and it must not be dropped with a buffer of its own
+    buf = bytearray()
     try:
         sock.connect(path)
         if proto.peer_uid(sock) != os.getuid():
@@ -54,7 +57,7 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
                           "cwd": os.getcwd(), "unbuffered": unbuffered,
                           "key": warm_key(cmd, os.environ, os.getcwd())},
                    [0, 1, 2, root])
-        reply = proto.recv(sock, bytearray())
+        reply = proto.recv(sock, buf)
     except ConnectionResetError:
         reply = None
     except (OSError, ValueError) as e:
@@ -68,10 +71,10 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
     if not reply.get("ok"):
         sock.close()
         return str(reply.get("why", "refused"))
-    return sock, int(reply["pid"])
+    return sock, int(reply["pid"]), buf
 
 
-def _wait(sock: socket.socket, pid: int) -> int:
+def _wait(sock: socket.socket, pid: int, buf: bytearray) -> int:
     """Relay signals to the child until the zygote reports how it ended; end the same way."""
     # over the socket, not kill(2): a kept zygote's child lives in another PID namespace
     def relay(signum, _frame):
@@ -83,7 +86,6 @@ def _wait(sock: socket.socket, pid: int) -> int:
         signal.signal(sig, relay)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # one that came meanwhile: relayed
     sock.settimeout(None)
-    buf = bytearray()
     while True:
         try:
             reply = proto.recv(sock, buf)
@@ -122,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bootseer warm: cold start ({served})", file=sys.stderr, flush=True)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # exec keeps the mask
         os.execv(sys.executable, [sys.executable, *cmd])
-    sock, pid = served
+    sock, pid, buf = served
     trace.emit("job.warm", start, time.time(), hit=True, pid=pid)
-    return _wait(sock, pid)
+    return _wait(sock, pid, buf)
 
 
 if __name__ == "__main__":
