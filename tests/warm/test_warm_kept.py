@@ -153,8 +153,9 @@ def python_image(registry, rootfs, tmp_path):
 
 @pytest.mark.timeout(240)
 def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
-    """Two ``bootseer run --image --warm`` starts with ``warm.keep_s``: the second is served
-    by the zygote the first started, and ends as the first did."""
+    """Two ``bootseer run --image --pull --warm`` starts with ``warm.keep_s``: the second is
+    served by the zygote the first started, and ends as the first did. A lazy image served
+    by the run's own FUSE server goes with the run: not kept, said in one line."""
     import sys
     store, job = str(tmp_path / "store"), tmp_path / "job"
     run = [sys.executable, "-m", "bootseer"]
@@ -169,7 +170,8 @@ def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
     said = []
     try:
         for rank in ("0", "4"):
-            r = subprocess.run([*run, "run", "--image", python_image, "--warm", "--runtime",
+            r = subprocess.run([*run, "run", "--image", python_image, "--pull", "--warm",
+                                "--runtime",
                                 "chroot", "--bind", f"{job}:/job", "--bind", f"{job}:/data",
                                 "--env", f"RANK={rank}", "--workdir", "/job", "--", "python3",
                                 "train.py", "7"], capture_output=True, text=True, env=env,
@@ -189,6 +191,15 @@ def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
     kept = [(e["attrs"].get("hit"), e["attrs"].get("why")) for e in events
             if e.get("attrs", {}).get("scope") == "kept"]
     assert sorted(kept, key=str) == sorted([(False, "no kept zygote"), (True, None)], key=str)
+    lazy = subprocess.run([*run, "run", "--image", python_image, "--warm", "--runtime", "chroot",
+                           "--bind", f"{job}:/job", "--bind", f"{job}:/data", "--workdir",
+                           "/job", "--", "python3", "train.py", "7"], capture_output=True,
+                          text=True, env={**env, "BOOTSEER_WARM_DIR": str(tmp_path / "w2")},
+                          timeout=200)
+    assert lazy.returncode == 7 and lazy.stdout == "rank None sees the job's bind\n", lazy
+    if "erofs-local" not in lazy.stderr:
+        assert "the image is served by this run (" in lazy.stderr, lazy.stderr
+        assert "zygote stopped" in lazy.stderr and "cold start" not in lazy.stderr
 
 
 SLEEPER = """\

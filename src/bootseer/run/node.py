@@ -339,14 +339,14 @@ class NodeRun:
     def _warm_in_image(self, image: Prepared, workdir: str, env: dict[str, str],
                        binds: list[C.Bind]) -> tuple[list[str], list[C.Bind]]:
         """A zygote kept between containers (keep_s > 0, chroot), else in the job's."""
-        s, w, tree = self.spec, self.config.warm, str(image.attrs.get("tree") or self.spec.image)
-        if w.keep_s > 0:
-            kept = warmkeep.prepare(w, rootfs=image.path, image=tree, argv=s.argv, env=env,
-                                    workdir=workdir, binds=binds, options=self._options,
-                                    per_run=str(self.state), runtime=self._runtime)
-            if kept is not None:   # closed (prepared for the next start) as a Session is
-                self._warm = kept
-                return kept.argv, kept.binds
+        s, w = self.spec, self.config.warm
+        kept = warmkeep.prepare(w, rootfs=image.path, image=s.image or "", argv=s.argv, env=env,
+                                workdir=workdir, binds=binds, attrs=image.attrs,
+                                options=self._options, runtime=self._runtime,
+                                per_run=str(self.state))
+        if kept is not None:   # closed (prepared for the next start) as a Session is
+            self._warm = kept
+            return kept.argv, kept.binds
         argv, more = ship.in_container(self.state / "warmpkg", w, s.image or "", s.argv, env)
         return argv, [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
 

@@ -184,18 +184,33 @@ def _read(path: str) -> dict:
         return {}
 
 
+# A lazy image served by a server in this run's own process (FUSE) ends with the run: a
+# zygote kept on it would fault on the pages of its libraries not yet read (and the run's
+# unmount would wait for it). A kernel-served (erofs-local) or unpacked one outlives it.
+KEEPABLE_MOUNTS = (None, "erofs-local")
+
+
 def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str, str],
             workdir: str, binds: list[C.Bind], options: C.Options, per_run: str,
-            runtime: str = "chroot") -> Kept | None:
+            runtime: str = "chroot", attrs: Mapping | None = None) -> Kept | None:
     """Reuse or start the node's kept zygote for this job; None when there is none to keep
-    (the caller has the zygote live in the job's container). ``env`` gets PYTHONPATH and
-    the socket directory. PermissionError: a bad ``warm.dir``."""
-    started = time.time()
+    (``keep_s`` 0 and the cases said in one line: the zygote lives in the job's
+    container). ``attrs``: the prepared image's (its tree, how it is mounted). ``env``
+    gets PYTHONPATH and the socket directory. PermissionError: a bad ``warm.dir``."""
+    started, attrs = time.time(), attrs or {}
+    if settings.keep_s <= 0:
+        return None
     if runtime != "chroot":
         log.warning("warm: a zygote is kept between containers with --runtime chroot only "
                     "(this run: %s); it lives in the job's container (hint: --runtime "
                     "chroot, or warm.keep_s = 0)", runtime)
         return None
+    if attrs.get("mount") not in KEEPABLE_MOUNTS:
+        log.warning("warm: the image is served by this run (%s) and goes with it: the zygote "
+                    "lives in the job's container (hint: --image-mode pull, or a node whose "
+                    "kernel mounts erofs from a file)", attrs.get("mount"))
+        return None
+    image = str(attrs.get("tree") or image)
     routed = route(argv, env)
     if isinstance(routed, str):
         return None
