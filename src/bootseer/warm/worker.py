@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 
 from bootseer import trace
 from bootseer.warm import proto
@@ -26,7 +27,17 @@ TIMEOUT_VAR = "BOOTSEER_WARM_TIMEOUT_S"
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _ask(cmd: list[str]) -> tuple[socket.socket, int, bytearray] | str:
+@dataclass(frozen=True)
+class Served:
+    """A forked child: the connection its exit status comes back on (and what was read
+    of it already), its pid, and whether it is in the launcher's PID namespace."""
+    sock: socket.socket
+    pid: int
+    buf: bytearray
+    same_pidns: bool
+
+
+def _ask(cmd: list[str]) -> Served | str:
     """A forked child serving ``cmd`` and the connection its exit status comes back on, or
     why the zygote cannot serve it."""
     try:
@@ -71,16 +82,23 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int, bytearray] | str:
     if not reply.get("ok"):
         sock.close()
         return str(reply.get("why", "refused"))
-    return sock, int(reply["pid"]), buf
+    return Served(sock, int(reply["pid"]), buf,
+                  reply.get("pidns") == os.stat("/proc/self/ns/pid").st_ino)
 
 
-def _wait(sock: socket.socket, pid: int, buf: bytearray) -> int:
-    """Relay signals to the child until the zygote reports how it ended; end the same way."""
-    # over the socket, not kill(2): a kept zygote's child lives in another PID namespace
+def _wait(served: Served) -> int:
+    """Relay signals to the child until the zygote reports how it ended; end the same way.
+    A child in another PID namespace (of a zygote kept in a container of its own) is
+    signalled over the socket: the zygote sends the signal on."""
+    sock, pid, buf = served.sock, served.pid, served.buf
+
     def relay(signum, _frame):
         try:
-            proto.send(sock, {"op": "signal", "sig": signum})
-        except OSError:
+            if served.same_pidns:
+                os.kill(pid, signum)
+            else:
+                proto.send(sock, {"op": "signal", "sig": signum})
+        except (ProcessLookupError, OSError):
             pass
     for sig in RELAYED:
         signal.signal(sig, relay)
@@ -124,9 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bootseer warm: cold start ({served})", file=sys.stderr, flush=True)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # exec keeps the mask
         os.execv(sys.executable, [sys.executable, *cmd])
-    sock, pid, buf = served
-    trace.emit("job.warm", start, time.time(), hit=True, pid=pid)
-    return _wait(sock, pid, buf)
+    trace.emit("job.warm", start, time.time(), hit=True, pid=served.pid)
+    return _wait(served)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,12 @@ def _run_main(script: str) -> None:
     exec(code, main.__dict__)   # the job's own script, as the job's user
 
 
+def _pidns() -> int:
+    """This process's PID namespace (its launcher signals the child itself when it shares
+    it, and over the socket otherwise)."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
 def _other_root(fd: int) -> bool:
     """The worker's root (a directory fd it passed) is not this process's own."""
     a, b = os.fstat(fd), os.stat("/")
@@ -196,6 +202,7 @@ class Zygote:
                  cmd: list[str] | None = None):
         self.path, self.key, self.max_rss_mb, self.idle_s = path, key, max_rss_mb, idle_s
         self.cmd, self.cwd = list(cmd or []), os.getcwd()
+        self.inode: int | None = None   # its socket's, once it listens
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, tuple[socket.socket, bytearray]] = {}
         self.pidfds: dict[int, tuple[int, socket.socket]] = {}
@@ -235,7 +242,7 @@ class Zygote:
         if self.listener.fileno() < 0:
             return
         try:   # only its own: a stopped zygote's successor may have taken the slot
-            if os.stat(self.path).st_ino == getattr(self, "inode", None):
+            if os.stat(self.path).st_ino == self.inode:
                 os.unlink(self.path)
         except OSError:
             pass
@@ -351,7 +358,7 @@ class Zygote:
         self.sel.register(pidfd, selectors.EVENT_READ, "child")
         buf = self.conns.pop(conn.fileno())[1]
         self.sel.modify(conn, selectors.EVENT_READ, ("running", pid, buf))
-        proto.send(conn, {"ok": True, "pid": pid})
+        proto.send(conn, {"ok": True, "pid": pid, "pidns": _pidns()})
 
 
 def main(argv: list[str] | None = None) -> int:
