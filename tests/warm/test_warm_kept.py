@@ -263,3 +263,39 @@ def test_kept_zygote_needs_the_chroot_runtime(tmp_path, caplog):
         "warm: a zygote is kept between containers with --runtime chroot only (this run: "
         "podman); it lives in the job's container (hint: --runtime chroot, or "
         "warm.keep_s = 0)"]
+
+
+INTERRUPTED = """\
+import time
+try:
+    print("up", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    raise
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_reaches_the_child_of_a_kept_zygote(rootfs, tmp_path):
+    """The child lives in the kept zygote's PID namespace: Ctrl-C goes over the socket and
+    reads as in a cold job (KeyboardInterrupt, then 130)."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job/train.py").write_text(INTERRUPTED)
+    settings = WarmConfig(keep_s=30.0, dir=str(tmp_path / "warm"), timeout_s=5.0)
+    env, binds = {"PYTHONUNBUFFERED": "1"}, [C.Bind(str(tmp_path / "job"), "/job")]
+    kept = warmkeep.prepare(settings, rootfs=str(rootfs), image="tree-1",
+                            argv=["python3", "train.py"], env=env, workdir="/job",
+                            binds=binds, options=C.Options(), per_run=str(tmp_path / "x"))
+    assert kept is not None
+    c = C.Container(rootfs=str(rootfs), argv=kept.argv, workdir="/job", env=env,
+                    binds=binds + kept.binds)
+    r = C.start(c, runtime="chroot", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert r.proc.stdout.readline() == b"up\n"
+        r.send_signal(signal.SIGINT)
+        assert r.wait() == 130 and r.proc.stdout.read() == b"interrupted\n"
+        assert b"cold start" not in r.proc.stderr.read()
+    finally:
+        r.kill()
+        warmkeep.stop(_record(settings))
