@@ -31,7 +31,7 @@ from bootseer.config import BootseerConfig
 from bootseer.errors import BootseerError
 from bootseer.node import alive, outputs
 from bootseer.node import proc as procs
-from bootseer.run import baseline, inroot, tracing
+from bootseer.run import baseline, inroot, tracing, warmkeep
 from bootseer.run import container as C
 from bootseer.run import pipelines as P
 from bootseer.run.pipeline import PREPARED, FallbackPossible, Pipeline, Prepared
@@ -172,7 +172,7 @@ class NodeRun:
         self.ready_at: float | None = None
         self._running: C.Running | None = None
         self._proc: subprocess.Popen | None = None
-        self._warm: Session | None = None
+        self._warm: Session | warmkeep.Kept | None = None
         self._runtime, self._options = spec.runtime, C.Options()
         # told of each pipeline as it becomes ready: (name, kind, attrs, seconds)
         self.on_prepared: Callable[[str, str, dict, float], None] | None = None
@@ -336,6 +336,20 @@ class NodeRun:
             t.start()
         return threads
 
+    def _warm_in_image(self, image: Prepared, workdir: str, env: dict[str, str],
+                       binds: list[C.Bind]) -> tuple[list[str], list[C.Bind]]:
+        """A zygote kept between containers (keep_s > 0, chroot), else in the job's."""
+        s, w = self.spec, self.config.warm
+        kept = warmkeep.prepare(w, rootfs=image.path, image=s.image or "", argv=s.argv, env=env,
+                                workdir=workdir, binds=binds, attrs=image.attrs,
+                                options=self._options, runtime=self._runtime,
+                                per_run=str(self.state))
+        if kept is not None:   # closed (prepared for the next start) as a Session is
+            self._warm = kept
+            return kept.argv, kept.binds
+        argv, more = ship.in_container(self.state / "warmpkg", w, s.image or "", s.argv, env)
+        return argv, [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
+
     def _launch(self, prepared: dict[str, Prepared]) -> int:
         s = self.spec
         signal_dir = self.state / "signal"
@@ -365,11 +379,10 @@ class NodeRun:
                    **self._command_env(prepared, f"{READY_DIR}/ready", in_container=True)}
             tracing.keep_capture(env, trace_env, s.env)
             argv = s.argv
-            if s.warm:   # the zygote lives in the job's container (docs/warm-start.md)
+            if s.warm:   # a kept zygote, or one in the job's container (docs/warm-start.md)
                 try:
-                    argv, more = ship.in_container(self.state / "warmpkg", self.config.warm,
-                                                   s.image or "", s.argv, env)
-                    binds += [C.Bind(src, dst, readonly=ro) for src, dst, ro in more]
+                    argv, more = self._warm_in_image(image, workdir, env, binds)
+                    binds += more
                 except PermissionError as e:
                     log.warning("warm: %s: workers start cold", e)
             container = C.Container(rootfs=image.path, argv=argv, workdir=workdir,

@@ -24,7 +24,7 @@ def recv(sock: socket.socket, buf: bytearray, fds: list[int] | None = None) -> d
     while b"\n" not in buf:
         if len(buf) > MAX_MSG:
             raise ValueError("message too long")
-        size = struct.calcsize("i") * 3
+        size = struct.calcsize("i") * 8
         data, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(size))
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

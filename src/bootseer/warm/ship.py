@@ -55,12 +55,18 @@ def host_dir(base: str, image: str) -> str:
     return path
 
 
-def container_command(argv: list[str], *, max_rss_mb: int, timeout_s: float) -> list[str]:
+def image_python(argv: list[str]) -> str:
+    """The job's interpreter when the command names one, else the image's python3."""
+    return argv[0] if os.path.basename(argv[0]).startswith("python") else "python3"
+
+
+def container_command(argv: list[str], *, max_rss_mb: int, timeout_s: float,
+                      kept: bool = False) -> list[str]:
     """The container's command: the supervisor, on the job's interpreter when the command
-    names one (else the image's python3)."""
-    python = argv[0] if os.path.basename(argv[0]).startswith("python") else "python3"
-    return [python, "-m", f"{PACKAGE}.supervisor", "--max-rss", str(max_rss_mb),
-            "--timeout", str(timeout_s), "--", *argv]
+    names one (else the image's python3). ``kept``: the zygote runs in a container of its
+    own (run/warmkeep.py), the supervisor only routes the workers to it."""
+    return [image_python(argv), "-m", f"{PACKAGE}.supervisor", "--max-rss", str(max_rss_mb),
+            "--timeout", str(timeout_s), *(["--kept"] if kept else []), "--", *argv]
 
 
 def in_container(pkg_dir, settings, image: str, argv: list[str], env: dict[str, str]

@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bootseer_warm.supervisor")
     p.add_argument("--max-rss", type=int, default=0, metavar="MB")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument("--kept", action="store_true",
+                   help="the zygote was started by bootseer run in a container of its own "
+                        "(kept between starts): route the workers, start none here")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS (the job's command)")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -39,10 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command: python -m bootseer_warm.supervisor -- CMD ARGS")
     env = {**os.environ, "BOOTSEER_WARM_TIMEOUT_S": str(args.timeout)}
     routed = route(cmd, env)
-    session = None
+    session = kept = None
     if isinstance(routed, str):
         _say(f"warm: {routed}: workers start cold")
         run = cmd
+    elif args.kept:
+        kept = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
+        env.update(kept.job_env())
+        run = routed.argv
     else:
         session = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
         session.env.update(session.job_env())
@@ -69,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if session is not None:
             _say(session.close(keep=False))
+        elif kept is not None:   # what the zygote kept between containers holds now
+            _say(f"warm: zygote kept ({kept.memory_mb()} MiB held)")
     return 128 - rc if rc < 0 else rc
 
 

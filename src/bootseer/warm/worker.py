@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 
 from bootseer import trace
 from bootseer.warm import proto
@@ -26,7 +27,17 @@ TIMEOUT_VAR = "BOOTSEER_WARM_TIMEOUT_S"
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
+@dataclass(frozen=True)
+class Served:
+    """A forked child: the connection its exit status comes back on (and what was read
+    of it already), its pid, and whether it is in the launcher's PID namespace."""
+    sock: socket.socket
+    pid: int
+    buf: bytearray
+    same_pidns: bool
+
+
+def _ask(cmd: list[str]) -> Served | str:
     """A forked child serving ``cmd`` and the connection its exit status comes back on, or
     why the zygote cannot serve it."""
     try:
@@ -41,6 +52,12 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
     except ValueError:
         sock.close()
         return f"{TIMEOUT_VAR} is not a number of seconds"
+    # this process's root: a zygote kept in another container has its child chroot there,
+    # so the child sees the job's own mounts (image, binds, checkpoint, /dev)
+    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    # one buffer for both answers: a child that ends at once has its exit status read
+    # with the fork's answer, and it must not be dropped with a buffer of its own
+    buf = bytearray()
     try:
         sock.connect(path)
         if proto.peer_uid(sock) != os.getuid():
@@ -50,34 +67,43 @@ def _ask(cmd: list[str]) -> tuple[socket.socket, int] | str:
         proto.send(sock, {"op": "fork", "argv": cmd, "env": dict(os.environ),
                           "cwd": os.getcwd(), "unbuffered": unbuffered,
                           "key": warm_key(cmd, os.environ, os.getcwd())},
-                   [0, 1, 2])
-        reply = proto.recv(sock, bytearray())
+                   [0, 1, 2, root])
+        reply = proto.recv(sock, buf)
     except ConnectionResetError:
         reply = None
     except (OSError, ValueError) as e:
         sock.close()
         return f"zygote unreachable ({e.__class__.__name__}: {e})"
+    finally:
+        os.close(root)
     if reply is None:
         sock.close()
         return "zygote closed the connection (died mid-fork?)"
     if not reply.get("ok"):
         sock.close()
         return str(reply.get("why", "refused"))
-    return sock, int(reply["pid"])
+    return Served(sock, int(reply["pid"]), buf,
+                  reply.get("pidns") == os.stat("/proc/self/ns/pid").st_ino)
 
 
-def _wait(sock: socket.socket, pid: int) -> int:
-    """Relay signals to the child until the zygote reports how it ended; end the same way."""
+def _wait(served: Served) -> int:
+    """Relay signals to the child until the zygote reports how it ended; end the same way.
+    A child in another PID namespace (of a zygote kept in a container of its own) is
+    signalled over the socket: the zygote sends the signal on."""
+    sock, pid, buf = served.sock, served.pid, served.buf
+
     def relay(signum, _frame):
         try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
+            if served.same_pidns:
+                os.kill(pid, signum)
+            else:
+                proto.send(sock, {"op": "signal", "sig": signum})
+        except (ProcessLookupError, OSError):
             pass
     for sig in RELAYED:
         signal.signal(sig, relay)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # one that came meanwhile: relayed
     sock.settimeout(None)
-    buf = bytearray()
     while True:
         try:
             reply = proto.recv(sock, buf)
@@ -116,9 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bootseer warm: cold start ({served})", file=sys.stderr, flush=True)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # exec keeps the mask
         os.execv(sys.executable, [sys.executable, *cmd])
-    sock, pid = served
-    trace.emit("job.warm", start, time.time(), hit=True, pid=pid)
-    return _wait(sock, pid)
+    trace.emit("job.warm", start, time.time(), hit=True, pid=served.pid)
+    return _wait(served)
 
 
 if __name__ == "__main__":

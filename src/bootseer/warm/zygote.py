@@ -27,6 +27,8 @@ import types
 from bootseer.warm import proto
 from bootseer.warm.key import key_difference, socket_path, warm_key
 
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
 
 def rss_mb() -> int:
     """This process's resident memory in MiB (reported as what an idle zygote holds)."""
@@ -94,6 +96,9 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
                 pass
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
+        if len(fds) > 3 and _other_root(fds[3]):
+            os.fchdir(fds[3])   # the worker's container: its mounts, not the zygote's
+            os.chroot(".")
         for fd in fds:
             if fd > 2:
                 os.close(fd)
@@ -152,6 +157,28 @@ def _run_main(script: str) -> None:
     exec(code, main.__dict__)   # the job's own script, as the job's user
 
 
+def _pidns() -> int:
+    """This process's PID namespace (its launcher signals the child itself when it shares
+    it, and over the socket otherwise)."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _other_root(fd: int) -> bool:
+    """The worker's root (a directory fd it passed) is not this process's own."""
+    a, b = os.fstat(fd), os.stat("/")
+    return (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino)
+
+
+def root_problem(cwd: str) -> str | None:
+    """Why this zygote's own root no longer serves (a kept zygote whose image went away)."""
+    try:
+        os.stat(sys.executable)
+        os.listdir(cwd)
+    except OSError as e:
+        return f"its root is gone ({e.__class__.__name__}: {e.strerror})"
+    return None
+
+
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -171,8 +198,11 @@ def _gone(conn: socket.socket) -> bool:
 
 
 class Zygote:
-    def __init__(self, path: str, key: dict[str, str], max_rss_mb: int, idle_s: float):
+    def __init__(self, path: str, key: dict[str, str], max_rss_mb: int, idle_s: float,
+                 cmd: list[str] | None = None):
         self.path, self.key, self.max_rss_mb, self.idle_s = path, key, max_rss_mb, idle_s
+        self.cmd, self.cwd = list(cmd or []), os.getcwd()
+        self.inode: int | None = None   # its socket's, once it listens
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, tuple[socket.socket, bytearray]] = {}
         self.pidfds: dict[int, tuple[int, socket.socket]] = {}
@@ -185,6 +215,7 @@ class Zygote:
             os.unlink(self.path)
         self.listener.bind(self.path)
         os.chmod(self.path, 0o600)
+        self.inode = os.stat(self.path).st_ino
         self.listener.listen(64)
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
 
@@ -210,8 +241,9 @@ class Zygote:
     def _close_listener(self) -> None:
         if self.listener.fileno() < 0:
             return
-        try:
-            os.unlink(self.path)
+        try:   # only its own: a stopped zygote's successor may have taken the slot
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
         except OSError:
             pass
         self.sel.unregister(self.listener)
@@ -228,6 +260,8 @@ class Zygote:
             self.sel.register(conn, selectors.EVENT_READ, "conn")
         elif sk.data == "conn":
             self._request(self.conns[sk.fd][0])
+        elif isinstance(sk.data, tuple):   # a running child's launcher: a signal to relay
+            self._relay(sk.fileobj, *sk.data[1:])
         else:
             pid, conn = self.pidfds.pop(sk.fd)
             self.sel.unregister(sk.fd)
@@ -243,10 +277,28 @@ class Zygote:
                 pass
             self._drop(conn)
 
+    def _relay(self, conn: socket.socket, pid: int, buf: bytearray) -> None:
+        """Signals come over the socket: the launcher may be in another PID namespace."""
+        try:
+            msg = proto.recv(conn, buf)
+        except (OSError, ValueError):
+            msg = None
+        if msg is None:   # the launcher is gone; its child runs on and is reaped as usual
+            self.sel.unregister(conn)
+            return
+        if msg.get("op") == "signal" and msg.get("sig") in RELAYED:
+            try:
+                os.kill(pid, int(msg["sig"]))
+            except ProcessLookupError:
+                pass
+
     def _drop(self, conn: socket.socket) -> None:
         if conn.fileno() in self.conns:
-            self.sel.unregister(conn)
             del self.conns[conn.fileno()]
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
         conn.close()
 
     def _request(self, conn: socket.socket) -> None:
@@ -261,7 +313,12 @@ class Zygote:
             if msg is not None and msg.get("op") == "stop":
                 self.done = True
             elif msg is not None and msg.get("op") == "info":
-                proto.send(conn, {"rss_mb": rss_mb(), "pid": os.getpid(), "key": self.key})
+                # stale: the script or a config changed since the zygote started, or its
+                # root went away (asked before a kept zygote is reused)
+                stale = root_problem(self.cwd) or (key_difference(
+                    self.key, warm_key(self.cmd, os.environ, self.cwd)) if self.cmd else None)
+                proto.send(conn, {"rss_mb": rss_mb(), "pid": os.getpid(), "key": self.key,
+                                  "stale": stale, "workers": len(self.pidfds)})
             if not any(c is conn for _, c in self.pidfds.values()):
                 self._drop(conn)
             return
@@ -269,6 +326,8 @@ class Zygote:
         if why is None and self.max_rss_mb and rss_mb() > self.max_rss_mb:
             why = f"zygote holds {rss_mb()} MiB > warm.max_rss_mb {self.max_rss_mb}"
             self.done = True
+        if why is None and len(fds) > 3 and _other_root(fds[3]) and os.geteuid() != 0:
+            why = "the worker's root is another container's and this zygote cannot chroot"
         if why is None:
             own = {self.listener.fileno(), *self.conns,
                    *(c.fileno() for _, c in self.pidfds.values())}
@@ -297,9 +356,9 @@ class Zygote:
         pidfd = os.pidfd_open(pid)
         self.pidfds[pidfd] = (pid, conn)
         self.sel.register(pidfd, selectors.EVENT_READ, "child")
-        self.sel.unregister(conn)
-        del self.conns[conn.fileno()]
-        proto.send(conn, {"ok": True, "pid": pid})
+        buf = self.conns.pop(conn.fileno())[1]
+        self.sel.modify(conn, selectors.EVENT_READ, ("running", pid, buf))
+        proto.send(conn, {"ok": True, "pid": pid, "pidns": _pidns()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(cmd[0])))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     z = Zygote(socket_path(cmd, os.getcwd()), warm_key(cmd, os.environ, os.getcwd()),
-               args.max_rss, args.idle)
+               args.max_rss, args.idle, cmd)
     for name in filter(None, args.modules.split(",")):
         try:
             importlib.import_module(name)
