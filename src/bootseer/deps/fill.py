@@ -5,11 +5,15 @@ with the node's record once every chunk is there, so the next restore on the nod
 local kernel mount.
 
 Why demand reads never wait behind the fill: an importing process reads one chunk at a
-time, so every stall adds up. Demand reads go through a lane of their own with a reserve
-of connections only DEMAND reads may use (``Policy.demand_reserve``); the fill goes
-through a second lane of a few connections and small requests, so what is in flight ahead
-of a demand is bounded, and it submits nothing new while a demand read waits. A demand
-for a chunk the fill has queued promotes it in the fetcher (never fetched twice).
+time, so every stall adds up. A demand read that joins a background read of the same
+range waits for that read's whole coalesced request (megabytes of neighbours, on a
+connection already shared), and a promoted queued one drags its queued neighbours into
+its request: so demand reads name the packs under a key of their own (``_DemandSource``)
+and the fetcher neither merges nor coalesces them with the fill's (a chunk then arrives
+twice at worst). They go through a lane with a reserve of connections only DEMAND reads
+may use (``Policy.demand_reserve``); the fill through a second lane of a few connections
+and small requests, and it submits nothing new while a demand read waits. The chunks one
+kernel read spans are requested at once (one coalesced request), not one by one.
 
 The fill fetches the recorded profile's chunks first, in recorded order, then the rest in
 blob order. Every chunk is decompressed and checked against its digest before a byte of it
@@ -33,6 +37,7 @@ from bootseer.mount.erofs import BLOB_NAME
 from bootseer.node import partfile
 from bootseer.store.client import StoreClient
 from bootseer.store.fetch import Policy, Priority
+from bootseer.store.source import BlobSource
 from bootseer.tree.blob import BlobLayout, BlobView
 from bootseer.tree.reader import TreeReader
 from bootseer.tree.toc import ChunkRef
@@ -40,10 +45,19 @@ from bootseer.tree.toc import ChunkRef
 log = logging.getLogger(__name__)
 PREFETCH, BACKGROUND = Priority.PREFETCH, Priority.BACKGROUND
 FILL_CONNECTIONS = 4          # the fill's requests in flight: enough to fill the link
-FILL_REQUEST_BYTES = 4 << 20  # one fill request at most: what a demand may find ahead of it
+FILL_REQUEST_BYTES = 1 << 20  # one fill request at most: the fill runs on all its connections
 FILL_WINDOW = 32              # fill chunks submitted and not yet written
 RECORD_WAIT_S = 60.0          # for the restore to write the node record beside the mount
 DEMAND_RESERVE = 4            # connections per host only demand reads may use
+
+
+class _DemandSource(BlobSource):
+    """A pack as demand reads name it: a key of its own, so the fetcher never joins them
+    to the fill's reads of the same ranges nor coalesces them with the fill's."""
+
+    def __init__(self, backend, digest):
+        super().__init__(backend, digest)
+        self.key = f"{digest}#demand"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +92,9 @@ class FillingBlob(BlobView):
             raise ValueError(f"blob layout {layout.key[:12]} differs from the restore's "
                              f"{fill.layout[:12]}")
         super().__init__(reader, layout)
+        self._demand = demand
+        self._sources = [_DemandSource(reader.store, d) for d in reader.packs]
+        self._asked = threading.local()
         self._fill_lane = client.lane(replace(
             base, max_inflight=FILL_CONNECTIONS, connections_per_host=FILL_CONNECTIONS,
             max_coalesced_bytes=FILL_REQUEST_BYTES, part_bytes=FILL_REQUEST_BYTES))
@@ -99,17 +116,29 @@ class FillingBlob(BlobView):
             threading.Thread(target=self._run_fill, daemon=True, name="bootseer-fill").start()
 
     # -- serving ------------------------------------------------------------------------------
+    def read(self, path: str, size: int, offset: int) -> bytes:
+        lay = self.layout
+        first, last = lay.locate(offset), lay.locate(max(offset, min(offset + size, lay.size) - 1))
+        missing = [lay.refs[i] for i in range(first, last + 1) if not self._have[i]]
+        self._asked.futures = dict(zip(
+            (r.digest for r in missing),
+            self._demand.submit_many([(self._sources[r.pack], r.offset, r.end)
+                                      for r in missing], priority=Priority.DEMAND),
+            strict=True)) if missing else {}
+        return super().read(path, size, offset)
+
     def _slice(self, ref: ChunkRef, lo: int, hi: int) -> bytes:
         i = self._slot[ref.digest]
+        fut = getattr(self._asked, "futures", {}).pop(ref.digest, None)
         if self._have[i]:
             return os.pread(self._rfd, hi - lo, self.layout.offsets[i] + lo)
         t0 = time.monotonic()
         with self._lock:
             self._demanding += 1
         try:
-            # the fetcher promotes the fill's queued read of it, if any
-            raw = self.reader.submit_chunk(ref, Priority.DEMAND).result()
-            data = self.reader.decode(raw, ref)   # DigestMismatch: never served
+            if fut is None:
+                fut = self._demand.submit(self._sources[ref.pack], ref.offset, ref.end)
+            data = self.reader.decode(fut.result(), ref)   # DigestMismatch: never served
             self._put(i, data)
         finally:
             with self._lock:
