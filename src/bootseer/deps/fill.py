@@ -170,6 +170,7 @@ class FillingBlob(BlobView):
         assert part is not None
         part.commit(mode=0o444)   # the read descriptor stays valid across the rename
         blobs.mark_verified(self.fill.blob)
+        partfile.sweep_dead(os.path.dirname(self.fill.blob))   # a writer not yet gone at start
         record = _wait_for(self.fill.record)
         if record is not None:   # else the next restore verifies the blob and records it
             blobs.remember(self.config, self.fill.key, {**record, "blob": self.fill.blob,

@@ -122,8 +122,18 @@ def _stop_server(pid: int | None, timeout_s: float = 20.0) -> None:
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while _running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (the server's parent, the ensure that started it, may live
+    on without reaping it: a job's launcher calling ``ensure``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return pid_alive(pid) and f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def sweep(prefix: str, *, images: bool = True) -> None:
