@@ -48,6 +48,7 @@ FILL_CONNECTIONS = 4          # the fill's requests in flight: enough to fill th
 FILL_REQUEST_BYTES = 1 << 20  # one fill request at most: the fill runs on all its connections
 FILL_WINDOW = 32              # fill chunks submitted and not yet written
 RECORD_WAIT_S = 60.0          # for the restore to write the node record beside the mount
+FIGURES = "fill.json"         # the fill's figures, in the mount's state directory
 DEMAND_RESERVE = 4            # connections per host only demand reads may use
 
 
@@ -105,7 +106,7 @@ class FillingBlob(BlobView):
         self._demanding = 0
         self._calm = threading.Condition(self._lock)
         self.stats = {"demand_chunks": 0, "demand_s": 0.0, "filled_chunks": 0,
-                      "errors": 0, "complete": False}
+                      "hot_chunks": len(fill.hot), "errors": 0, "complete": False}
         partfile.sweep_dead(os.path.dirname(fill.blob))   # a killed fill's part
         self._part: partfile.PartFile | None = partfile.PartFile(fill.blob)
         os.ftruncate(self._part.fd, layout.size)   # the padding reads as zeros
@@ -193,10 +194,18 @@ class FillingBlob(BlobView):
             if not self.layout.refs:
                 self._complete()
             self._fill(self.order())
+            self.done.wait(RECORD_WAIT_S)   # the figures say whether it completed
         except Exception as e:  # noqa: BLE001 - demand reads still serve; no blob is made
             self.stats["errors"] += 1
             log.error("the environment's blob fill stopped, it is not kept: %s", e)
-        log.info("fill ended after %.2f s: %s", time.monotonic() - t0, self.stats)
+        self.stats["seconds"] = round(time.monotonic() - t0, 3)
+        self.stats["demand_s"] = round(self.stats["demand_s"], 3)
+        log.info("fill ended: %s", self.stats)
+        try:   # the start's figures, beside the record (``deps umount`` removes both)
+            partfile.write_atomic(os.path.join(os.path.dirname(self.fill.record), FIGURES),
+                                  json.dumps(self.stats).encode())
+        except OSError as e:
+            log.warning("cannot write the fill's figures: %s", e)
 
     def _fill(self, order: list[int]) -> None:
         reader = TreeReader(self.reader.store, self.fill.tree, self._fill_lane, self.reader.cache)

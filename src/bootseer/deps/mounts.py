@@ -106,7 +106,7 @@ def _unmount_kernel(prefix: str, info: dict | None = None) -> bool:
     server = (info or {}).get("server_pid")
     if server:   # a lazy restore's: its blob server, then what it kept in the state
         _stop_server(server)
-        for name in ("fill-record.json", "server.log"):
+        for name in ("fill-record.json", "fill.json", "server.log"):
             Path(state_dir(prefix), name).unlink(missing_ok=True)
         sweep(prefix)
     Path(sidecar(prefix)).unlink(missing_ok=True)
