@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from bootseer.config import BootseerConfig
@@ -104,6 +105,7 @@ class FillingBlob(BlobView):
         self._left = len(layout.refs)
         self._lock = threading.Lock()
         self._demanding = 0
+        self._decoding: dict[int, Future] = {}
         self._calm = threading.Condition(self._lock)
         self.stats = {"demand_chunks": 0, "demand_s": 0.0, "filled_chunks": 0,
                       "hot_chunks": len(fill.hot), "errors": 0, "complete": False}
@@ -137,10 +139,7 @@ class FillingBlob(BlobView):
         with self._lock:
             self._demanding += 1
         try:
-            if fut is None:
-                fut = self._demand.submit(self._sources[ref.pack], ref.offset, ref.end)
-            data = self.reader.decode(fut.result(), ref)   # DigestMismatch: never served
-            self._put(i, data)
+            data = self._demanded(i, ref, fut)
         finally:
             with self._lock:
                 self._demanding -= 1
@@ -148,6 +147,30 @@ class FillingBlob(BlobView):
             self.stats["demand_s"] += time.monotonic() - t0
         self.stats["demand_chunks"] += 1
         return data[lo:hi]
+
+    def _demanded(self, i: int, ref: ChunkRef, fut) -> bytes:
+        """Slot ``i``'s verified bytes, fetched once however many kernel reads (the pieces
+        of one read of a chunk come in parallel) want them at once."""
+        with self._lock:
+            shared = self._decoding.get(i)
+            mine = shared is None
+            if shared is None:
+                shared = self._decoding[i] = Future()
+        if not mine:
+            return shared.result()
+        try:
+            if fut is None:
+                fut = self._demand.submit(self._sources[ref.pack], ref.offset, ref.end)
+            data = self.reader.decode(fut.result(), ref)   # DigestMismatch: never served
+            self._put(i, data)
+            shared.set_result(data)
+            return data
+        except BaseException as e:
+            shared.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                self._decoding.pop(i, None)
 
     def _put(self, i: int, data: bytes) -> None:
         """Write slot ``i``'s verified bytes once; the last one completes the blob."""
