@@ -153,3 +153,20 @@ def _is_json(p: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+def test_a_blob_server_that_cannot_start_falls_back_to_the_whole_blob(published, tmp_path,
+                                                                      caplog):
+    urls, spec, prefix, key = published
+    state = Path(state_dir(prefix))
+    state.mkdir(parents=True)
+    (state / "blobfs").write_text("not a directory")   # where the server mounts the blob
+    conf = lazy_cfg(tmp_path, "n1", str(tmp_path / "store"))
+    r = restore(published, tmp_path, "n1", config=conf)
+    assert (r.how, r.form) == ("restored", "mount")
+    assert "fetching the whole blob instead" in caplog.text
+    assert (sidecar_info(prefix) or {}).get("server_pid") is None
+    assert blobs.cached_blob(conf, key) is not None          # fetched before the mount
+    assert run_py(prefix, BOTH) == "3"
+    assert cli("deps", "umount", prefix).returncode == 0
+    (state / "blobfs").unlink()

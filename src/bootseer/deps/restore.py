@@ -28,6 +28,7 @@ from bootseer.config import BootseerConfig
 from bootseer.deps import blobs, compat, lazy, place, relocate
 from bootseer.deps.mounts import KernelMountError, mount_kernel, sweep
 from bootseer.deps.prefix import Sibling, mounted_info, state_dir, sweep_leftovers
+from bootseer.deps.resolve import DepsError
 from bootseer.deps.snapshot import write_marker
 from bootseer.errors import MountError
 from bootseer.mount.choose import What, choose
@@ -188,9 +189,13 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
                 made["error"] = e
         blob_file = str(blobs.blob_path(config, layout))
         if config.mount.env_lazy and not os.path.exists(blob_file):
-            lazy.restore(config, store, manifest, prefix, key, layout, write_meta, made,
-                         blob_file, state, writable=writable, relocated=relocated)
-            return
+            try:
+                lazy.restore(config, store, manifest, prefix, key, layout, write_meta, made,
+                             blob_file, state, writable=writable, relocated=relocated)
+                return
+            except DepsError as why:   # its server did not start: nothing is mounted
+                log.warning("%s: fetching the whole blob instead", why)
+                made.clear()
         writer = threading.Thread(target=write_meta, name="bootseer-erofs-meta")
         writer.start()
         try:
