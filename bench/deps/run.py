@@ -34,6 +34,9 @@ on a fresh node (cold: empty caches):
                         import fetches what it reads (no profile yet: it records the start's
                         hot blocks and publishes them at 'deps umount')
   bootseer mount+prof   the same on another fresh node, prefetching the recorded profile
+  bootseer lazy+prof    deps ensure --key with BOOTSEER_MOUNT_ENV_LAZY=1 on a fresh node: the
+                        restore's mount made at once on its blob as a server fills it (the
+                        profile's chunks first), the same blob and record at the end
 Each variant's first `import` of the main packages is timed right after it (ready =
 variant + first import) with the requests the package index served (nginx access log).
 Then the hot import (best of 5, interleaved) in uv cold's local environment, the restored
@@ -366,6 +369,10 @@ def run_variants(b: Bench, nodes: int, row: Rows, hot: dict) -> None:
     row.add("bootseer mount+prof", b.umount(mounted))
     for n in (local, restored, mounted):
         n.close()
+    n = b.node()   # a restore mounted at once on its blob as it is filled, profile first
+    row("bootseer lazy+prof", b.timed(n, "BOOTSEER_MOUNT_ENV_LAZY=1 " + b.ensure(key)))
+    b.run(n, f"{shlex.quote(sys.executable)} -m bootseer deps umount {PREFIX}")
+    n.close()
     if nodes:
         row(f"{nodes} nodes uv cold", {"seconds": b.parallel([(b.node(), b.uv())
                                                               for _ in range(nodes)])})
@@ -395,6 +402,7 @@ def report(rows: dict, hot: dict, nodes: int) -> dict:
         "restored_hot_import_vs_local": hot_best["restored"] / local,
         "mount_prof_ready_vs_uv": ready["bootseer mount+prof"] / ready["uv cold"],
         "restore_vs_uv_step": rows["bootseer restore"]["seconds"] / uv["seconds"],
+        "lazy_prof_ready_vs_uv": ready["bootseer lazy+prof"] / ready["uv cold"],
     }
     lines = [ratio_line("restore + import / uv cold + import", goals["restore_ready_vs_uv"],
                         0.5),
@@ -405,7 +413,9 @@ def report(rows: dict, hot: dict, nodes: int) -> dict:
                         1.1),
              f"mount+prof + import / uv cold + import {goals['mount_prof_ready_vs_uv']:.2f}x "
              f"(no goal)",
-             ratio_line("restore / uv cold (issue #5)", goals["restore_vs_uv_step"], 0.2)]
+             ratio_line("restore / uv cold (issue #5)", goals["restore_vs_uv_step"], 0.2),
+             ratio_line("lazy+prof restore + import / uv cold + import",
+                        goals["lazy_prof_ready_vs_uv"], 0.5)]
     if "pip install" in rows:
         goals["restore_vs_pip_step"] = rows["bootseer restore"]["seconds"] / \
             rows["pip install"]["seconds"]

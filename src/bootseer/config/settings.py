@@ -239,6 +239,10 @@ class MountConfig:
     platform: str = ""
     """Which tree of a multi-platform image this node mounts (``os/arch[/variant]``);
     empty: this machine's (``platform.machine()`` in OCI's names: x86_64 is amd64)."""
+    env_lazy: bool = False
+    """A restored environment whose blob the node lacks is mounted as soon as its metadata
+    is local, the blob served on demand (recorded profile first) and filled in the
+    background into the node's blob (``deps.fill``); off: the whole blob is fetched first."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "erofs", "fuse"):

@@ -114,6 +114,11 @@ def verified_unchanged(blob: str) -> bool:
         return False
 
 
+def mark_verified(blob: str) -> None:
+    """Stamp ``blob`` as verified now (every chunk was checked as it was written)."""
+    write_json(Path(blob + ".verified"), _stamp(blob))
+
+
 def local_blob(config: BootseerConfig, store, reader, layout: BlobLayout, key: str, fetcher,
                progress: Callable[[int, int], None] | None, blob: str) -> str:
     """The verified blob at ``blob``: the node's copy when it is still good, else

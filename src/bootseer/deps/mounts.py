@@ -54,22 +54,25 @@ class KernelMountError(MountError):
 
 # -- kernel mounts ----------------------------------------------------------------------------
 def mount_kernel(prefix: str, key: str, tree: str, meta: str, blob: str, *, writable: bool,
-                 relocated: dict | None = None) -> None:
+                 relocated: dict | None = None, server: int | None = None) -> None:
     """Mount at ``prefix`` (made empty by the caller); the sidecar first, so that a
     command killed mid-way leaves a mount recognised as ours. ``relocated`` (a snapshot
     made at another prefix: ``{"from", "text", "links", ...}``): its recorded
     occurrences are rewritten through the overlay, into its upper directory, before the
-    mount is complete. A failure unmounts what it mounted."""
+    mount is complete. ``server``: the pid of the server of a blob still being filled
+    (``fillsrv``; EROFS then reads it with O_DIRECT), stopped with the mount. A failure
+    unmounts what it mounted."""
     state = state_dir(prefix)
     sweep(prefix, images=False)    # a dead mount's leftovers, not the image just written
     os.makedirs(prefix, exist_ok=True)
     info = {"key": key, "tree": tree, "backend": KERNEL_BACKEND, "writable": writable,
             "blob": blob, "meta": meta, "mount_id": None, "started": time.time(),
-            "relocated": relocated}
+            "relocated": relocated, "server_pid": server}
     write_json(Path(sidecar(prefix)), info)
     try:
         with tracing.phase("deps.mount", writable=writable):
-            serve_image(meta, blob, prefix, overlay_in=state if writable else None)
+            serve_image(meta, blob, prefix, overlay_in=state if writable else None,
+                        directio=server is not None)
         if relocated:
             with tracing.phase("deps.relocate") as span:
                 span.set(paths=relocate.rewrite(prefix, relocated, relocated["from"], prefix))
@@ -100,10 +103,37 @@ def _unmount_kernel(prefix: str, info: dict | None = None) -> bool:
                                    f"mounted there ({entry.fstype}): not unmounting it")
         immediate = mounts.unmount(prefix)
     sweep(prefix)
+    server = (info or {}).get("server_pid")
+    if server:   # a lazy restore's: its blob server, then what it kept in the state
+        _stop_server(server)
+        for name in ("fill-record.json", "fill.json", "server.log"):
+            Path(state_dir(prefix), name).unlink(missing_ok=True)
+        sweep(prefix)
     Path(sidecar(prefix)).unlink(missing_ok=True)
     if not immediate:
         log.info("%s is in use: detached lazily (freed when the last file closes)", prefix)
     return immediate
+
+
+def _stop_server(pid: int | None, timeout_s: float = 20.0) -> None:
+    """Stop a filling blob's server (it unmounts the blob and ends; an incomplete fill
+    leaves no blob)."""
+    if not pid or not pid_alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (the server's parent, the ensure that started it, may live
+    on without reaping it: a job's launcher calling ``ensure``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return pid_alive(pid) and f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def sweep(prefix: str, *, images: bool = True) -> None:
@@ -135,15 +165,26 @@ def mount_env(config: BootseerConfig, tree: str, prefix: str, key: str, *,
     os.makedirs(prefix, exist_ok=True)
     state = state_dir(prefix)
     os.makedirs(state, exist_ok=True)
+    pid = start_server("bootseer.deps.mountd", [prefix, tree, key, state, str(window_s)],
+                       config, state, f"cannot mount the environment at {prefix}",
+                       timeout_s=timeout_s)
+    return mounted_info(prefix) or {"key": key, "tree": tree, "pid": pid}
+
+
+def start_server(module: str, args: list[str], payload, state: str, what: str, *,
+                 timeout_s: float = 120.0) -> int:
+    """Start ``python -m module *args`` in its own session (it outlives the command),
+    ``payload`` pickled on its stdin, its log in ``state/server.log``; return its pid once
+    it prints ``ready``. Raises DepsError (``what``: the one-line reason's start) with its
+    ``error: ...`` line or its log's tail."""
     log_path = os.path.join(state, "server.log")
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bootseer.deps.mountd", prefix, tree, key, state,
-             str(window_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
-            start_new_session=True, close_fds=True)
+            [sys.executable, "-m", module, *args], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=log_file, start_new_session=True, close_fds=True)
     stdin, stdout = proc.stdin, proc.stdout
     assert stdin is not None and stdout is not None   # both PIPEs
-    stdin.write(pickle.dumps(config))
+    stdin.write(pickle.dumps(payload))
     stdin.close()
     line = b""
     deadline = time.monotonic() + timeout_s
@@ -160,9 +201,9 @@ def mount_env(config: BootseerConfig, tree: str, prefix: str, key: str, *,
             proc.kill()
         proc.wait(10)
         tail = " | ".join(open(log_path, errors="replace").read().strip().splitlines()[-4:])
-        raise DepsError(f"cannot mount the environment at {prefix}: "
+        raise DepsError(f"{what}: "
                         f"{line.decode(errors='replace').strip() or tail or 'server died'}")
-    return mounted_info(prefix) or {"key": key, "tree": tree, "pid": proc.pid}
+    return proc.pid
 
 
 # -- either kind ------------------------------------------------------------------------------

@@ -88,10 +88,14 @@ def is_kernel(info: dict | None) -> bool:
 
 def kernel_mount_live(prefix: str, info: dict, view: ProcView = LOCAL) -> bool:
     """Whether the kernel mount the sidecar ``info`` names is the one at ``prefix`` (the
-    topmost mount there has the mount id recorded when it was made)."""
+    topmost mount there has the mount id recorded when it was made, and the server of a
+    blob still being filled, if any, lives)."""
     entry = mounts.find(prefix, view.mountinfo)
-    return entry is not None and info.get("mount_id") is not None and \
-        entry.mount_id == info["mount_id"]
+    if entry is None or info.get("mount_id") is None or entry.mount_id != info["mount_id"]:
+        return False
+    # a blob still being filled is served by a process: dead, the mount reads fail
+    server = int(info.get("server_pid") or 0)
+    return not server or (pid_alive(server) if view is LOCAL else view.alive(server))
 
 
 def mounted_info(prefix: str, view: ProcView = LOCAL) -> dict | None:

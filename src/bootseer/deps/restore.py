@@ -6,6 +6,8 @@ says so (``bootseer.mount.choose``), else as an extracted copy.
   image (the node's image cache, ``bootseer.mount.erofs.images``). No Python serves a
   read; nothing is extracted. A metadata image that does not match its sum is written
   again, a blob that fails is fetched again: neither is ever mounted.
+- Lazy (``mount.env_lazy``, the node lacks the blob): the same mount at once on the
+  blob as a server fills it (``lazy``, ``fill``); the blob it leaves is today's.
 - Copy: extracted into a temporary sibling of the prefix, relocated if the snapshot was
   made at another prefix (``relocate``), renamed into place with the completion marker
   written last, so a killed restore leaves nothing half-visible.
@@ -22,9 +24,10 @@ from pathlib import Path
 
 from bootseer import trace as tracing
 from bootseer.config import BootseerConfig
-from bootseer.deps import blobs, compat, place, relocate
+from bootseer.deps import blobs, compat, lazy, place, relocate
 from bootseer.deps.mounts import KernelMountError, mount_kernel, sweep
 from bootseer.deps.prefix import Sibling, mounted_info, state_dir, sweep_leftovers
+from bootseer.deps.resolve import DepsError
 from bootseer.deps.snapshot import write_marker
 from bootseer.errors import MountError
 from bootseer.mount.choose import What, choose
@@ -170,6 +173,15 @@ def _fetch_and_mount(config: BootseerConfig, store, manifest: dict, prefix: str,
                     lambda: meta_image.image(config, tree, reader.toc, layout, "env")))
             except BaseException as e:  # noqa: BLE001 - raised in the restoring thread
                 made["error"] = e
+        blob_file = str(blobs.blob_path(config, layout))
+        if config.mount.env_lazy and not os.path.exists(blob_file):
+            try:
+                lazy.restore(config, store, manifest, prefix, key, layout, write_meta, made,
+                             blob_file, state, writable=writable, relocated=relocated)
+                return
+            except DepsError as why:   # its server did not start: nothing is mounted
+                log.warning("%s: fetching the whole blob instead", why)
+                made.clear()
         writer = threading.Thread(target=write_meta, name="bootseer-erofs-meta")
         writer.start()
         try:

@@ -90,19 +90,21 @@ def serve_tree(config: BootseerConfig, tree: Tree, mountpoint: str,
     return fuse.mount(tree.view, mountpoint, name=tree.name, serving=Serving.FUSE_VIEW)
 
 
-def serve_image(image: str, blob: str, target: str, *, overlay_in: str | None = None) -> None:
+def serve_image(image: str, blob: str, target: str, *, overlay_in: str | None = None,
+                directio: bool = False) -> None:
     """EROFS of the metadata ``image`` on the local ``blob`` at ``target``, made to outlive
     this process (a restored environment: its owner records it and undoes it with
     :func:`bootseer.node.mounts.unmount`). ``overlay_in``: a directory for a writable
     overlay: EROFS at ``<dir>/lower``, the overlay's ``upper`` and ``work`` beside it, the
-    overlay at ``target``. A failure leaves nothing mounted."""
+    overlay at ``target``. ``directio``: a FUSE-served blob, read with O_DIRECT. A
+    failure leaves nothing mounted."""
     if overlay_in is None:
-        kernel.mount_with_read_ahead(image, target, blob)
+        kernel.mount_with_read_ahead(image, target, blob, directio=directio)
         return
     lower, upper, work = (os.path.join(overlay_in, d) for d in ("lower", "upper", "work"))
     for d in (lower, upper, work):
         os.makedirs(d, exist_ok=True)
-    kernel.mount_with_read_ahead(image, lower, blob)
+    kernel.mount_with_read_ahead(image, lower, blob, directio=directio)
     try:
         mount_overlay(target, lower, upper, work)
     except BaseException:
