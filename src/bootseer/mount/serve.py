@@ -173,7 +173,7 @@ def _serve_erofs(config: BootseerConfig, tree: ErofsTree, mountpoint: str,
         server = starting.result()
     try:
         kernel.mount_with_read_ahead(str(meta), mountpoint, str(blob_mp / BLOB_NAME),
-                                     directio=True)
+                                     directio=True, read_ahead_kb=kernel.START_READ_AHEAD_KB)
     except BaseException:
         server.unmount()
         raise
