@@ -7,6 +7,7 @@ keeps the whole-chunk path."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import time
 
@@ -193,3 +194,53 @@ def test_warming_a_node_ahead_fetches_whole_chunks_a_start_reads_blocks(tmp_path
             assert reader.counters["chunks_fetched"] == before   # from the pack's blocks
             assert reader.read("/data/shard-1.bin", 4096, 3 * MiB) == shard[3 * MiB:3 * MiB + 4096]
             assert reader.counters["chunks_fetched"] == before + 1   # cold: its chunk
+
+
+def test_a_page_fault_records_its_blocks_not_the_read_ahead_beyond(tmp_path, need_root):
+    """A loader's 4 KiB page fault near the end of a 1 MiB chunk: the kernel reads around
+    it (128 KiB, as on a local image), and only those blocks are recorded, never the next
+    chunk a wider read-ahead would reach."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "lib.so").write_bytes(os.urandom(3 * MiB))
+    b = TreeBuilder(open_store(str(tmp_path / "store")), chunk_size=MiB, pack_size=4 * MiB)
+    add_directory(b, src)
+    digest = b.finish()
+    mp, state = tmp_path / "mnt", tmp_path / "state"
+    mp.mkdir()
+    handle, _, _ = mount_tree(_config(tmp_path, "node"), digest, str(mp), str(state))
+    try:
+        assert handle.backend == "erofs-fuse-blob"
+        with open(mp / "lib.so", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            assert m[MiB - 64 * 1024:MiB - 64 * 1024 + 4096] == \
+                (src / "lib.so").read_bytes()[MiB - 64 * 1024:MiB - 64 * 1024 + 4096]
+        (state / "close-window").touch()
+        deadline = time.time() + 20
+        while not (state / "profile.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        handle.unmount()
+    profile = json.loads((state / "profile.json").read_text())
+    rows = [r for r in profile["chunks"] if r[3] == "/lib.so"]
+    assert len(rows) == 1   # chunk 0 only: 1 MiB around the fault would reach chunk 1
+    blocks = set(profile["blocks"][rows[0][0]])
+    assert 15 in blocks and blocks <= {13, 14, 15}
+
+
+def test_precision_counts_the_pack_blocks_fetched(tmp_path, recorded):
+    """A fresh start that reads one of the pack's hot blocks: its precision is that
+    block's share of the pack's bytes (whole chunks only, it was none: null)."""
+    from bootseer.tree.session import TreeSession
+    store, digest, _, everything, profile = recorded
+    session = TreeSession(_config(tmp_path, "node-e"), digest, str(tmp_path / "state-e"),
+                          profile=profile)
+    session.prefetcher.wait(30)
+    assert session.prefetcher.stats["pack_blocks"] == profile["pack"]["blocks"]
+    shard = everything["data/shard-1.bin"]
+    assert session.reader.read("/data/shard-1.bin", 4096, 2 * MiB + 300) == \
+        shard[2 * MiB + 300:2 * MiB + 4396]
+    session.finish()
+    figures = json.loads((tmp_path / "state-e/figures.json").read_text())
+    assert figures["prefetch"]["fetched_chunks"] == 0
+    assert figures["precision"] == pytest.approx(
+        (64 << 10) / prof.hot_bytes(profile)["block_bytes"])

@@ -58,7 +58,9 @@ class Prefetcher:
                       "eager": self.eager, "seconds": 0.0, "origin_bytes": 0,
                       "peer_bytes": 0, "pack_bytes": 0, "pack_blocks": 0,
                       "pack_dropped_blocks": 0}
-        self.prefetched: set[str] = set()
+        self.prefetched: set[str] = set()   # chunks fetched whole
+        self.packed: dict[str, frozenset[int]] = {}   # blocks the hot pack brought, per chunk
+        self.pack_block_size = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._transfer: SetTransfer | None = None
@@ -129,6 +131,8 @@ class Prefetcher:
             return self.plan
         hot, covered, dropped = got
         self.reader.hot = hot
+        self.packed = {d: frozenset(b) for d, b in hot.kept.items()}
+        self.pack_block_size = hot.table.block_size
         pack = (self.profile or {})["pack"]
         self.stats.update(pack_bytes=pack.get("bytes", 0), pack_dropped_blocks=dropped,
                           pack_blocks=sum(len(b) for b in hot.kept.values()))
@@ -158,6 +162,29 @@ class Prefetcher:
             log.info("prefetch of chunk %s failed: %s", ref.digest[:19], e)
             if self.stats["errors"] > 20:
                 raise
+
+    def precision(self, read: dict[str, set[int]], block: int) -> float | None:
+        """The share of the prefetched bytes the start read, at the granularity they were
+        fetched: a whole chunk counts when any of it was read, a pack block when a read
+        touched it. ``read``: the blocks read per chunk digest, in ``block``-byte units (a
+        chunk named with no blocks: read whole). None when nothing was prefetched."""
+        sizes = {c.digest: c.size for c in self.reader.all_chunks()}
+        # a copy: the prefetch may still be adding (set() copies without running Python)
+        whole = set(self.prefetched)
+        fetched = sum(sizes.get(d, 0) for d in whole)
+        used = sum(sizes.get(d, 0) for d in whole if d in read)
+        bs = self.pack_block_size
+        for d, kept in self.packed.items():
+            size, mine = sizes.get(d, 0), read.get(d)
+            for b in kept:
+                lo, hi = b * bs, min((b + 1) * bs, size)
+                if hi <= lo:
+                    continue
+                fetched += hi - lo
+                if mine is not None and (not mine or any(
+                        r in mine for r in range(lo // block, (hi - 1) // block + 1))):
+                    used += hi - lo
+        return used / fetched if fetched else None
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread:

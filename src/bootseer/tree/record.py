@@ -72,6 +72,11 @@ class AccessRecorder:
                 "closed_by": self.closed_by, "chunks": rows, "block_size": BLOCK,
                 "blocks": blocks}
 
+    def read_blocks(self) -> dict[str, set[int]]:
+        """The blocks read so far, per chunk digest (a copy)."""
+        with self._lock:
+            return {d: set(self.blocks.get(d, ())) for d in self.chunks}
+
     @property
     def block_bytes(self) -> int:
         """The bytes of the blocks read (the hot set at block granularity)."""

@@ -23,7 +23,7 @@ from bootseer.tree import blob_mount
 from bootseer.tree.blob import BlobLayout, BlobView, unsupported
 from bootseer.tree.preread import HOTPACK, PREFETCHED
 from bootseer.tree.reader import TreeReader
-from bootseer.tree.record import AccessRecorder
+from bootseer.tree.record import BLOCK, AccessRecorder
 from bootseer.tree.toc import Toc
 from bootseer.tree.view import TreeMountView
 
@@ -40,7 +40,8 @@ COUNTERS_EVERY_S = 2.0
 class StartFigures:
     """A start's figures, written as ``figures.json`` when its window closes: the read
     chunks and bytes (``read_block_bytes``: of the blocks read), the share local at first
-    read (``coverage``), the share of the prefetched bytes that were read (``precision``),
+    read (``coverage``), the share of the prefetched bytes that were read (``precision``:
+    whole chunks and the hot pack's blocks, each as fetched),
     the time reads waited for the store
     and how many chunks they waited for, the store's bytes and requests, and the
     prefetch's counts (``Prefetcher.stats``)."""
@@ -134,21 +135,14 @@ class TreeSession:
             self._done.wait(0.05)
 
     def figures(self) -> StartFigures:
-        rec = self.recorder
-        read = set(rec.chunks)
-        pre = self.prefetcher
-        # a copy: the prefetch may still be adding (set() copies a set without running
-        # Python code, so under the GIL; iterating the live set raised RuntimeError)
-        prefetched = set(pre.prefetched) if pre else set()
-        sizes = {c.digest: c.size for c in self.reader.all_chunks()}
-        pre_bytes = sum(sizes.get(d, 0) for d in prefetched)
-        used = sum(sizes.get(d, 0) for d in prefetched & read)
+        rec, pre = self.recorder, self.prefetcher
+        read = rec.read_blocks()
         fc = self.fetcher.counters()
         return StartFigures(
             tree=self.reader.digest, window_s=round(getattr(rec, "window_s", 0.0), 3),
             closed_by=rec.closed_by, read_chunks=len(read), read_bytes=rec.first_bytes,
-            read_block_bytes=rec.block_bytes,
-            coverage=rec.coverage, precision=(used / pre_bytes) if pre_bytes else None,
+            read_block_bytes=rec.block_bytes, coverage=rec.coverage,
+            precision=pre.precision(read, BLOCK) if pre else None,
             stall_s=round(self.reader.counters["stall_s"], 3),
             demand_chunks=int(self.reader.counters["chunks_fetched"]),
             store_bytes=int(fc["bytes"]), store_requests=int(fc["requests"]),
