@@ -144,9 +144,12 @@ def test_a_pack_keeps_the_first_hot_blocks_within_its_size_cap(tmp_path):
     table = blocks.load(toc, store.read)
     assert table is not None
     full = hotpack.write(store, toc, table, p, cache)
-    assert full is not None and full["blocks"] == 3
-    capped = hotpack.write(store, toc, table, p, cache, max_bytes=2 * BLOCK + 1000)
-    assert capped is not None and capped["blocks"] == 2   # blocks 2 and 0, in access order
+    assert full is not None and full.entry["blocks"] == 3
+    assert full.covered == {big[0].digest}
+    written = hotpack.write(store, toc, table, p, cache, max_bytes=2 * BLOCK + 1000)
+    assert written is not None and written.entry["blocks"] == 2   # blocks 2 and 0, in order
+    assert written.covered == set()   # block 1 is left: the chunk is fetched whole
+    capped = written.entry
     kept, dropped = hotpack.unpack("t1", toc, table, capped, store.read(capped["digest"]),
                                    cache)
     assert kept == {big[0].digest: {2, 0}} and dropped == 0

@@ -244,3 +244,36 @@ def test_precision_counts_the_pack_blocks_fetched(tmp_path, recorded):
     assert figures["prefetch"]["fetched_chunks"] == 0
     assert figures["precision"] == pytest.approx(
         (64 << 10) / prof.hot_bytes(profile)["block_bytes"])
+
+
+def test_the_hot_set_torrent_is_what_a_start_taking_the_pack_fetches(tmp_path, recorded):
+    """Published with a pack that leaves one hot chunk out (the publishing node no longer
+    held it), the torrent is of that chunk alone: the set a start taking the pack asks its
+    peers for, found under the same key."""
+    from bootseer.config import PeersConfig
+    from bootseer.peers.torrent import set_key
+    from bootseer.peers.transfer import torrent_ref
+    from bootseer.store.client import StoreClient
+    from bootseer.tree.peer_source import set_items
+    from bootseer.tree.prefetch import Prefetcher
+    from bootseer.tree.reader import TreeReader
+    store, digest, _, _, profile = recorded
+    config = BootseerConfig(store=StoreConfig(url=str(tmp_path / "store")),
+                            cache=CacheConfig(dir=str(tmp_path / "pub"), budget_bytes=1 << 30),
+                            peers=PeersConfig(mode="on"))
+    client = StoreClient.of(config)
+    with client.lane() as f:   # the publishing node holds the hot chunks, but one
+        Prefetcher(TreeReader(store, digest, f, client.cache), profile,
+                   use_pack=False).start().wait(30)
+    gone = profile["chunks"][0][0]
+    client.cache.path(gone).unlink()
+    (tmp_path / "p.json").write_text(json.dumps({**profile, "pack": None}))
+    assert prof.publish_recorded(config, str(tmp_path / "p.json"))
+    published = prof.latest(store, digest)
+    client = StoreClient.of(_config(tmp_path, "node-t"))
+    with client.lane() as f:   # a start: the pack, then what it leaves
+        pre = Prefetcher(TreeReader(store, digest, f, client.cache), published).start()
+        pre.wait(30)
+    assert pre.stats["pack_blocks"] == published["pack"]["blocks"] > 0
+    assert [r.digest for r in pre.plan] == [gone]
+    assert store.get_ref(torrent_ref(set_key(set_items(pre.plan)))) is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+from dataclasses import dataclass
 
 from bootseer.errors import DigestMismatch
 from bootseer.store.digest import sha256_digest, verify
@@ -53,27 +54,42 @@ def _wanted(profile: dict, by_digest: dict[str, ChunkRef], bsize: int):
                 yield ref, b
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A pack just written: the profile's ``pack`` entry, and the chunks whose every hot
+    block it holds (a start that takes the pack fetches none of them whole)."""
+    entry: dict
+    covered: frozenset[str]
+
+
 def write(store, toc: Toc, table: BlockDigests, profile: dict, cache,
-          max_bytes: int = MAX_BYTES) -> dict | None:
+          max_bytes: int = MAX_BYTES) -> Written | None:
     """Write the pack of ``profile``'s hot blocks from the chunks ``cache`` holds (each
     verified as it is read; a chunk not there is left out), the first ``max_bytes`` of
-    them in profile order, and return the profile's ``pack`` entry, or None when no block
-    was at hand."""
+    them in profile order, and return what it holds, or None when no block was at
+    hand."""
     import zstandard
     zc = zstandard.ZstdCompressor(level=3)
     bsize = table.block_size
     by_digest = {c.digest: c for c in toc.distinct_chunks()}
-    rows, body, total = [], [], 0
+    rows, body, total, full = [], [], 0, False
     have: dict[str, bytes | None] = {}
+    left_out: set[str] = set()   # chunks with a hot block not in the pack
     for ref, b in _wanted(profile, by_digest, bsize):
+        if full:   # every later hot block is left to its chunk
+            left_out.add(ref.digest)
+            continue
         if ref.digest not in have:
             have[ref.digest] = cache.get(ref.digest, ref.size)   # verified, None if absent
         data = have[ref.digest]
         if data is None:
+            left_out.add(ref.digest)
             continue
         z = zc.compress(data[b * bsize:(b + 1) * bsize])
         if total + len(z) > max_bytes:
-            break
+            full = True
+            left_out.add(ref.digest)
+            continue
         rows.append([ref.digest, b, len(z)])
         body.append(z)
         total += len(z)
@@ -84,7 +100,8 @@ def write(store, toc: Toc, table: BlockDigests, profile: dict, cache,
     blob = b"".join([MAGIC, _LEN.pack(len(head)), head, *body])
     digest = sha256_digest(blob)
     store.write(digest, blob)
-    return {"digest": digest, "bytes": len(blob), "blocks": len(rows)}
+    return Written({"digest": digest, "bytes": len(blob), "blocks": len(rows)},
+                   frozenset(r[0] for r in rows) - left_out)
 
 
 def unpack(toc_digest: str, toc: Toc, table: BlockDigests, pack: dict, blob: bytes, cache

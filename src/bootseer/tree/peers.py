@@ -114,16 +114,20 @@ def publish_torrent(store, refs: list[ChunkRef], chunk_file: Callable[[ChunkRef]
     return digest
 
 
-def publish_for_profile(config, store, profile: dict) -> str | None:
-    """The torrent of what a start with ``profile`` prefetches (its plan: the hot chunks,
-    or the whole tree when they are most of it), from this node's cache where it holds
-    them, else read (and verified) through the tree reader."""
+def publish_for_profile(config, store, profile: dict,
+                        packed: frozenset[str] = frozenset()) -> str | None:
+    """The torrent of what a start with ``profile`` prefetches as whole chunks (its plan:
+    the hot chunks, less ``packed``, those whose hot blocks its hot pack holds; or the
+    whole tree when they are most of it, and no pack is taken), from this node's cache
+    where it holds them, else read (and verified) through the tree reader. So the set's
+    key is the one a start taking the pack asks its peers for."""
     try:
         client = StoreClient.of(config)
         cache = client.cache
         with client.lane() as fetcher:
             reader = TreeReader(store, profile["tree"], fetcher, cache)
-            plan = Prefetcher(reader, profile).plan
+            pre = Prefetcher(reader, profile)
+            plan = pre.plan if pre.eager else [r for r in pre.plan if r.digest not in packed]
             if not plan or not wanted(config.peers, sum(r.stored for r in plan), publishing=True):
                 return None
             return publish_torrent(store, plan, lambda r: _str(cache.path(r.digest)),

@@ -19,10 +19,14 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from typing import TYPE_CHECKING
 
 from bootseer.errors import BootseerError
 from bootseer.store.digest import sha256_digest
 from bootseer.tree.record import block_bytes
+
+if TYPE_CHECKING:
+    from bootseer.tree.hotpack import Written
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -180,18 +184,21 @@ def publish_recorded(config, path: str) -> str | None:
         new = json.load(f)
     old = latest(store, new["tree"])
     merged = merge([new] + ([old] if old else []))
-    pack = _write_pack(config, merged)
-    if pack is not None:
-        merged["pack"] = pack
+    written = _write_pack(config, merged)
+    if written is not None:
+        merged["pack"] = written.entry
     digest = push(store, merged)
     from bootseer.tree.peers import publish_for_profile
-    publish_for_profile(config, store, merged)   # later starts' nodes join their peers at once
+    # later starts' nodes join their peers at once, for the chunks the pack leaves
+    publish_for_profile(config, store, merged,
+                        packed=written.covered if written is not None else frozenset())
     return digest
 
 
-def _write_pack(config, merged: dict) -> dict | None:
-    """The hot pack of ``merged`` from this node's cache, or None (no block table, no
-    hot block at hand, or an error: the profile is published without a pack)."""
+def _write_pack(config, merged: dict) -> Written | None:
+    """The hot pack of ``merged`` from this node's cache, or None
+    (no block table, no hot block at hand, or an error: the profile is published without
+    a pack)."""
     import logging
 
     from bootseer.store.client import StoreClient
