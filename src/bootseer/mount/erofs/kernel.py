@@ -60,7 +60,7 @@ def _erofs_bdis() -> set[str]:
 
 def mount_with_read_ahead(image: str, mountpoint: str, blob: str, *, directio: bool = False,
                           read_ahead_kb: int = READ_AHEAD_KB) -> None:
-    """:func:`mount`, then raise the new mount's read-ahead (128 KiB by default): EROFS
+    """:func:`mount`, then set the new mount's read-ahead (``READ_AHEAD_KB`` by default): EROFS
     reads ahead within a file only, so large files reach the blob in large reads. Each
     mount has its own ``/sys/class/bdi/erofs-<n>``, found as the one that appeared (an
     EROFS mount by another process at the same instant gets the same setting).
