@@ -87,7 +87,8 @@ def serve_tree(config: BootseerConfig, tree: Tree, mountpoint: str,
                     raise
                 why = str(e)
         log.warning("tree %s is served by the FUSE tree view: %s", tree.label, why)
-    return fuse.mount(tree.view, mountpoint, name=tree.name, serving=Serving.FUSE_VIEW)
+    return fuse.mount(tree.view, mountpoint, name=tree.name, serving=Serving.FUSE_VIEW,
+                      read_ahead_kb=kernel.START_READ_AHEAD_KB)
 
 
 def serve_image(image: str, blob: str, target: str, *, overlay_in: str | None = None,

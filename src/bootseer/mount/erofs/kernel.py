@@ -44,10 +44,11 @@ def mount(image: str, mountpoint: str, blob: str, extra: str = "") -> None:
 
 _bdi_lock = threading.Lock()
 READ_AHEAD_KB = 1024
-# The read-ahead of EROFS on a FUSE-served blob: what the kernel reads ahead reaches the
-# blob server as the start's own reads and is recorded into the hot set, so it is the
-# kernel's default, which a local image's start runs with (at 1 MiB a page fault of a
-# shared object read 1 MiB around it: the neighbour chunk became hot).
+# The read-ahead of a mount whose server records the start (EROFS on a FUSE-served blob,
+# the FUSE tree view): what the kernel reads ahead reaches the server as the start's own
+# reads and is recorded into the hot set, so it is the kernel's default, which a local
+# image's start runs with (at 1 MiB a page fault of a shared object read 1 MiB around
+# it: the neighbour chunk became hot).
 START_READ_AHEAD_KB = 128
 
 
