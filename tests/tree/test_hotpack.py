@@ -6,6 +6,7 @@ keeps the whole-chunk path."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import os
@@ -196,10 +197,12 @@ def test_warming_a_node_ahead_fetches_whole_chunks_a_start_reads_blocks(tmp_path
             assert reader.counters["chunks_fetched"] == before + 1   # cold: its chunk
 
 
-def test_a_page_fault_records_its_blocks_not_the_read_ahead_beyond(tmp_path, need_root):
+@pytest.mark.parametrize("backend", ["erofs", "fuse"])
+def test_a_page_fault_records_its_blocks_not_the_read_ahead_beyond(tmp_path, need_root,
+                                                                     backend):
     """A loader's 4 KiB page fault near the end of a 1 MiB chunk: the kernel reads around
     it (128 KiB, as on a local image), and only those blocks are recorded, never the next
-    chunk a wider read-ahead would reach."""
+    chunk a wider read-ahead would reach; on the kernel path and on the FUSE tree view."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "lib.so").write_bytes(os.urandom(3 * MiB))
@@ -208,9 +211,11 @@ def test_a_page_fault_records_its_blocks_not_the_read_ahead_beyond(tmp_path, nee
     digest = b.finish()
     mp, state = tmp_path / "mnt", tmp_path / "state"
     mp.mkdir()
-    handle, _, _ = mount_tree(_config(tmp_path, "node"), digest, str(mp), str(state))
+    config = _config(tmp_path, "node")
+    config = dataclasses.replace(config, mount=MountConfig(backend=backend))
+    handle, _, _ = mount_tree(config, digest, str(mp), str(state))
     try:
-        assert handle.backend == "erofs-fuse-blob"
+        assert handle.backend == {"erofs": "erofs-fuse-blob", "fuse": "fuse"}[backend]
         with open(mp / "lib.so", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
             assert m[MiB - 64 * 1024:MiB - 64 * 1024 + 4096] == \
                 (src / "lib.so").read_bytes()[MiB - 64 * 1024:MiB - 64 * 1024 + 4096]
