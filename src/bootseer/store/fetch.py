@@ -85,7 +85,8 @@ class Policy:
     yields_to_demand: bool = False
     """This lane's queued reads start only while no DEMAND read of their host is in
     flight: a background fill never shares the link with a reader waiting (its reads
-    already in flight go on)."""
+    already in flight go on). Meanwhile the host's queue starts nothing past such a read
+    at its head (what is queued behind it is no more urgent)."""
 
     @classmethod
     def of(cls, config: FetchConfig) -> Policy:
