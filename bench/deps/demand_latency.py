@@ -55,10 +55,10 @@ def make(tmp: Path, tree: str, url: str, name: str) -> tuple[BootseerConfig, Fil
     toc = TreeReader(client.store(), tree, client.fetcher, client.cache).toc
     layout = BlobLayout(toc)
     d = tmp / name
-    d.mkdir(exist_ok=True)
+    (d / "cache" / "erofs").mkdir(parents=True, exist_ok=True)
     (d / "record.json").write_text(json.dumps({"tree": tree}))
-    return config, Fill(tree=tree, key="k" * 64, layout=layout.key,
-                        blob=str(d / "cache" / f"{layout.key}.blob"), record=str(d / "record.json"))
+    return config, Fill(tree=tree, key="k" * 64, layout=layout.key, record=str(d / "record.json"),
+                        blob=str(d / "cache" / "erofs" / f"{layout.key}.blob"))
 
 
 def slots(config: BootseerConfig, fill: Fill) -> list[int]:

@@ -68,6 +68,7 @@ def test_a_demanded_chunk_arrives_as_parallel_parts(tmp_path, served):
         assert view._demand.counters()["requests"] == parts
         assert view.read("/blob", 4096, off + 8192) == want[8192:12288]   # local: no request
         assert view._demand.counters()["requests"] == parts
+        assert view.stats["demand_chunks"] == 1
     finally:
         view.close()
 

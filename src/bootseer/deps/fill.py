@@ -155,7 +155,6 @@ class FillingBlob(BlobView):
         futs = getattr(self._asked, "futures", {}).pop(ref.digest, None)
         if self._have[i]:
             return os.pread(self._rfd, hi - lo, self.layout.offsets[i] + lo)
-        t0 = time.monotonic()
         with self._lock:
             self._demanding += 1
         try:
@@ -164,13 +163,13 @@ class FillingBlob(BlobView):
             with self._lock:
                 self._demanding -= 1
                 self._calm.notify_all()
-            self.stats["demand_s"] += time.monotonic() - t0
-        self.stats["demand_chunks"] += 1
         return data[lo:hi]
 
     def _demanded(self, i: int, ref: ChunkRef, futs: list[Future] | None) -> bytes:
         """Slot ``i``'s verified bytes, fetched once however many kernel reads (the pieces
-        of one read of a chunk come in parallel) want them at once."""
+        of one read of a chunk come in parallel) want them at once. The figures count the
+        chunk and its wait once, not once per piece waiting with it."""
+        t0 = time.monotonic()
         with self._lock:
             shared = self._decoding.get(i)
             mine = shared is None
@@ -185,6 +184,8 @@ class FillingBlob(BlobView):
             data = self.reader.decode(raw, ref)   # DigestMismatch: never served
             self._put(i, data)
             shared.set_result(data)
+            self.stats["demand_chunks"] += 1
+            self.stats["demand_s"] += time.monotonic() - t0
             return data
         except BaseException as e:
             shared.set_exception(e)
