@@ -194,6 +194,28 @@ def test_lanes_count_their_own_reads_and_close_alone():
         assert f.counters()["requests"] == 0     # the default lane read nothing
 
 
+def test_a_yielding_lane_starts_nothing_while_a_demand_read_of_its_host_is_in_flight():
+    """A background fill beside a reader waiting shares no link with it: its queued reads
+    wait for the demand read to end; a lane that does not yield goes on meanwhile."""
+    gate = threading.Event()
+    wanted = FakeSource(os.urandom(1000), key="wanted", gate=gate)
+    filled, other = FakeSource(os.urandom(1000), key="filled"), FakeSource(b"o" * 10, key="o")
+    with Fetcher(FetchConfig(max_inflight=8, coalesce_gap_bytes=-1)) as f:
+        demand, fill = f.lane(_policy()), f.lane(_policy(yields_to_demand=True))
+        waiting = demand.submit(wanted, 0, 1000)
+        deadline = time.monotonic() + 5
+        while not wanted.active:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert f.lane(_policy()).submit(other, 0, 10, priority=Priority.BACKGROUND).result(5)
+        held = fill.submit(filled, 0, 1000, priority=Priority.BACKGROUND)
+        time.sleep(0.1)
+        assert not held.done() and filled.log == []
+        gate.set()
+        assert waiting.result(5) == wanted.data
+        assert held.result(5) == filled.data
+
+
 def test_a_lanes_policy_caps_its_connections_per_host():
     src = FakeSource(os.urandom(400_000))
     with Fetcher(FetchConfig(max_inflight=16, coalesce_gap_bytes=-1)) as f:

@@ -13,7 +13,18 @@ and the fetcher neither merges nor coalesces them with the fill's (a chunk then 
 twice at worst). They go through a lane with a reserve of connections only DEMAND reads
 may use (``Policy.demand_reserve``); the fill through a second lane of a few connections
 and small requests, and it submits nothing new while a demand read waits. The chunks one
-kernel read spans are requested at once (one coalesced request), not one by one.
+kernel read spans are requested at once, not one by one.
+
+Why a demand read has the link to itself: its bytes arrive at the rate of the
+connections carrying them. A whole chunk in one request on one connection, beside the
+fill's connections busy on the same link, got one share of it (1 MiB at a fifth of
+1 Gbit/s is 42 ms, against 8 ms alone). So the fill's lane yields
+(``Policy.yields_to_demand``): none of its queued reads starts while a demand read of the
+store is in flight, and its requests are small (``FILL_REQUEST_BYTES``), so the few
+already in flight end soon; a demanded chunk goes out as parts of ``DEMAND_PART_BYTES``
+on as many connections at once (the demand lane coalesces no further), which a store
+capping each connection's rate serves in parallel. The fill keeps at most
+``FILL_WINDOW_BYTES`` queued, so a chunk both fetch is fetched twice rarely.
 
 The fill fetches the recorded profile's chunks first, in recorded order, then the rest in
 blob order. Every chunk is decompressed and checked against its digest before a byte of it
@@ -46,8 +57,9 @@ from bootseer.tree.toc import ChunkRef
 log = logging.getLogger(__name__)
 PREFETCH, BACKGROUND = Priority.PREFETCH, Priority.BACKGROUND
 FILL_CONNECTIONS = 4          # the fill's requests in flight: enough to fill the link
-FILL_REQUEST_BYTES = 1 << 20  # one fill request at most: the fill runs on all its connections
-FILL_WINDOW = 32              # fill chunks submitted and not yet written
+FILL_REQUEST_BYTES = 256 << 10   # one fill request at most: the fill runs on all its connections
+FILL_WINDOW_BYTES = 4 << 20   # fill bytes queued or in flight (at least one chunk)
+DEMAND_PART_BYTES = 256 << 10    # one demand request at most: a chunk's parts run in parallel
 RECORD_WAIT_S = 60.0          # for the restore to write the node record beside the mount
 FIGURES = "fill.json"         # the fill's figures, in the mount's state directory
 DEMAND_RESERVE = 4            # connections per host only demand reads may use
@@ -87,7 +99,9 @@ class FillingBlob(BlobView):
         client = StoreClient.of(config)
         self.config, self.fill = config, fill
         base = Policy.of(config.fetch)
-        demand = client.lane(replace(base, demand_reserve=DEMAND_RESERVE))
+        demand = client.lane(replace(base, demand_reserve=DEMAND_RESERVE,
+                                     part_bytes=DEMAND_PART_BYTES,
+                                     max_coalesced_bytes=DEMAND_PART_BYTES))
         reader = TreeReader(client.store(), fill.tree, demand, client.cache)
         layout = BlobLayout(reader.toc)
         if layout.key != fill.layout:
@@ -96,10 +110,12 @@ class FillingBlob(BlobView):
         super().__init__(reader, layout)
         self._demand = demand
         self._sources = [_DemandSource(reader.store, d) for d in reader.packs]
+        self._fill_sources = [BlobSource(reader.store, d) for d in reader.packs]
         self._asked = threading.local()
         self._fill_lane = client.lane(replace(
             base, max_inflight=FILL_CONNECTIONS, connections_per_host=FILL_CONNECTIONS,
-            max_coalesced_bytes=FILL_REQUEST_BYTES, part_bytes=FILL_REQUEST_BYTES))
+            max_coalesced_bytes=FILL_REQUEST_BYTES, part_bytes=FILL_REQUEST_BYTES,
+            yields_to_demand=True))
         self._slot = {ref.digest: i for i, ref in enumerate(layout.refs)}
         self._have = bytearray(len(layout.refs))
         self._left = len(layout.refs)
@@ -123,34 +139,37 @@ class FillingBlob(BlobView):
         lay = self.layout
         first, last = lay.locate(offset), lay.locate(max(offset, min(offset + size, lay.size) - 1))
         missing = [lay.refs[i] for i in range(first, last + 1) if not self._have[i]]
-        self._asked.futures = dict(zip(
-            (r.digest for r in missing),
-            self._demand.submit_many([(self._sources[r.pack], r.offset, r.end)
-                                      for r in missing], priority=Priority.DEMAND),
-            strict=True)) if missing else {}
+        self._asked.futures = self._submit(missing) if missing else {}
         return super().read(path, size, offset)
+
+    def _submit(self, refs: list[ChunkRef]) -> dict[str, list[Future]]:
+        """Every part of these chunks queued at once, as DEMAND reads: their futures by
+        chunk digest."""
+        parts = [_parts(self._sources[r.pack], r, DEMAND_PART_BYTES) for r in refs]
+        futures = iter(self._demand.submit_many([p for ps in parts for p in ps],
+                                                priority=Priority.DEMAND))
+        return {r.digest: [next(futures) for _ in ps] for r, ps in zip(refs, parts, strict=True)}
 
     def _slice(self, ref: ChunkRef, lo: int, hi: int) -> bytes:
         i = self._slot[ref.digest]
-        fut = getattr(self._asked, "futures", {}).pop(ref.digest, None)
+        futs = getattr(self._asked, "futures", {}).pop(ref.digest, None)
         if self._have[i]:
             return os.pread(self._rfd, hi - lo, self.layout.offsets[i] + lo)
-        t0 = time.monotonic()
         with self._lock:
             self._demanding += 1
         try:
-            data = self._demanded(i, ref, fut)
+            data = self._demanded(i, ref, futs)
         finally:
             with self._lock:
                 self._demanding -= 1
                 self._calm.notify_all()
-            self.stats["demand_s"] += time.monotonic() - t0
-        self.stats["demand_chunks"] += 1
         return data[lo:hi]
 
-    def _demanded(self, i: int, ref: ChunkRef, fut) -> bytes:
+    def _demanded(self, i: int, ref: ChunkRef, futs: list[Future] | None) -> bytes:
         """Slot ``i``'s verified bytes, fetched once however many kernel reads (the pieces
-        of one read of a chunk come in parallel) want them at once."""
+        of one read of a chunk come in parallel) want them at once. The figures count the
+        chunk and its wait once, not once per piece waiting with it."""
+        t0 = time.monotonic()
         with self._lock:
             shared = self._decoding.get(i)
             mine = shared is None
@@ -159,11 +178,14 @@ class FillingBlob(BlobView):
         if not mine:
             return shared.result()
         try:
-            if fut is None:
-                fut = self._demand.submit(self._sources[ref.pack], ref.offset, ref.end)
-            data = self.reader.decode(fut.result(), ref)   # DigestMismatch: never served
+            if futs is None:
+                futs = self._submit([ref])[ref.digest]
+            raw = b"".join(f.result() for f in futs)
+            data = self.reader.decode(raw, ref)   # DigestMismatch: never served
             self._put(i, data)
             shared.set_result(data)
+            self.stats["demand_chunks"] += 1
+            self.stats["demand_s"] += time.monotonic() - t0
             return data
         except BaseException as e:
             shared.set_exception(e)
@@ -234,21 +256,28 @@ class FillingBlob(BlobView):
         reader = TreeReader(self.reader.store, self.fill.tree, self._fill_lane, self.reader.cache)
         refs, hot = self.layout.refs, len(set(self.fill.hot) & set(self._slot))
         pending: deque = deque()
-        pos = 0
+        pos = queued = 0
         while (pos < len(order) or pending) and not self._stop.is_set():
             with self._lock:   # a demand read waits: submit nothing new meanwhile
                 self._calm.wait_for(lambda: self._demanding == 0, timeout=0.2)
-            room = max(0, FILL_WINDOW - len(pending))
-            batch = [(i, PREFETCH if n < hot else BACKGROUND)
-                     for n, i in enumerate(order[pos:pos + room], pos) if not self._have[i]]
-            pos += room
+            batch: list[tuple[int, Priority]] = []
+            while pos < len(order) and (not pending and not batch
+                                        or queued < FILL_WINDOW_BYTES):
+                i, prio, pos = order[pos], PREFETCH if pos < hot else BACKGROUND, pos + 1
+                if not self._have[i]:
+                    batch.append((i, prio))
+                    queued += refs[i].end - refs[i].offset
             batch.sort(key=lambda b: (refs[b[0]].pack, refs[b[0]].offset))   # coalesced
             for i, prio in batch:
-                pending.append((i, reader.submit_chunk(refs[i], prio)))
+                pending.append((i, self._fill_lane.submit_many(
+                    _parts(self._fill_sources[refs[i].pack], refs[i], FILL_REQUEST_BYTES),
+                    priority=prio)))
             if pending:
-                i, fut = pending.popleft()
+                i, futs = pending.popleft()
+                raw = b"".join(f.result() for f in futs)
+                queued -= refs[i].end - refs[i].offset
                 if not self._have[i]:
-                    self._put(i, reader.decode(fut.result(), refs[i]))
+                    self._put(i, reader.decode(raw, refs[i]))
                     self.stats["filled_chunks"] += 1
 
     def stop(self) -> None:
@@ -263,6 +292,12 @@ class FillingBlob(BlobView):
         if part is not None and not self.done.is_set():
             part.close()
         os.close(self._rfd)
+
+
+def _parts(source: BlobSource, ref: ChunkRef, size: int) -> list[tuple[BlobSource, int, int]]:
+    """``ref``'s stored bytes as ranges of at most ``size``."""
+    return ([(source, s, min(s + size, ref.end)) for s in range(ref.offset, ref.end, size)]
+            or [(source, ref.offset, ref.end)])
 
 
 def _wait_for(path: str, timeout_s: float = RECORD_WAIT_S) -> dict | None:

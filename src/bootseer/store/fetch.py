@@ -82,6 +82,11 @@ class Policy:
     """Connections per host beyond ``connections_per_host`` that only DEMAND reads may
     use, so a reader waiting is never queued behind a host's worth of read-ahead."""
     hedge: Hedge | None = None
+    yields_to_demand: bool = False
+    """This lane's queued reads start only while no DEMAND read of their host is in
+    flight: a background fill never shares the link with a reader waiting (its reads
+    already in flight go on). Meanwhile the host's queue starts nothing past such a read
+    at its head (what is queued behind it is no more urgent)."""
 
     @classmethod
     def of(cls, config: FetchConfig) -> Policy:
@@ -186,6 +191,7 @@ class Fetcher:
         self._by_offset: dict[object, list[tuple[int, int, _Task]]] = {}
         self._by_range: dict[tuple[str, int, int], _Task] = {}
         self._host_busy: dict[str, int] = {}
+        self._host_demand: dict[str, int] = {}   # DEMAND requests in flight per host
         self._seq = itertools.count()
         self._closed = False
         self._lanes: list[Lane] = []
@@ -332,6 +338,8 @@ class Fetcher:
                                                       if head.priority == Priority.DEMAND else 0)
                     if (self._host_busy.get(host, 0) < limit
                             and head.lane.inflight < p.max_inflight
+                            and not (p.yields_to_demand and head.priority != Priority.DEMAND
+                                     and self._host_demand.get(host, 0))
                             and (task is None or head < task)):
                         task = head
                 if task is None:
@@ -357,6 +365,9 @@ class Fetcher:
                 if len(group) > 1:
                     task.lane.stats["coalesced"] += len(group) - 1
                 self._host_busy[task.source.host] = self._host_busy.get(task.source.host, 0) + 1
+                if task.priority == Priority.DEMAND:
+                    self._host_demand[task.source.host] = (
+                        self._host_demand.get(task.source.host, 0) + 1)
                 task.lane.inflight += 1
                 return group
 
@@ -382,6 +393,8 @@ class Fetcher:
             finally:
                 with self._lock:
                     self._host_busy[head.source.host] -= 1
+                    if head.priority == Priority.DEMAND:
+                        self._host_demand[head.source.host] -= 1
                     head.lane.inflight -= 1
                     self._lock.notify_all()
 
