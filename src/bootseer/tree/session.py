@@ -22,7 +22,7 @@ from bootseer.mount.handle import MountHandle
 from bootseer.mount.serve import ErofsTree, Tree, serve_tree, start_blob_server, stop_blob_server
 from bootseer.store import live
 from bootseer.store.client import StoreClient
-from bootseer.tree import blob_mount
+from bootseer.tree import blob_mount, toc_cache
 from bootseer.tree.blob import BlobLayout, BlobView, unsupported
 from bootseer.tree.preread import HOTPACK, PREFETCHED
 from bootseer.tree.reader import TreeReader
@@ -275,4 +275,7 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
         erofs=functools.partial(_kernel_path, config, tree, toc, profile, state_dir, record,
                                 window_timeout_s, name),
         early_blob=early)
-    return serve_tree(config, served, mountpoint, state_dir), profile, toc.meta
+    handle = serve_tree(config, served, mountpoint, state_dir)
+    # after the mount, not on its path: the next start here loads the records instead
+    toc_cache.save_in_background(client.cache.root, tree, toc)
+    return handle, profile, toc.meta
