@@ -5,6 +5,7 @@ found the blob local, and refused when it serves another layout than the image's
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
@@ -78,6 +79,10 @@ def test_local_blob_stops_the_early_server_and_the_next_mount_starts_none(tmp_pa
     try:
         assert local.backend == "erofs-local"
         _no_server_left(tmp_path / "b-st/blobfs")   # started before the blob proved local
+        # ... and its session left the local mount's figures and wrote no profile
+        figures = json.loads((tmp_path / "b-st/figures.json").read_text())
+        assert figures["closed_by"] == "local blob"
+        assert not (tmp_path / "b-st/profile.json").exists()
         assert (tmp_path / "b/d/f3").read_bytes() == b"print(3)\n"
     finally:
         local.unmount()

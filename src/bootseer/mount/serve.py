@@ -125,12 +125,29 @@ def start_blob_server(blob_view: Callable[[], TreeView], state_dir: str,
         pool.shutdown(wait=False)
 
 
+UNUSED = "blob-server-unused"
+"""Made in the state directory before an early blob server no mount uses is stopped: its
+session then writes no figures or profile there (the mount that serves the tree does)."""
+
+
 def stop_blob_server(starting: Future[MountHandle]) -> None:
     """Stop a blob server :func:`start_blob_server` started that no mount uses: in a
     thread of its own, which waits for the start to end (the interpreter's exit waits
     for it, so nothing is left mounted) and unmounts what it mounted."""
-    threading.Thread(target=_unmount_once_started, args=(starting,),
+    threading.Thread(target=_stop_unused, args=(starting,),
                      name="bootseer-blob-server-stop").start()
+
+
+def _stop_unused(starting: Future[MountHandle]) -> None:
+    try:
+        server = starting.result()
+    except Exception:  # noqa: BLE001 - it never served: nothing to stop
+        return
+    try:
+        (Path(server.mountpoint).parent / UNUSED).touch()
+    except OSError:
+        pass   # the state directory is gone: nothing is written there either
+    server.unmount()
 
 
 def serve_image(image: str, blob: str, target: str, *, overlay_in: str | None = None,

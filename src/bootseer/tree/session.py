@@ -19,7 +19,14 @@ from bootseer.config import BootseerConfig
 from bootseer.mount.choose import Serving, What, choose
 from bootseer.mount.erofs.kernel import ErofsMountError
 from bootseer.mount.handle import MountHandle
-from bootseer.mount.serve import ErofsTree, Tree, serve_tree, start_blob_server, stop_blob_server
+from bootseer.mount.serve import (
+    UNUSED,
+    ErofsTree,
+    Tree,
+    serve_tree,
+    start_blob_server,
+    stop_blob_server,
+)
 from bootseer.store import live
 from bootseer.store.client import StoreClient
 from bootseer.tree import blob_mount, toc_cache
@@ -163,6 +170,8 @@ class TreeSession:
             return
         self._done.set()
         self.recorder.close("unmount")   # a no-op when the window already closed
+        if (self.state / UNUSED).exists():
+            return   # an early blob server stopped unused: the serving mount writes them
         try:
             if self.record:
                 self.recorder.save(str(self.state / "profile.json"))
