@@ -94,3 +94,16 @@ def test_a_copy_others_could_write_is_not_used(node, tmp_path):
     link.symlink_to(path)   # never followed
     assert toc_cache.load(cache.root, "sha256:" + "0" * 64) is None
     assert toc_cache.load(cache.root, tree) == toc
+
+
+def test_the_node_keeps_the_most_recently_used_copies(node, monkeypatch):
+    store, cache, f = node
+    trees = [_tree(store, 2, b"%d" % i) for i in range(3)]
+    for i, tree in enumerate(trees):
+        toc_cache.save(cache.root, tree, load_toc(store, tree, f, cache))
+        os.utime(toc_cache.path_of(cache.root, tree), (1000 + i, 1000 + i))
+    assert toc_cache.load(cache.root, trees[0]) is not None   # used: the newest now
+    monkeypatch.setattr(toc_cache, "KEEP", 2)
+    toc_cache.save(cache.root, trees[2], load_toc(store, trees[2], f, cache))
+    assert toc_cache.load(cache.root, trees[1]) is None   # the least recently used went
+    assert toc_cache.load(cache.root, trees[0]) is not None

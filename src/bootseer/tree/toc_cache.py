@@ -30,6 +30,9 @@ from bootseer.tree.toc import Toc
 log = logging.getLogger(__name__)
 MAGIC = b"bootseer.toc-decoded.v1\n"
 DIR = "tocs"
+KEEP = 64
+"""Decoded TOCs a node keeps (a few MB for a tree of 30k files), the least recently
+used removed first."""
 
 
 def path_of(cache_root: str | os.PathLike[str], tree: str) -> Path:
@@ -61,6 +64,7 @@ def load(cache_root: str | os.PathLike[str], tree: str) -> Toc | None:
                 log.info("decoded TOC %s is not this user's alone: not used", path)
                 return None
             data = f.read()
+            os.utime(f.fileno())   # the clock of _keep_newest
     except OSError:
         return None
     return _parse(data, tree, path)
@@ -111,8 +115,21 @@ def save(cache_root: str | os.PathLike[str], tree: str, toc: Toc) -> None:
         path.parent.mkdir(mode=0o700, exist_ok=True)
         partfile.sweep_dead(path.parent)   # what a killed writer left
         partfile.write_atomic(path, encode(tree, toc))   # mode 0600
+        _keep_newest(path.parent, KEEP)
     except (OSError, ValueError) as e:   # a speed-up only: the next start decodes again
         log.info("cannot keep the decoded TOC of %s: %s", tree[:19], e)
+
+
+def _keep_newest(directory: Path, keep: int) -> None:
+    """Remove all but the ``keep`` most recently written or used decoded TOCs."""
+    kept = []
+    for p in directory.iterdir():
+        try:
+            kept.append((p.stat().st_mtime, p))
+        except FileNotFoundError:
+            continue
+    for _, p in sorted(kept, reverse=True)[keep:]:
+        p.unlink(missing_ok=True)
 
 
 def save_in_background(cache_root: str | os.PathLike[str], tree: str, toc: Toc) -> None:
