@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -107,3 +109,19 @@ def test_the_node_keeps_the_most_recently_used_copies(node, monkeypatch):
     toc_cache.save(cache.root, trees[2], load_toc(store, trees[2], f, cache))
     assert toc_cache.load(cache.root, trees[1]) is None   # the least recently used went
     assert toc_cache.load(cache.root, trees[0]) is not None
+
+
+def test_a_mount_keeps_its_decoded_toc_at_its_process_exit(node):
+    """Written after the job's start (a delay), or at the exit of a shorter process."""
+    store, cache, f = node
+    tree = _tree(store, 4)
+    code = ("import sys; from bootseer.config import CacheConfig; from bootseer.store import "
+            "open_store; from bootseer.store.cache import NodeCache; from bootseer.store.fetch "
+            "import Fetcher; from bootseer.tree import toc_cache; from bootseer.tree.reader "
+            "import load_toc; s, c = open_store(sys.argv[1]), NodeCache(CacheConfig("
+            "dir=sys.argv[2], budget_bytes=1 << 30)); toc = load_toc(s, sys.argv[3], Fetcher(), "
+            "c); toc_cache.save_later(c.root, sys.argv[3], toc); "
+            "assert not toc_cache.path_of(c.root, sys.argv[3]).exists()")
+    subprocess.run([sys.executable, "-c", code, store.url, str(cache.root), tree], check=True,
+                   timeout=60)
+    assert toc_cache.load(cache.root, tree) == fmt.decode(store.read(tree), tree)

@@ -285,6 +285,6 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
                                 window_timeout_s, name),
         early_blob=early)
     handle = serve_tree(config, served, mountpoint, state_dir)
-    # after the mount, not on its path: the next start here loads the records instead
-    toc_cache.save_in_background(client.cache.root, tree, toc)
+    # after the job's start, not on its path: the next start here loads the records
+    toc_cache.save_later(client.cache.root, tree, toc)
     return handle, profile, toc.meta

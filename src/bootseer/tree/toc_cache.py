@@ -1,7 +1,7 @@
 """A node's decoded TOCs, so that a start loads a tree's records instead of parsing and
-checking its JSON again: ``<node cache>/tocs/<tree>``, written (in the background) the
-first time a process of the node decodes the tree's TOC, read by every later start
-(the mounting command and its blob server both load the TOC).
+checking its JSON again: ``<node cache>/tocs/<tree>``, written after the first mount of
+the tree on the node (off the path to its job's start), read by every later start (the
+mounting command and its blob server both load the TOC).
 
 The file holds the records in ``marshal``'s form, which loads several times faster than
 the JSON parses and is checked, under a header naming the format and the tree, against
@@ -14,6 +14,7 @@ used: the TOC is decoded from its verified blob as before, and the file written 
 
 from __future__ import annotations
 
+import atexit
 import gc
 import hashlib
 import logging
@@ -132,9 +133,26 @@ def _keep_newest(directory: Path, keep: int) -> None:
         p.unlink(missing_ok=True)
 
 
-def save_in_background(cache_root: str | os.PathLike[str], tree: str, toc: Toc) -> None:
-    """:func:`save`, off the caller's path to the start."""
+SAVE_AFTER_S = 5.0
+"""How long after a mount its decoded TOC is kept: encoding it holds this process's GIL for
+a tenth of a second or more, which the job's start (the same process starts it) must not
+wait for."""
+
+
+def save_later(cache_root: str | os.PathLike[str], tree: str, toc: Toc) -> None:
+    """:func:`save`, off the path to the job's start: ``SAVE_AFTER_S`` after the mount, or
+    at this process's exit if that comes first (a start shorter than that)."""
     if path_of(cache_root, tree).exists():
         return
-    threading.Thread(target=save, args=(cache_root, tree, toc), daemon=True,
-                     name="bootseer-toc-keep").start()
+    lock, done = threading.Lock(), threading.Event()
+
+    def once() -> None:
+        with lock:
+            if not done.is_set():
+                done.set()
+                save(cache_root, tree, toc)
+    timer = threading.Timer(SAVE_AFTER_S, once)
+    timer.daemon = True
+    timer.name = "bootseer-toc-keep"
+    timer.start()
+    atexit.register(once)
