@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from bootseer.errors import MountError
+from bootseer.mount import libfuse
 from bootseer.mount.errno_map import to_errno
 from bootseer.mount.handle import MountHandle
 from bootseer.mount.kinds import Serving
@@ -117,6 +118,7 @@ def build_view_or_exit(view_factory, ready):
 
 
 def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> None:
+    libfuse.settle()   # before mfusepy looks for the library (with a compiler, else)
     import mfusepy
     os.setsid()
     # The mount must not outlive the process that made it (a SIGKILLed `image mount`):

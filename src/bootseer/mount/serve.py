@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,6 +58,10 @@ class ErofsTree:
     on_fuse_blob: Callable[[MountHandle, Path], None]
     """Called with the handle and state directory once EROFS on the FUSE-served blob is
     up."""
+    check_server: Callable[[Path], None] | None = None
+    """Called with the state directory once a blob server started early
+    (:func:`start_blob_server`) is up, before EROFS mounts on it: raises when it serves
+    another layout than the metadata image's."""
 
 
 @dataclass(frozen=True)
@@ -71,24 +76,79 @@ class Tree:
     """The FUSE tree view (pickles: built in the server's process)."""
     erofs: Callable[[], ErofsTree | str]
     """The kernel path's description, or why this tree cannot be an EROFS image."""
+    early_blob: Future[MountHandle] | None = None
+    """The kernel path's blob server, started before the tree was described
+    (:func:`start_blob_server`): used when the blob is not local, else stopped."""
 
 
 def serve_tree(config: BootseerConfig, tree: Tree, mountpoint: str,
                state_dir: str) -> MountHandle:
     """Serve ``tree`` at ``mountpoint`` (``state_dir``: the mount's own directory)."""
-    if choose(config, What.TREE) is Serving.EROFS_FUSE_BLOB:
-        described = tree.erofs()
-        why = described if isinstance(described, str) else None
-        if not isinstance(described, str):
-            try:
-                return _serve_erofs(config, described, mountpoint, Path(state_dir))
-            except kernel.ErofsMountError as e:   # nothing of it is left mounted
-                if config.mount.backend == "erofs":
-                    raise
-                why = str(e)
-        log.warning("tree %s is served by the FUSE tree view: %s", tree.label, why)
+    early = tree.early_blob
+    try:
+        if choose(config, What.TREE) is Serving.EROFS_FUSE_BLOB:
+            described = tree.erofs()
+            why = described if isinstance(described, str) else None
+            if not isinstance(described, str):
+                try:
+                    # the early server is _serve_erofs's from here (used or stopped)
+                    early, taken = None, early
+                    return _serve_erofs(config, described, mountpoint, Path(state_dir), taken)
+                except kernel.ErofsMountError as e:   # nothing of it is left mounted
+                    if config.mount.backend == "erofs":
+                        raise
+                    why = str(e)
+            log.warning("tree %s is served by the FUSE tree view: %s", tree.label, why)
+    finally:
+        if early is not None:
+            stop_blob_server(early)
     return fuse.mount(tree.view, mountpoint, name=tree.name, serving=Serving.FUSE_VIEW,
                       read_ahead_kb=kernel.START_READ_AHEAD_KB)
+
+
+BLOB_MOUNT = "blobfs"
+"""The blob server's mount point, in the tree mount's state directory."""
+
+
+def start_blob_server(blob_view: Callable[[], TreeView], state_dir: str,
+                      name: str) -> Future[MountHandle]:
+    """Start the kernel path's blob server (at ``<state_dir>/blobfs``) in the background,
+    before the caller has loaded what describes the tree: its process spawns, imports and
+    loads the TOC on a core of its own while the caller loads the same TOC, instead of
+    after it. :func:`serve_tree` uses it, or stops it where the blob proves local or the
+    tree is not served on the kernel path."""
+    blob_mp = Path(state_dir) / BLOB_MOUNT
+    blob_mp.mkdir(parents=True, exist_ok=True)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="bootseer-blob-server")
+    try:
+        return pool.submit(fuse.mount, blob_view, str(blob_mp), name=name, read_ahead_kb=0)
+    finally:
+        pool.shutdown(wait=False)
+
+
+UNUSED = "blob-server-unused"
+"""Made in the state directory before an early blob server no mount uses is stopped: its
+session then writes no figures or profile there (the mount that serves the tree does)."""
+
+
+def stop_blob_server(starting: Future[MountHandle]) -> None:
+    """Stop a blob server :func:`start_blob_server` started that no mount uses: in a
+    thread of its own, which waits for the start to end (the interpreter's exit waits
+    for it, so nothing is left mounted) and unmounts what it mounted."""
+    threading.Thread(target=_stop_unused, args=(starting,),
+                     name="bootseer-blob-server-stop").start()
+
+
+def _stop_unused(starting: Future[MountHandle]) -> None:
+    try:
+        server = starting.result()
+    except Exception:  # noqa: BLE001 - it never served: nothing to stop
+        return
+    try:
+        (Path(server.mountpoint).parent / UNUSED).touch()
+    except OSError:
+        pass   # the state directory is gone: nothing is written there either
+    server.unmount()
 
 
 def serve_image(image: str, blob: str, target: str, *, overlay_in: str | None = None,
@@ -131,7 +191,19 @@ def _unmount_once_started(starting: Future) -> None:
 
 
 def _serve_erofs(config: BootseerConfig, tree: ErofsTree, mountpoint: str,
-                 state: Path) -> MountHandle:
+                 state: Path, early: Future[MountHandle] | None = None) -> MountHandle:
+    """EROFS of ``tree`` at ``mountpoint``; ``early``: its blob server, if started
+    already (stopped here unless a mount uses it)."""
+    try:
+        return _erofs_mount(config, tree, mountpoint, state, early)
+    except BaseException:
+        if early is not None:
+            stop_blob_server(early)   # a no-op unmount once the mount has taken it
+        raise
+
+
+def _erofs_mount(config: BootseerConfig, tree: ErofsTree, mountpoint: str,
+                 state: Path, early: Future[MountHandle] | None) -> MountHandle:
     if not os.path.isdir(mountpoint):
         raise MountError(f"mount point {mountpoint} is not a directory")
     if os.path.ismount(mountpoint):
@@ -153,26 +225,29 @@ def _serve_erofs(config: BootseerConfig, tree: ErofsTree, mountpoint: str,
         # command on the node (noted at once)
         handle = MountHandle(mountpoint, Serving.EROFS_LOCAL,
                              state=alive.note_mount(mountpoint), hold=held)
+        if early is not None:
+            stop_blob_server(early)
         tree.on_local(state)
         log.info("%s: EROFS on the local blob at %s", tree.name[:19], mountpoint)
         return handle
 
-    blob_mp = state / "blobfs"
-    blob_mp.mkdir(exist_ok=True)
+    blob_mp = state / BLOB_MOUNT
     # The blob server starts (a process of its own: imports, the TOC, the session) while
-    # this one writes the metadata image: both are on the path to the job's start, and a
-    # node with a free core does them at once. EROFS reads the blob with O_DIRECT, so the
-    # blob mount's own read-ahead never runs.
-    with ThreadPoolExecutor(1, thread_name_prefix="bootseer-blob-server") as pool:
-        starting = pool.submit(fuse.mount, tree.blob_view, str(blob_mp),
-                               name=tree.blob_server, read_ahead_kb=0)
-        try:
-            meta = image()
-        except BaseException:
-            _unmount_once_started(starting)
-            raise
-        server = starting.result()
+    # this one fetches the metadata image, unless it started before the TOC was loaded
+    # here: both are on the path to the job's start, and a node with a free core does
+    # them at once. EROFS reads the blob with O_DIRECT, so the blob mount's own
+    # read-ahead never runs.
+    starting = early if early is not None else start_blob_server(
+        tree.blob_view, str(state), tree.blob_server)
     try:
+        meta = image()
+    except BaseException:
+        _unmount_once_started(starting)
+        raise
+    server = starting.result()
+    try:
+        if early is not None and tree.check_server is not None:
+            tree.check_server(state)
         kernel.mount_with_read_ahead(str(meta), mountpoint, str(blob_mp / BLOB_NAME),
                                      directio=True, read_ahead_kb=kernel.START_READ_AHEAD_KB)
     except BaseException:

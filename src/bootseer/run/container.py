@@ -210,7 +210,7 @@ def _dev_lines(dev: str, o: Options) -> list[str]:
         except OSError as e:
             raise ContainerError(f"device {node.host} vanished: {e}") from e
         target = shlex.quote(dev + node.target.removeprefix("/dev"))
-        lines += [f"mkdir -p $(dirname {target})",
+        lines += [f"t={target}", 'mkdir -p "${t%/*}"',
                   f"mknod -m {st.st_mode & 0o777:o} {target} c {os.major(st.st_rdev)} "
                   f"{os.minor(st.st_rdev)}"]
     return lines
@@ -238,12 +238,14 @@ def chroot_command(c: Container, state_dir: str) -> list[str]:
              f"mount -t sysfs -o ro,nosuid,nodev,noexec sysfs {merged}/sys || true",
              *_dev_lines(f"{merged}/dev", o)]
     for b in [*_host_name_files(o), *c.binds]:
-        target = shlex.quote(merged + b.target)
-        kind = "mkdir -p" if os.path.isdir(b.source) else "touch"
-        lines += [f"[ -e {target} ] || {{ mkdir -p $(dirname {target}); {kind} {target}; }}",
-                  f"mount --bind {shlex.quote(b.source)} {target}"]
+        # the shell's own expansion and redirection, not dirname and touch: each program
+        # the script runs is a fork and an exec on the path to the job's start
+        make = 'mkdir -p "$t"' if os.path.isdir(b.source) else ': > "$t"'
+        lines += [f"t={shlex.quote(merged + b.target)}",
+                  f'[ -e "$t" ] || {{ mkdir -p "${{t%/*}}"; {make}; }}',
+                  f'mount --bind {shlex.quote(b.source)} "$t"']
         if b.readonly:
-            lines.append(f"mount -o remount,bind,ro {target}")
+            lines.append('mount -o remount,bind,ro "$t"')
     lines += _limit_lines()
     lines.append(f"exec chroot {shlex.quote(merged)} {shlex.join(_inner(c))}")
     namespaces = ["--mount", "--pid"] + (["--net"] if o.network == "none" else [])

@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 from bootseer import trace
-from bootseer.ckpt.mount import mount_checkpoint, staged_mirror
 from bootseer.config import BootseerConfig
-from bootseer.deps.ensure import ensure
 from bootseer.errors import MountError, StoreError
 from bootseer.image.session import mount_image, oci_config
 from bootseer.run.conventional import PipInstall, PullImage
@@ -89,6 +87,8 @@ class SnapshotDeps(Pipeline):
         self.index_urls, self.config, self.key = index_urls, config, key
 
     def prepare(self, timeline) -> Prepared:
+        # imported here: a run without --deps (an image alone) starts without them
+        from bootseer.deps.ensure import ensure
         try:
             result = ensure(self.spec, self.prefix, python=self.python, key=self.key,
                             index_urls=self.index_urls, config=self.config)
@@ -112,6 +112,8 @@ class StripedCheckpoint(Pipeline):
         self.mirror: Path | None = None
 
     def prepare(self, timeline) -> Prepared:
+        # imported here: a run without --ckpt starts without it
+        from bootseer.ckpt.mount import mount_checkpoint
         mp = self.state / "mnt"
         mp.mkdir(parents=True, exist_ok=True)
         # Large files wait for the node's "prepared" signal (environment restored, image
@@ -142,6 +144,7 @@ class StripedCheckpoint(Pipeline):
         return self._staged(prepared.attrs) or prepared
 
     def _staged(self, attrs: dict) -> Prepared | None:
+        from bootseer.ckpt.mount import staged_mirror
         try:
             self.mirror = staged_mirror(self.url, self.config, f"mirror-{os.getpid()}")
         except (OSError, StoreError) as e:

@@ -204,7 +204,7 @@ class NodeRun:
         stops waiting, cancels them and cleans up without joining a stuck download."""
         pipelines = self._make_pipelines()
         self.pipelines = list(pipelines.values())
-        P.preload_modules()
+        P.preload_modules(pipelines)
         results: dict[str, Prepared] = {}
         errors: list[tuple[str, BaseException]] = []
         self._final: dict[str, Pipeline] = {}   # per name, after any fallback

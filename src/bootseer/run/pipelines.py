@@ -9,6 +9,7 @@ import importlib
 import logging
 import pkgutil
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
@@ -22,19 +23,27 @@ PIPELINE_PACKAGES = ("store", "tree", "deps", "ckpt", "mount", "image", "peers")
 """What the pipelines import, lazily, from their threads."""
 
 
-def preload_modules() -> None:
+OWN_PACKAGES = ("deps", "ckpt")
+"""Packages only the pipeline of that name imports."""
+
+
+def preload_modules(pipelines: Collection[str] | None = None) -> None:
     """Import every module of :data:`PIPELINE_PACKAGES` in the calling (main) thread,
     before the pipelines start at once in threads: two threads importing modules that
     import each other deadlock on Python's module locks (``image pipeline failed:
     deadlock detected by _ModuleLock('bootseer.store.digest')``). An optional
-    extra that is not installed stays for its pipeline to report."""
+    extra that is not installed stays for its pipeline to report. ``pipelines``: the
+    names of the pipelines this run starts (default: every one); a package of
+    :data:`OWN_PACKAGES` whose pipeline does not run is not imported (a run of an image
+    alone starts without the environment's and the checkpoint's modules)."""
+    skip = set() if pipelines is None else set(OWN_PACKAGES) - set(pipelines)
     def load(name: str) -> None:
         try:
             importlib.import_module(name)
         except ImportError as e:
             log.debug("preload: %s not imported: %s", name, e)
 
-    for pkg in PIPELINE_PACKAGES:
+    for pkg in (p for p in PIPELINE_PACKAGES if p not in skip):
         load(f"bootseer.{pkg}")
         root = sys.modules.get(f"bootseer.{pkg}")
         if root is not None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
+from bootseer.mount.erofs.blobs import blob_path
 from bootseer.mount.handle import MountHandle
 from bootseer.mount.serve import ErofsTree
 from bootseer.mount.view import TreeView
@@ -39,6 +40,8 @@ from bootseer.tree.toc import Toc
 log = logging.getLogger(__name__)
 PREREAD = "preread"           # created in the state dir once the hot chunks were pre-read
 FRESH_BYTES = 64 << 20        # prefetched hot chunks kept in memory until pre-read
+SERVED_LAYOUT = "blob-layout"
+"""In the state dir: the layout key of the blob a server started early serves."""
 
 
 class LocalBlob:
@@ -74,12 +77,55 @@ def erofs_tree(config: BootseerConfig, tree: str, toc: Toc, layout: BlobLayout,
         name=tree, blob=LocalBlob(config, layout),
         image=lambda: meta_image.image(config, tree, toc, layout, "tree"),
         blob_view=blob_view, blob_server=blob_server,
-        on_local=lambda state: _on_local_blob(tree, state),
+        on_local=lambda state: _on_local_blob(config, tree, layout.key, state),
         on_fuse_blob=lambda handle, state: _on_fuse_blob(config, layout, hot, handle, state,
-                                                         profile))
+                                                         profile),
+        check_server=lambda state: _check_served_layout(state, layout.key))
 
 
-def _on_local_blob(tree: str, state: Path) -> None:
+def served_layout(state_dir: str, key: str) -> None:
+    """In a blob server started before its mount loaded the TOC: the layout it serves,
+    for the mount to check against its metadata image's (``_check_served_layout``)."""
+    partfile.write_atomic(Path(state_dir) / SERVED_LAYOUT, key.encode())
+
+
+def _check_served_layout(state: Path, key: str) -> None:
+    try:
+        served = (state / SERVED_LAYOUT).read_text()
+    except FileNotFoundError:
+        served = "none"
+    if served != key:
+        raise ValueError(f"the blob server serves layout {served[:12]}, the metadata image "
+                         f"is of {key[:12]}")
+
+
+def _local_hint(config: BootseerConfig, tree: str) -> Path:
+    """``<cache>/erofs/local/<tree>``: the layout key of the blob the tree's last mount
+    here found local."""
+    return blob_path(config.cache.dir, "x").parent.parent / "local" / tree.removeprefix("sha256:")
+
+
+def was_local(config: BootseerConfig, tree: str) -> bool:
+    """Whether the last mount of ``tree`` on this node found its blob local, and that
+    blob is still there (a hint: the mount checks the blob itself)."""
+    try:
+        key = _local_hint(config, tree).read_text()
+    except OSError:
+        return False
+    return blob_path(config.cache.dir, key).exists()
+
+
+def _note_local(config: BootseerConfig, tree: str, key: str) -> None:
+    hint = _local_hint(config, tree)
+    try:
+        hint.parent.mkdir(exist_ok=True)
+        partfile.write_atomic(hint, key.encode())
+    except OSError as e:   # a hint only: the next mount starts its blob server early
+        log.info("cannot note the local blob of %s: %s", tree[:19], e)
+
+
+def _on_local_blob(config: BootseerConfig, tree: str, key: str, state: Path) -> None:
+    _note_local(config, tree, key)
     partfile.write_atomic(state / "figures.json", json.dumps({
         "tree": tree, "backend": "erofs-local", "window_s": 0.0, "closed_by": "local blob",
         "read_chunks": 0, "read_bytes": 0, "read_block_bytes": 0,

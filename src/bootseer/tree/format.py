@@ -91,14 +91,14 @@ def _maker(cls: type) -> Callable[..., Any]:
     return scope["make"]
 
 
-_new_entry, _new_ref = _maker(Entry), _maker(ChunkRef)
+new_entry, new_ref = _maker(Entry), _maker(ChunkRef)
 
 
 def _entry(e: dict) -> Entry:
     chunks, get = e.get("chunks"), e.get
-    return _new_entry(e["path"], e["type"], e["mode"], e["uid"], e["gid"], e["mtime"], e["size"],
-                      get("target"), get("rdev"), get("xattrs"),
-                      None if chunks is None else tuple([_new_ref(*c) for c in chunks]))
+    return new_entry(e["path"], e["type"], e["mode"], e["uid"], e["gid"], e["mtime"], e["size"],
+                     get("target"), get("rdev"), get("xattrs"),
+                     None if chunks is None else tuple([new_ref(*c) for c in chunks]))
 
 
 def _entry_doc(e: Entry) -> dict:

@@ -20,6 +20,7 @@ from bootseer.store.digest import verify
 from bootseer.store.fetch import Fetcher, Lane, Priority, fetch_blob
 from bootseer.store.source import BlobSource
 from bootseer.tree import format as fmt
+from bootseer.tree import toc_cache
 from bootseer.tree.toc import ChunkRef, Entry, Toc
 
 if TYPE_CHECKING:
@@ -32,8 +33,13 @@ TYPE_BITS = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "h": stat.
 
 
 def load_toc(store, digest: str, fetcher: Fetcher | Lane, cache=None) -> Toc:
-    """The tree's TOC, verified (node cache first) and checked (``validate``)."""
+    """The tree's TOC, verified (node cache first) and checked (``validate``); on a node
+    cache, the node's decoded copy when it keeps one (:mod:`bootseer.tree.toc_cache`;
+    a mount writes it once it is up)."""
     if cache is not None:
+        toc = toc_cache.load(cache.root, digest)
+        if toc is not None:
+            return toc
         blob = cache.get(digest)
         if blob is None:
             blob = fetch_blob(fetcher, store, digest)

@@ -11,15 +11,25 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bootseer.config import BootseerConfig
+from bootseer.mount.choose import Serving, What, choose
+from bootseer.mount.erofs.kernel import ErofsMountError
 from bootseer.mount.handle import MountHandle
-from bootseer.mount.serve import ErofsTree, Tree, serve_tree
+from bootseer.mount.serve import (
+    UNUSED,
+    ErofsTree,
+    Tree,
+    serve_tree,
+    start_blob_server,
+    stop_blob_server,
+)
 from bootseer.store import live
 from bootseer.store.client import StoreClient
-from bootseer.tree import blob_mount
+from bootseer.tree import blob_mount, toc_cache
 from bootseer.tree.blob import BlobLayout, BlobView, unsupported
 from bootseer.tree.preread import HOTPACK, PREFETCHED
 from bootseer.tree.reader import TreeReader
@@ -154,6 +164,8 @@ class TreeSession:
             return
         self._done.set()
         self.recorder.close("unmount")   # a no-op when the window already closed
+        if (self.state / UNUSED).exists():
+            return   # an early blob server stopped unused: the serving mount writes them
         try:
             if self.record:
                 self.recorder.save(str(self.state / "profile.json"))
@@ -178,12 +190,17 @@ def _session_view(config, tree, state_dir, record, profile, window_timeout_s) ->
 
 def blob_server_view(config: BootseerConfig, tree: str, state_dir: str, record: bool,
                      profile: dict | None, window_timeout_s: float, hot: list[str],
-                     key: str) -> BlobView:
-    """Runs in the blob's FUSE server process: the tree session behind a one-file view."""
+                     key: str | None) -> BlobView:
+    """Runs in the blob's FUSE server process: the tree session behind a one-file view.
+    ``key``: the metadata image's blob layout, None for a server started before the
+    mounting process had loaded the TOC: then it writes its own beside the state
+    (``blob_mount.SERVED_LAYOUT``), which the mount checks before EROFS reads the blob."""
     s = TreeSession(config, tree, state_dir, record=record, profile=profile,
                     window_timeout_s=window_timeout_s)
     layout = BlobLayout(s.reader.toc)
-    if layout.key != key:
+    if key is None:
+        blob_mount.served_layout(state_dir, layout.key)
+    elif layout.key != key:
         raise ValueError(f"blob layout {layout.key[:12]} differs from the image's {key[:12]}")
     # the pre-read follows the prefetch closely: hot chunks wait for it in memory
     s.reader.keep_fresh(hot, blob_mount.FRESH_BYTES)
@@ -202,7 +219,30 @@ def _kernel_path(config: BootseerConfig, tree: str, toc: Toc, profile: dict | No
     view = functools.partial(blob_server_view, config, tree, state_dir, record, profile,
                              window_timeout_s, hot, layout.key)
     return blob_mount.erofs_tree(config, tree, toc, layout, hot, view,
-                                 blob_server=f"{name}-blob-{tree[7:19]}", profile=profile)
+                                 blob_server=_blob_server_name(name, tree), profile=profile)
+
+
+def _blob_server_name(name: str, tree: str) -> str:
+    return f"{name}-blob-{tree[7:19]}"
+
+
+def _early_blob_server(config: BootseerConfig, tree: str, state_dir: str, record: bool,
+                       profile: dict | None, window_timeout_s: float,
+                       name: str) -> Future[MountHandle] | None:
+    """The blob server, started before this process loads the TOC (its own process loads
+    it meanwhile: the two no longer wait for each other), where the tree will be served
+    on the kernel path and its blob was not local at the last mount here; else None."""
+    try:
+        if choose(config, What.TREE) is not Serving.EROFS_FUSE_BLOB:
+            return None
+    except ErofsMountError:
+        return None   # serve_tree says why
+    if blob_mount.was_local(config, tree):
+        return None
+    hot = [row[0] for row in profile["chunks"]] if profile else []
+    view = functools.partial(blob_server_view, config, tree, state_dir, record, profile,
+                             window_timeout_s, hot, None)
+    return start_blob_server(view, state_dir, _blob_server_name(name, tree))
 
 
 def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: str, *,
@@ -217,17 +257,28 @@ def mount_tree(config: BootseerConfig, tree: str, mountpoint: str, state_dir: st
     from bootseer.tree.reader import load_toc
     client = StoreClient.of(config)
     store = client.store()
-    with client.lane() as f:   # unknown tree / unparsable TOC: fail before mounting
-        toc = load_toc(store, tree, f, client.cache)   # (cached: the server's hits)
     profile = None
-    if prefetch:
+    if prefetch:   # a profile for another tree fails here, before anything starts
         profile = prof.load(store, profile_digest) if profile_digest else prof.latest(store, tree)
         if profile is not None:
             prof.check(profile, tree)
+    early = _early_blob_server(config, tree, state_dir, record, profile, window_timeout_s,
+                               name)
+    try:
+        with client.lane() as f:   # unknown tree / unparsable TOC: fail before mounting
+            toc = load_toc(store, tree, f, client.cache)   # (cached: the server's hits)
+    except BaseException:
+        if early is not None:
+            stop_blob_server(early)
+        raise
     served = Tree(
         label=tree[:19], name=f"{name}-{tree[7:19]}",
         view=functools.partial(_session_view, config, tree, state_dir, record, profile,
                                window_timeout_s),
         erofs=functools.partial(_kernel_path, config, tree, toc, profile, state_dir, record,
-                                window_timeout_s, name))
-    return serve_tree(config, served, mountpoint, state_dir), profile, toc.meta
+                                window_timeout_s, name),
+        early_blob=early)
+    handle = serve_tree(config, served, mountpoint, state_dir)
+    # after the job's start, not on its path: the next start here loads the records
+    toc_cache.save_later(client.cache.root, tree, toc)
+    return handle, profile, toc.meta
