@@ -40,4 +40,8 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     .venv/bin/python -m pip install -q "torch==2.13.0" \
         || echo "setup: torch unavailable; torch tests will be skipped"
 fi
+# Bytecode, as a package installed by pip has it: uv writes none by default and
+# PYTHONDONTWRITEBYTECODE keeps imports from writing it, so every bootseer start (each
+# benchmark's too) would compile its modules again.
+.venv/bin/python -m compileall -q -j 0 src/bootseer .venv/lib/python3*/site-packages >/dev/null 2>&1 || true
 echo "setup: ready (.venv)"
