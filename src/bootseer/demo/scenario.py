@@ -275,8 +275,10 @@ def kept_zygotes(work: Path, node_set: str) -> list[dict]:
 
 
 def kept_pids(work: Path, node_set: str) -> set[int]:
-    """The PIDs of a node set's kept zygotes (and holders) and all their descendants."""
-    roots = {int(r.get("pid", 0)) for r in kept_zygotes(work, node_set)} - {0}
+    """The PIDs of a node set's kept zygotes, the holders of their images and all their
+    descendants."""
+    roots = {int(r.get(k, 0)) for r in kept_zygotes(work, node_set)
+             for k in ("pid", "holder")} - {0}
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():

@@ -12,6 +12,7 @@ stale or dead one is stopped by its PID and replaced. See docs/warm-start.md.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -25,7 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bootseer import jobenv, trace
+from bootseer.config import BootseerConfig
+from bootseer.errors import MountError
 from bootseer.run import container as C
+from bootseer.run import warmhold
 from bootseer.warm import proto, ship
 from bootseer.warm.key import DIR_VAR, KEYED_VARS, key_difference, socket_path
 from bootseer.warm.session import route
@@ -115,6 +119,16 @@ def stop(record: Mapping, host: str | None = None) -> None:
         deadline = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+    holder = int(record.get("holder", 0))
+    if holder > 0 and marker and marker in _cmdline(holder):
+        # the holder of its image ends once the container has: it unmounts first
+        deadline = time.monotonic() + warmhold.STOP_TIMEOUT_S
+        while _alive(holder) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(holder) and marker in _cmdline(holder):
+            log.warning("warm: holder %d of a kept zygote's image did not end: SIGTERM",
+                        holder)
+            os.kill(holder, signal.SIGTERM)
     if marker and not _alive(pid):
         shutil.rmtree(marker, ignore_errors=True)   # its (empty) mount points' directory
 
@@ -186,17 +200,22 @@ def _read(path: str) -> dict:
 
 # A lazy image served by a server in this run's own process (FUSE) ends with the run: a
 # zygote kept on it would fault on the pages of its libraries not yet read (and the run's
-# unmount would wait for it). A kernel-served (erofs-local) or unpacked one outlives it.
+# unmount would wait for it), so it runs on a mount of its own, held by a process that
+# lives as long as it does (run/warmhold.py). A kernel-served (erofs-local) or unpacked
+# one outlives the run.
 KEEPABLE_MOUNTS = (None, "erofs-local")
 
 
 def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str, str],
             workdir: str, binds: list[C.Bind], options: C.Options, per_run: str,
-            runtime: str = "chroot", attrs: Mapping | None = None) -> Kept | None:
+            runtime: str = "chroot", attrs: Mapping | None = None,
+            config: BootseerConfig | None = None) -> Kept | None:
     """Reuse or start the node's kept zygote for this job; None when there is none to keep
     (``keep_s`` 0 and the cases said in one line: the zygote lives in the job's
     container). ``attrs``: the prepared image's (its tree, how it is mounted). ``env``
-    gets PYTHONPATH and the socket directory. PermissionError: a bad ``warm.dir``."""
+    gets PYTHONPATH and the socket directory. PermissionError: a bad ``warm.dir``.
+    ``config``: to mount a lazy image this run serves itself once more, for the zygote
+    (None: such an image is not kept, the zygote lives in the job's container)."""
     started, attrs = time.time(), attrs or {}
     if settings.keep_s <= 0:
         return None
@@ -205,7 +224,10 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
                     "(this run: %s); it lives in the job's container (hint: --runtime "
                     "chroot, or warm.keep_s = 0)", runtime)
         return None
-    if attrs.get("mount") not in KEEPABLE_MOUNTS:
+    hold = None
+    if attrs.get("mount") not in KEEPABLE_MOUNTS and config is not None:
+        hold = (config, image)   # the zygote's own mount of the same image (warmhold)
+    elif attrs.get("mount") not in KEEPABLE_MOUNTS:
         log.warning("warm: the image is served by this run (%s) and goes with it: the zygote "
                     "lives in the job's container (hint: --image-mode pull, or a node whose "
                     "kernel mounts erofs from a file)", attrs.get("mount"))
@@ -230,7 +252,7 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
         return f"warm: {why}: " + _start(
             settings, host, record_path, key, modules_file, rootfs=rootfs, argv=argv,
             worker=routed.worker, env=env, workdir=workdir, binds=zygote_binds,
-            options=options, wait=wait)
+            options=options, wait=wait, hold=hold)
 
     def close() -> str:
         """A new module list (the capture wrote it during the job): the next start's zygote
@@ -260,9 +282,12 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
 
 def _start(settings, host: str, record_path: str, key: dict[str, str], modules_file: str, *,
            rootfs: str, argv: list[str], worker: list[str], env: dict[str, str], workdir: str,
-           binds: list[C.Bind], options: C.Options, wait: bool) -> str:
+           binds: list[C.Bind], options: C.Options, wait: bool,
+           hold: tuple[BootseerConfig, str] | None = None) -> str:
     """Start the zygote's own container, detached (it outlives this run); one line.
-    ``wait``: until it has imported (else the next start waits for it)."""
+    ``wait``: until it has imported (else the next start waits for it). ``hold``: (the
+    run's config, the image's reference): the zygote runs on a mount of its own, held
+    by a process that unmounts it once the zygote has ended."""
     sock = socket_path(worker, workdir, {DIR_VAR: host})
     modules = _modules(modules_file)[0]
     if os.path.exists(sock):
@@ -275,26 +300,40 @@ def _start(settings, host: str, record_path: str, key: dict[str, str], modules_f
                           ",".join(modules), "--idle", str(settings.keep_s), "--max-rss",
                           str(settings.max_rss_mb), "--", *worker])
     log_path = os.path.join(state, "log")
-    with open(log_path, "wb") as log:
-        # its own session and no parent-death signal: it outlives this run by design
-        proc = subprocess.Popen(C.chroot_command(c, state), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True)
+    holder = 0
+    if hold is not None:
+        folder = state + "-image"   # outside the state dir, which stop() removes
+        os.makedirs(folder)
+        c = dataclasses.replace(c, rootfs=os.path.join(folder, "root"))
+        try:
+            holder, pid = warmhold.start(warmhold.HoldSpec(
+                config=hold[0], ref=hold[1], folder=folder, container=c, state=state,
+                log=log_path))
+        except MountError as e:
+            shutil.rmtree(state, ignore_errors=True)
+            return f"no zygote (its image could not be mounted: {e}): workers start cold"
+    else:
+        with open(log_path, "wb") as log:
+            # its own session and no parent-death signal: it outlives this run by design
+            pid = subprocess.Popen(C.chroot_command(c, state), stdin=subprocess.DEVNULL,
+                                   stdout=log, stderr=log, start_new_session=True).pid
     with open(record_path + ".tmp", "w") as f:
-        json.dump({"pid": proc.pid, "key": key, "state": state,
+        json.dump({"pid": pid, "holder": holder, "key": key, "state": state,
                    "socket": os.path.basename(sock)}, f)
     os.replace(record_path + ".tmp", record_path)
+    held = f", on its own mount of the image (holder {holder})" if holder else ""
     if not wait:
-        return f"zygote {proc.pid} starting in a container of its own ({len(modules)} modules)"
+        return f"zygote {pid} starting in a container of its own ({len(modules)} modules{held})"
     deadline = time.monotonic() + READY_WAIT_S
     while time.monotonic() < deadline:
         with open(log_path, errors="replace") as f:
             text = f.read()
         if "zygote ready" in text:
-            return (f"zygote {proc.pid} started in a container of its own, kept "
-                    f"{settings.keep_s:g} s idle, {len(modules)} modules imported")
-        if proc.poll() is not None:
+            return (f"zygote {pid} started in a container of its own, kept "
+                    f"{settings.keep_s:g} s idle, {len(modules)} modules imported{held}")
+        if not _alive(pid):
             last = text.strip().splitlines()[-1:] or ["it exited"]
             return f"no zygote ({last[0]}): workers start cold"
         time.sleep(0.05)
-    stop({"pid": proc.pid, "state": state})
+    stop({"pid": pid, "holder": holder, "state": state})
     return "no zygote (not ready in time): workers start cold"
