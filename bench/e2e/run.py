@@ -79,8 +79,10 @@ ZYGOTE_MB = re.compile(r"warm: zygote (?:stopped|kept) \((\d+) MiB held\)")
 def overheads(rows: dict[str, dict]) -> dict[str, dict]:
     """Per start: startup overhead (time to ready minus the ideal's) and its ratio to the
     conventional start's overhead."""
+    if "ideal" not in rows:   # a selection of starts (--start) without the ideal
+        return {}
     ideal = rows["ideal"]["ready"]
-    conv = rows["conventional"]["ready"]
+    conv = rows["conventional"]["ready"] if "conventional" in rows else None
     out = {}
     for name, row in rows.items():
         if name in WARMUPS or row["ready"] is None or ideal is None:
@@ -143,6 +145,10 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(p)
     p.add_argument("--large", action="store_true", help="the ~2.5 GB checkpoint")
+    p.add_argument("--start", action="append", default=[], metavar="NAME",
+                   choices=[s.name for s in STARTS],
+                   help="run only this start (repeatable; a warm start needs its warm-up "
+                        "first), e.g. --start '2nd, warm-up' --start '2nd, warm'")
     p.set_defaults(out=str(outdir.root() / "e2e"), per_connection="100m", scratch_size="16g")
     args = p.parse_args()
     from bootseer.demo.assets import TRAIN_ARGS
@@ -150,7 +156,8 @@ def main() -> int:
     if args.large and args.assets == demo.DEFAULT_ASSETS:
         args.assets = "/var/tmp/bootseer-bench-e2e/assets"
     say = demo.Progress()
-    done = demo.run_starts(args, STARTS, assets_root=args.assets, train_args=train_args,
+    starts = [s for s in STARTS if not args.start or s.name in args.start]
+    done = demo.run_starts(args, starts, assets_root=args.assets, train_args=train_args,
                            say=say)
     print()
     # with the run's trace: where each start's hot set came from, and the checkpoint bytes
