@@ -54,7 +54,9 @@ from bootseer.demo import scenario as S
 from bootseer.demo import tables
 from bootseer.demo.scenario import Start
 
-# A zygote kept between containers (warm.keep_s) needs the chroot runtime (docs/warm-start.md)
+# A zygote kept between containers (warm.keep_s) needs the chroot runtime (docs/warm-start.md).
+# The warm starts share one rendezvous id: a kept zygote serves only the same command
+# (a job's restart runs the same torchrun command line); each start has its own store.
 WARM_FLAGS = ["--warm", "--runtime", "chroot"]
 WARM_ENV = {"BOOTSEER_WARM_KEEP_S": "600"}
 LARGE_TRAIN_ARGS = ["--dim", "1024", "--layers", "8", "--vocab", "16384"]
@@ -66,10 +68,14 @@ STARTS = [Start("conventional", ["--baseline"], attempt=0),
           Start("2nd --no-stripe", ["--no-stripe"], attempt=5),
           Start("ideal warm-up", [], attempt=6, fresh_nodes=False),
           Start("ideal", [], attempt=7, fresh_nodes=False),
-          Start("2nd, warm-up", WARM_FLAGS, attempt=8, nodes="2nd-warm", env=WARM_ENV),
-          Start("2nd, warm", WARM_FLAGS, attempt=9, nodes="2nd-warm", env=WARM_ENV),
-          Start("ideal, warm-up", WARM_FLAGS, attempt=10, fresh_nodes=False, env=WARM_ENV),
-          Start("ideal, warm", WARM_FLAGS, attempt=11, fresh_nodes=False, env=WARM_ENV)]
+          Start("2nd, warm-up", WARM_FLAGS, attempt=8, nodes="2nd-warm", env=WARM_ENV,
+                rdzv="warm"),
+          Start("2nd, warm", WARM_FLAGS, attempt=9, nodes="2nd-warm", env=WARM_ENV,
+                rdzv="warm"),
+          Start("ideal, warm-up", WARM_FLAGS, attempt=10, fresh_nodes=False, env=WARM_ENV,
+                rdzv="warm"),
+          Start("ideal, warm", WARM_FLAGS, attempt=11, fresh_nodes=False, env=WARM_ENV,
+                rdzv="warm")]
 WARMUPS = ("ideal warm-up", "ideal, warm-up", "2nd, warm-up")
 # the supervisor's line at the job's end: a zygote of the job's container (stopped) or
 # one kept for the next start
@@ -108,16 +114,18 @@ def render_overheads(table: dict[str, dict], waits: dict[str, dict[str, float]])
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def zygote_mb(results) -> list[int]:
-    """Per node, the memory its zygote held when the job ended (its supervisor's line)."""
+def zygote_mb(results, logs: Path) -> list[int]:
+    """Per node, the memory its zygote held when the job ended (its supervisor's line), from
+    the node logs kept in ``logs`` (the originals go with the scratch space)."""
     found = []
     for r in results:
-        text = r.log.read_text(errors="replace") if r.log.exists() else ""
+        log = logs / r.log.name
+        text = log.read_text(errors="replace") if log.exists() else ""
         found += [int(m) for m in ZYGOTE_MB.findall(text)]
     return found
 
 
-def warm_summary(rows: dict[str, dict], done) -> str:
+def warm_summary(rows: dict[str, dict], done, logs: Path) -> str:
     """The warm rows against their cold counterparts: job phase, time to ready, and the
     memory idle zygotes held."""
     lines = []
@@ -132,7 +140,7 @@ def warm_summary(rows: dict[str, dict], done) -> str:
         w, c = rows["ideal, warm"].get("job"), rows["ideal"].get("job")
         if w is not None and c:
             lines.append(f"job phase: ideal, warm {w:.1f} s vs ideal {c:.1f} s = {w / c:.2f}")
-    held = {name: zygote_mb(results) for name, results in done if "warm" in name}
+    held = {name: zygote_mb(results, logs / name) for name, results in done if "warm" in name}
     for name, mbs in held.items():
         if mbs:
             lines.append(f"idle zygote memory, {name}: {max(mbs)} MiB max per node "
@@ -174,12 +182,13 @@ def main() -> int:
     if second and second["vs_conventional"] is not None:
         print(f"\n2nd start's overhead / conventional's = {second['vs_conventional']:.2f} "
               f"(goal <= 0.20); spread of 2nd = {second['spread']:.2f} (goal <= 1.20)")
-    warm = warm_summary(rows, done)
+    logs = Path(args.out).resolve() / "logs"
+    warm = warm_summary(rows, done, logs)
     if warm:
         print("\n" + warm)
     outdir.write_json("e2e.json", {
         "args": vars(args), "rows": rows, "overheads": table, "rendezvous_wait": waits,
-        "zygote_mb": {name: zygote_mb(results) for name, results in done},
+        "zygote_mb": {name: zygote_mb(results, logs / name) for name, results in done},
         "nodes": {name: [{"node": r.node, "rc": r.rc, **r.summary} for r in results]
                   for name, results in done}})
     return 0

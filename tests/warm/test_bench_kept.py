@@ -74,7 +74,7 @@ def test_a_reused_pid_is_not_stopped(tmp_path):
         host.mkdir(parents=True)
         (host / warmkeep.RECORD).write_text(json.dumps(
             {"pid": other.pid, "state": str(host / "ct-gone")}))
-        assert S.stop_kept(tmp_path, "set") == 1
+        assert S.stop_kept(tmp_path, "set") == 0
         time.sleep(0.2)
         assert other.poll() is None
     finally:

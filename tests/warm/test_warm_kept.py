@@ -100,7 +100,8 @@ def test_kept_zygote_serves_the_next_start_and_goes_after_keep_s(rootfs, tmp_pat
     pid, host = _record(settings)["pid"], Path(ship.host_dir(settings.dir, "tree-1"))
     (host / _record(settings)["socket"].replace(".sock", ".modules")).write_text("json\nemail\n")
     closed = fourth[0].close()
-    assert "new module list: zygote" in closed and "(2 modules)" in closed, closed
+    # (the run's own root is removed as it ends: that zygote imports before close returns)
+    assert "new module list: zygote" in closed and "2 modules imported" in closed, closed
     assert not warmkeep._alive(pid)
     fifth = _start(rootfs, tmp_path, settings, "2", {"OMP_NUM_THREADS": "2"})
     assert fifth[0].hit and fifth[2] == "rank 2 sees this run's 2\n", fifth
@@ -180,7 +181,10 @@ def test_bootseer_run_image_keeps_the_zygote(need_fuse, python_image, tmp_path):
     finally:
         for record in (tmp_path / "warm").glob(f"*/{warmkeep.RECORD}"):
             warmkeep.stop(json.loads(record.read_text()))
-    assert "no kept zygote" in said[0] and "started in a container of its own" in said[0]
+    # traced: the first start's workers start cold and record the module list (a child of
+    # a kept zygote runs no capture); the zygote is started at its end, importing it
+    assert "no kept zygote" in said[0] and "no module list recorded yet" in said[0], said[0]
+    assert "started in a container of its own" in said[0], said[0]
     assert "warm: kept zygote" in said[1] and "reused" in said[1], said[1]
     assert "cold start" not in said[1], said[1]
     # the trace says it too: the run's job.warm (scope kept), a miss then a hit

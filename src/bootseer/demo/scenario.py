@@ -48,10 +48,13 @@ class Start:
     the shared ones (``fresh_nodes`` False)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every node's ``bootseer run`` (e.g. ``BOOTSEER_WARM_KEEP_S``)."""
+    rdzv: str | None = None
+    """The rendezvous id's suffix (None: from the name); starts that share it run the same
+    command line, as a job's restarts do."""
 
     @property
     def rdzv_id(self) -> str:
-        return re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-")
+        return re.sub(r"[^A-Za-z0-9]+", "-", self.rdzv or self.name).strip("-")
 
     @property
     def node_set(self) -> str:
@@ -299,11 +302,22 @@ def kept_pids(work: Path, node_set: str) -> set[int]:
 
 def stop_kept(work: Path, node_set: str) -> int:
     """Stop a node set's kept zygotes by their PIDs (each record's own ``stop``: the PID
-    must still be that zygote's); how many records there were."""
-    records = kept_zygotes(work, node_set)
-    for record in records:
+    must still be that zygote's); how many were still running."""
+    running = 0
+    for record in kept_zygotes(work, node_set):
+        state = str(record.get("state", ""))
+        running += _runs(int(record.get("pid", 0)), state)
         warmkeep.stop(record)
-    return len(records)
+    return running
+
+
+def _runs(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is running a command that names ``marker`` (not a reused PID)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return bool(marker) and marker.encode() in f.read()
+    except OSError:
+        return False
 
 
 def _command(pid: int) -> str:

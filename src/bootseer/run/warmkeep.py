@@ -257,13 +257,18 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
     def close() -> str:
         """A new module list (the capture wrote it during the job): the next start's zygote
         imports it, so it is started now, after the job, not while the next one imports."""
-        have = _modules(modules_file)[1]
-        if have == key["modules"]:
-            rss = _info(os.path.join(host, str(_read(record_path).get("socket", ""))))
+        have, record = _modules(modules_file)[1], _read(record_path)
+        alive = _alive(int(record.get("pid", 0))) and str(record.get("state", "x")) in \
+            _cmdline(int(record.get("pid", 0)))
+        if have == key["modules"] and alive:
+            rss = _info(os.path.join(host, str(record.get("socket", ""))))
             return (f"warm: zygote kept for {settings.keep_s:g} s idle "
                     f"({'?' if rss is None else rss.get('rss_mb')} MiB)")
+        why = "new module list" if have != key["modules"] else "the job recorded no module list"
         key["modules"] = have
-        return start("new module list", wait=False)
+        # A held image stays; the run's own root (a pulled tree) is removed as the run
+        # ends, so that zygote must have imported its list first.
+        return start(why, wait=hold is None)
     job_argv = ship.container_command(argv, max_rss_mb=settings.max_rss_mb,
                                       timeout_s=settings.timeout_s, kept=True)
     record_path = os.path.join(host, RECORD)
@@ -273,6 +278,15 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
         trace.emit("job.warm", started, time.time(), hit=True, scope="kept",
                    pid=int(record["pid"]))
         said, hit = f"warm: kept zygote {record['pid']} reused", True
+    elif not key["modules"] and any(k.startswith(jobenv.TRACE_PREFIX) for k in env):
+        # No module list yet: a zygote importing nothing would serve the workers, and a
+        # forked child runs no capture (the trace shim is the job's, not the zygote's),
+        # so no list would ever be recorded. The workers start cold and record it; the
+        # zygote is started at the job's end (close) importing it.
+        stop(record, host)
+        said, hit = (f"warm: {why}: no module list recorded yet: workers start cold and "
+                     f"record it, a zygote importing it is kept at the job's end"), False
+        trace.emit("job.warm", started, time.time(), hit=False, scope="kept", why=why)
     else:
         said, hit = start(why, wait=True), False
         trace.emit("job.warm", started, time.time(), hit=False, scope="kept", why=why)
