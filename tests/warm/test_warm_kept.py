@@ -354,3 +354,18 @@ def test_ctrl_c_reaches_the_child_of_a_kept_zygote(rootfs, tmp_path):
     finally:
         r.kill()
         warmkeep.stop(_record(settings))
+
+
+def test_a_starts_own_checkpoint_is_not_part_of_the_key():
+    """The checkpoint's bind (a mount, or a staged copy of its own per start) differs per
+    start: not part of the key, not bound into the zygote's container; another bind is."""
+    env = {"BOOTSEER_CKPT_DIR": "/ckpt", "OMP_NUM_THREADS": "1"}
+
+    def key(*binds):
+        return warmkeep.layout_key(image="t", argv=["python3", "x.py"], env=env, workdir="/",
+                                   binds=list(binds), options=C.Options(), per_run="/run/x")
+    code = C.Bind("/src/job", "/job")
+    staged = key(code, C.Bind("/cache/mirror-1", "/ckpt"), C.Bind("/run/x/signal", "/s"))
+    mounted = key(code, C.Bind("/cache/mirror-2", "/ckpt"))
+    assert staged == mounted
+    assert key(C.Bind("/src/other", "/job"), C.Bind("/cache/mirror-1", "/ckpt")) != staged

@@ -42,6 +42,17 @@ PER_START = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "
                        "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", jobenv.READY_FILE,
                        jobenv.WARM_MODULES})
 PER_START_PREFIXES = ("TORCHELASTIC_", "SLURM_", jobenv.TRACE_PREFIX)
+# Binds whose target these variables name are a start's own data, not what the zygote
+# imports: the checkpoint (a mount, or a staged copy, of its own per start). A forked child
+# sees the job's own through its root; the zygote's container does not bind them.
+PER_START_BIND_VARS = ("BOOTSEER_CKPT_DIR",)
+
+
+def _shared(binds: Sequence[C.Bind], env: Mapping[str, str], per_run: str) -> list[C.Bind]:
+    """The binds a kept zygote shares with the job: not this run's own paths (under
+    ``per_run``), not a start's own data (``PER_START_BIND_VARS``)."""
+    own = {env[v] for v in PER_START_BIND_VARS if env.get(v)}
+    return [b for b in binds if not b.source.startswith(per_run) and b.target not in own]
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,8 @@ def layout_key(*, image: str, argv: Sequence[str], env: Mapping[str, str], workd
         per_start = name in PER_START or name.startswith(PER_START_PREFIXES)
         if name in KEYED_VARS or not (per_start or per_run in value):
             key[f"env.{name}"] = value
-    key["binds"] = json.dumps([[b.source, b.target, b.readonly] for b in binds
-                               if not b.source.startswith(per_run)])
+    key["binds"] = json.dumps([[b.source, b.target, b.readonly]
+                               for b in _shared(binds, env, per_run)])
     return key
 
 
@@ -245,7 +256,7 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
                      options=options, per_run=per_run)
     modules_file = socket_path(routed.worker, workdir, {DIR_VAR: host})[:-len(".sock")] + ".modules"
     key["modules"] = _modules(modules_file)[1]
-    zygote_binds = [b for b in binds if not b.source.startswith(per_run)] + more
+    zygote_binds = _shared(binds, env, per_run) + more
 
     def start(why: str, wait: bool) -> str:
         stop(_read(record_path), host)
