@@ -17,11 +17,18 @@ Starts, each on fresh nodes (empty node caches, no environment) unless said:
   ideal               the same nodes started a second time (after a warm-up start not
                       reported): image blocks in the node cache, environment present,
                       checkpoint staged on the node: the floor no startup tool can beat
-  ideal, warm-up      the same nodes with --warm: records the modules the job imported
-                      before its first collective (its zygotes import nothing yet)
-  2nd, warm           fresh node caches, --warm: workers forked from zygotes that import
-                      what the previous start recorded
-  ideal, warm         the ideal start with warm workers
+  2nd, warm-up        fresh nodes, --warm with zygotes kept (BOOTSEER_WARM_KEEP_S): records
+                      the modules the job imported before its first collective; at its
+                      end each node keeps a zygote that imports them
+  2nd, warm           the same nodes again, --warm: workers forked from the zygotes the
+                      warm-up kept (the issue's "same nodes, zygotes prepared by the
+                      previous start")
+  ideal, warm-up      the ideal's nodes with --warm and kept zygotes (not reported)
+  ideal, warm         the ideal start with warm workers from the zygotes kept by the
+                      warm-up
+Warm starts run with --runtime chroot: a zygote is kept between containers with the chroot
+runtime only (the cold starts use the default runtime). Kept zygotes are stopped by PID
+once no later start uses their nodes, and at the end.
 Prints time to ready (max over nodes), each start's startup overhead (its time to ready
 minus the ideal's) and the ratio of overheads to the conventional start's, spread
 (slowest/median) and each node's wait at rendezvous for the last node; writes
@@ -47,6 +54,11 @@ from bootseer.demo import scenario as S
 from bootseer.demo import tables
 from bootseer.demo.scenario import Start
 
+# A zygote kept between containers (warm.keep_s) needs the chroot runtime (docs/warm-start.md).
+# The warm starts share one rendezvous id: a kept zygote serves only the same command
+# (a job's restart runs the same torchrun command line); each start has its own store.
+WARM_FLAGS = ["--warm", "--runtime", "chroot"]
+WARM_ENV = {"BOOTSEER_WARM_KEEP_S": "600"}
 LARGE_TRAIN_ARGS = ["--dim", "1024", "--layers", "8", "--vocab", "16384"]
 STARTS = [Start("conventional", ["--baseline"], attempt=0),
           Start("bootseer 1st", [], attempt=1),
@@ -56,18 +68,27 @@ STARTS = [Start("conventional", ["--baseline"], attempt=0),
           Start("2nd --no-stripe", ["--no-stripe"], attempt=5),
           Start("ideal warm-up", [], attempt=6, fresh_nodes=False),
           Start("ideal", [], attempt=7, fresh_nodes=False),
-          Start("ideal, warm-up", ["--warm"], attempt=8, fresh_nodes=False),
-          Start("2nd, warm", ["--warm"], attempt=9),
-          Start("ideal, warm", ["--warm"], attempt=10, fresh_nodes=False)]
-WARMUPS = ("ideal warm-up", "ideal, warm-up")
-ZYGOTE_MB = re.compile(r"warm: zygote stopped \((\d+) MiB held\)")
+          Start("2nd, warm-up", WARM_FLAGS, attempt=8, nodes="2nd-warm", env=WARM_ENV,
+                rdzv="warm"),
+          Start("2nd, warm", WARM_FLAGS, attempt=9, nodes="2nd-warm", env=WARM_ENV,
+                rdzv="warm"),
+          Start("ideal, warm-up", WARM_FLAGS, attempt=10, fresh_nodes=False, env=WARM_ENV,
+                rdzv="warm"),
+          Start("ideal, warm", WARM_FLAGS, attempt=11, fresh_nodes=False, env=WARM_ENV,
+                rdzv="warm")]
+WARMUPS = ("ideal warm-up", "ideal, warm-up", "2nd, warm-up")
+# the supervisor's line at the job's end: a zygote of the job's container (stopped) or
+# one kept for the next start
+ZYGOTE_MB = re.compile(r"warm: zygote (?:stopped|kept) \((\d+) MiB held\)")
 
 
 def overheads(rows: dict[str, dict]) -> dict[str, dict]:
     """Per start: startup overhead (time to ready minus the ideal's) and its ratio to the
     conventional start's overhead."""
+    if "ideal" not in rows:   # a selection of starts (--start) without the ideal
+        return {}
     ideal = rows["ideal"]["ready"]
-    conv = rows["conventional"]["ready"]
+    conv = rows["conventional"]["ready"] if "conventional" in rows else None
     out = {}
     for name, row in rows.items():
         if name in WARMUPS or row["ready"] is None or ideal is None:
@@ -93,16 +114,18 @@ def render_overheads(table: dict[str, dict], waits: dict[str, dict[str, float]])
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def zygote_mb(results) -> list[int]:
-    """Per node, the memory its zygote held when the job ended (its supervisor's line)."""
+def zygote_mb(results, logs: Path) -> list[int]:
+    """Per node, the memory its zygote held when the job ended (its supervisor's line), from
+    the node logs kept in ``logs`` (the originals go with the scratch space)."""
     found = []
     for r in results:
-        text = r.log.read_text(errors="replace") if r.log.exists() else ""
+        log = logs / r.log.name
+        text = log.read_text(errors="replace") if log.exists() else ""
         found += [int(m) for m in ZYGOTE_MB.findall(text)]
     return found
 
 
-def warm_summary(rows: dict[str, dict], done) -> str:
+def warm_summary(rows: dict[str, dict], done, logs: Path) -> str:
     """The warm rows against their cold counterparts: job phase, time to ready, and the
     memory idle zygotes held."""
     lines = []
@@ -117,7 +140,7 @@ def warm_summary(rows: dict[str, dict], done) -> str:
         w, c = rows["ideal, warm"].get("job"), rows["ideal"].get("job")
         if w is not None and c:
             lines.append(f"job phase: ideal, warm {w:.1f} s vs ideal {c:.1f} s = {w / c:.2f}")
-    held = {name: zygote_mb(results) for name, results in done if "warm" in name}
+    held = {name: zygote_mb(results, logs / name) for name, results in done if "warm" in name}
     for name, mbs in held.items():
         if mbs:
             lines.append(f"idle zygote memory, {name}: {max(mbs)} MiB max per node "
@@ -130,6 +153,10 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(p)
     p.add_argument("--large", action="store_true", help="the ~2.5 GB checkpoint")
+    p.add_argument("--start", action="append", default=[], metavar="NAME",
+                   choices=[s.name for s in STARTS],
+                   help="run only this start (repeatable; a warm start needs its warm-up "
+                        "first), e.g. --start '2nd, warm-up' --start '2nd, warm'")
     p.set_defaults(out=str(outdir.root() / "e2e"), per_connection="100m", scratch_size="16g")
     args = p.parse_args()
     from bootseer.demo.assets import TRAIN_ARGS
@@ -137,7 +164,8 @@ def main() -> int:
     if args.large and args.assets == demo.DEFAULT_ASSETS:
         args.assets = "/var/tmp/bootseer-bench-e2e/assets"
     say = demo.Progress()
-    done = demo.run_starts(args, STARTS, assets_root=args.assets, train_args=train_args,
+    starts = [s for s in STARTS if not args.start or s.name in args.start]
+    done = demo.run_starts(args, starts, assets_root=args.assets, train_args=train_args,
                            say=say)
     print()
     # with the run's trace: where each start's hot set came from, and the checkpoint bytes
@@ -154,12 +182,13 @@ def main() -> int:
     if second and second["vs_conventional"] is not None:
         print(f"\n2nd start's overhead / conventional's = {second['vs_conventional']:.2f} "
               f"(goal <= 0.20); spread of 2nd = {second['spread']:.2f} (goal <= 1.20)")
-    warm = warm_summary(rows, done)
+    logs = Path(args.out).resolve() / "logs"
+    warm = warm_summary(rows, done, logs)
     if warm:
         print("\n" + warm)
     outdir.write_json("e2e.json", {
         "args": vars(args), "rows": rows, "overheads": table, "rendezvous_wait": waits,
-        "zygote_mb": {name: zygote_mb(results) for name, results in done},
+        "zygote_mb": {name: zygote_mb(results, logs / name) for name, results in done},
         "nodes": {name: [{"node": r.node, "rc": r.rc, **r.summary} for r in results]
                   for name, results in done}})
     return 0

@@ -154,7 +154,8 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
         run_args += ["--deps-key", key]
         job = S.Job(nodes=net.nodes, python="python3", script="/demo/train.py",
                     script_args=train_args, join_timeout_s=args.join_timeout)
-        for start in starts:
+        stack.callback(_stop_all_kept, nodes_dir, starts, say)
+        for i, start in enumerate(starts):
             say(f"start '{start.name}': {args.nodes} nodes start one torchrun job ...")
             launched = S.launch_nodes(start, job, work=nodes_dir, run_args=run_args,
                                       base_env=base_env)
@@ -162,11 +163,17 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
                 results = S.wait_nodes(launched, timeout_s=args.join_timeout + 600)
             finally:   # Ctrl-C: each node's bootseer run unmounts and stops its job
                 S.stop_all(launched)
-            left = S.sweep_nodes(job)
+            # zygotes kept on these nodes serve a later start of the same node set; those
+            # no later start uses are stopped now (by PID), not left to idle out
+            later = {s.node_set for s in starts[i + 1:]}
+            if start.node_set not in later and S.stop_kept(nodes_dir, start.node_set):
+                say("  kept zygotes stopped: no later start on these nodes")
+            left = S.sweep_nodes(job, spare=S.kept_pids(nodes_dir, start.node_set))
             if left:
                 say("  processes left after the start, killed: "
                     + "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items()))
-            S.cleanup_nodes(nodes_dir, start)
+            if start.node_set not in later:
+                S.cleanup_nodes(nodes_dir, start)
             S.keep_logs(results, out / "logs" / start.name)
             ready = [r.ready_s for r in results if r.ready_s is not None]
             say(f"  {len(ready)}/{len(results)} nodes ready"
@@ -183,6 +190,14 @@ def run_starts(args, starts: list[S.Start], *, assets_root: str, train_args: lis
                         say(f"  {r.node} exited {r.rc}: " + "\n      ".join(S.log_tail(r)))
             done.append((start.name, results))
     return done
+
+
+def _stop_all_kept(nodes_dir: Path, starts: list[S.Start], say: Progress) -> None:
+    """At the end (or on Ctrl-C): every zygote kept on any node set, stopped by its PID,
+    so nothing is left running."""
+    stopped = sum(S.stop_kept(nodes_dir, n) for n in {s.node_set for s in starts})
+    if stopped:
+        say(f"stopped {stopped} kept zygote(s)")
 
 
 def run_demo(args) -> int:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bootseer.node import proc as procs
-from bootseer.testing.netns import Host, kill_processes_in, processes_in
+from bootseer.run import warmkeep
+from bootseer.testing.netns import Host, processes_in
 
 NODE_ROOT = "/opt/bsdemo"  # same path on every node, private per node (bind in a mount ns)
 RDZV_PORT = 29400
@@ -41,10 +42,24 @@ class Start:
     attempt: int | None
     """None: ``bootseer run --attempt auto`` counts this job's starts itself."""
     fresh_nodes: bool = True
+    nodes: str | None = None
+    """A named set of nodes several starts share (their caches, environment and warm
+    directory, so zygotes one start keeps serve the next); None: fresh nodes of its own, or
+    the shared ones (``fresh_nodes`` False)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of every node's ``bootseer run`` (e.g. ``BOOTSEER_WARM_KEEP_S``)."""
+    rdzv: str | None = None
+    """The rendezvous id's suffix (None: from the name); starts that share it run the same
+    command line, as a job's restarts do."""
 
     @property
     def rdzv_id(self) -> str:
-        return re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-")
+        return re.sub(r"[^A-Za-z0-9]+", "-", self.rdzv or self.name).strip("-")
+
+    @property
+    def node_set(self) -> str:
+        """The name of the node directories this start runs on."""
+        return self.nodes or (self.name if self.fresh_nodes else "shared")
 
 
 @dataclass
@@ -133,7 +148,7 @@ def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
     named in ``hold`` are not started (a machine that never comes up)."""
     launched = []
     for i, host in enumerate(job.nodes):
-        node_dir = work / "nodes" / (start.name if start.fresh_nodes else "shared") / host.name
+        node_dir = work / "nodes" / start.node_set / host.name
         (node_dir / "opt").mkdir(parents=True, exist_ok=True)
         summary = work / "summaries" / start.name / f"{host.name}.json"
         summary.parent.mkdir(parents=True, exist_ok=True)
@@ -145,9 +160,11 @@ def launch_nodes(start: Start, job: Job, *, work: Path, run_args: list[str],
             continue
         env = {**base_env, "BOOTSEER_CACHE_DIR": str(node_dir / "cache"),
                "BOOTSEER_TRACE_NODE": host.name,
-               # per host, kept across starts: a --warm start finds the module list of
-               # the previous one on this host (the hosts share the machine's /tmp)
-               "BOOTSEER_WARM_DIR": str(work / "nodes" / "warm" / host.name)}
+               # per node, kept across the starts of its node set: a --warm start finds
+               # the module list (and kept zygote) of the previous one on this node (the
+               # nodes share the machine's /tmp)
+               "BOOTSEER_WARM_DIR": str(warm_dir(work, start.node_set) / host.name),
+               **start.env}
         if start.attempt is not None:
             env["BOOTSEER_TRACE_ATTEMPT"] = str(start.attempt)
         argv = node_command(node=host, node_dir=node_dir, env=env,
@@ -214,19 +231,93 @@ def stop(proc: subprocess.Popen, grace_s: float = 15) -> int:
     return proc.wait()
 
 
-def sweep_nodes(job: Job, grace_s: float = 5) -> dict[str, list[str]]:
+def sweep_nodes(job: Job, grace_s: float = 5, spare: AbstractSet[int] = frozenset()
+                ) -> dict[str, list[str]]:
     """Kill (by PID) whatever is still running on a node after its start, once processes
-    still exiting had ``grace_s`` to go; return each node's survivors (their commands)."""
+    still exiting had ``grace_s`` to go; return each node's survivors (their commands).
+    ``spare``: PIDs kept on purpose (kept zygotes a later start of the same nodes uses)."""
+    def left_in(host: Host) -> list[int]:
+        return [pid for pid in processes_in(host.netns) if pid not in spare]
     deadline = time.monotonic() + grace_s
-    while any(processes_in(h.netns) for h in job.nodes) and time.monotonic() < deadline:
+    while any(left_in(h) for h in job.nodes) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = {}
     for host in job.nodes:
-        names = [_command(pid) for pid in processes_in(host.netns)]
-        if names:
-            left[host.name] = names
-            kill_processes_in(host.netns)
+        pids = left_in(host)
+        if pids:
+            left[host.name] = [_command(pid) for pid in pids]
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                for pid in pids:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                end = time.monotonic() + grace_s
+                while (pids := left_in(host)) and time.monotonic() < end:
+                    time.sleep(0.1)
+                if not pids:
+                    break
     return left
+
+
+def warm_dir(work: Path, node_set: str) -> Path:
+    """The warm directories (``warm.dir``) of a node set's nodes, one per node below."""
+    return work / "nodes" / "warm" / node_set
+
+
+def kept_zygotes(work: Path, node_set: str) -> list[dict]:
+    """The records (``kept.json``: PID, state directory) of the zygotes kept on a node
+    set's nodes."""
+    found = []
+    for path in sorted(warm_dir(work, node_set).rglob(warmkeep.RECORD)):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def kept_pids(work: Path, node_set: str) -> set[int]:
+    """The PIDs of a node set's kept zygotes, the holders of their images and all their
+    descendants."""
+    roots = {int(r.get(k, 0)) for r in kept_zygotes(work, node_set)
+             for k in ("pid", "holder")} - {0}
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def stop_kept(work: Path, node_set: str) -> int:
+    """Stop a node set's kept zygotes by their PIDs (each record's own ``stop``: the PID
+    must still be that zygote's); how many were still running."""
+    running = 0
+    for record in kept_zygotes(work, node_set):
+        state = str(record.get("state", ""))
+        running += _runs(int(record.get("pid", 0)), state)
+        warmkeep.stop(record)
+    return running
+
+
+def _runs(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is running a command that names ``marker`` (not a reused PID)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return bool(marker) and marker.encode() in f.read()
+    except OSError:
+        return False
 
 
 def _command(pid: int) -> str:
@@ -274,7 +365,8 @@ def rendezvous_wait(results: list[NodeResult]) -> dict[str, float]:
 
 
 def cleanup_nodes(work: Path, start: Start) -> None:
-    shutil.rmtree(work / "nodes" / start.name, ignore_errors=True)
+    """Remove a start's node directories (once no later start uses its node set)."""
+    shutil.rmtree(work / "nodes" / start.node_set, ignore_errors=True)
 
 
 def keep_logs(results: list[NodeResult], dest: Path) -> None:

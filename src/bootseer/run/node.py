@@ -343,7 +343,7 @@ class NodeRun:
         kept = warmkeep.prepare(w, rootfs=image.path, image=s.image or "", argv=s.argv, env=env,
                                 workdir=workdir, binds=binds, attrs=image.attrs,
                                 options=self._options, runtime=self._runtime,
-                                per_run=str(self.state))
+                                per_run=str(self.state), config=self.config)
         if kept is not None:   # closed (prepared for the next start) as a Session is
             self._warm = kept
             return kept.argv, kept.binds

@@ -12,6 +12,7 @@ stale or dead one is stopped by its PID and replaced. See docs/warm-start.md.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -25,7 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bootseer import jobenv, trace
+from bootseer.config import BootseerConfig
+from bootseer.errors import MountError
 from bootseer.run import container as C
+from bootseer.run import warmhold
 from bootseer.warm import proto, ship
 from bootseer.warm.key import DIR_VAR, KEYED_VARS, key_difference, socket_path
 from bootseer.warm.session import route
@@ -38,6 +42,17 @@ PER_START = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "
                        "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", jobenv.READY_FILE,
                        jobenv.WARM_MODULES})
 PER_START_PREFIXES = ("TORCHELASTIC_", "SLURM_", jobenv.TRACE_PREFIX)
+# Binds whose target these variables name are a start's own data, not what the zygote
+# imports: the checkpoint (a mount, or a staged copy, of its own per start). A forked child
+# sees the job's own through its root; the zygote's container does not bind them.
+PER_START_BIND_VARS = ("BOOTSEER_CKPT_DIR",)
+
+
+def _shared(binds: Sequence[C.Bind], env: Mapping[str, str], per_run: str) -> list[C.Bind]:
+    """The binds a kept zygote shares with the job: not this run's own paths (under
+    ``per_run``), not a start's own data (``PER_START_BIND_VARS``)."""
+    own = {env[v] for v in PER_START_BIND_VARS if env.get(v)}
+    return [b for b in binds if not b.source.startswith(per_run) and b.target not in own]
 
 
 @dataclass(frozen=True)
@@ -75,8 +90,8 @@ def layout_key(*, image: str, argv: Sequence[str], env: Mapping[str, str], workd
         per_start = name in PER_START or name.startswith(PER_START_PREFIXES)
         if name in KEYED_VARS or not (per_start or per_run in value):
             key[f"env.{name}"] = value
-    key["binds"] = json.dumps([[b.source, b.target, b.readonly] for b in binds
-                               if not b.source.startswith(per_run)])
+    key["binds"] = json.dumps([[b.source, b.target, b.readonly]
+                               for b in _shared(binds, env, per_run)])
     return key
 
 
@@ -115,6 +130,16 @@ def stop(record: Mapping, host: str | None = None) -> None:
         deadline = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+    holder = int(record.get("holder", 0))
+    if holder > 0 and marker and marker in _cmdline(holder):
+        # the holder of its image ends once the container has: it unmounts first
+        deadline = time.monotonic() + warmhold.STOP_TIMEOUT_S
+        while _alive(holder) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(holder) and marker in _cmdline(holder):
+            log.warning("warm: holder %d of a kept zygote's image did not end: SIGTERM",
+                        holder)
+            os.kill(holder, signal.SIGTERM)
     if marker and not _alive(pid):
         shutil.rmtree(marker, ignore_errors=True)   # its (empty) mount points' directory
 
@@ -186,17 +211,22 @@ def _read(path: str) -> dict:
 
 # A lazy image served by a server in this run's own process (FUSE) ends with the run: a
 # zygote kept on it would fault on the pages of its libraries not yet read (and the run's
-# unmount would wait for it). A kernel-served (erofs-local) or unpacked one outlives it.
+# unmount would wait for it), so it runs on a mount of its own, held by a process that
+# lives as long as it does (run/warmhold.py). A kernel-served (erofs-local) or unpacked
+# one outlives the run.
 KEEPABLE_MOUNTS = (None, "erofs-local")
 
 
 def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str, str],
             workdir: str, binds: list[C.Bind], options: C.Options, per_run: str,
-            runtime: str = "chroot", attrs: Mapping | None = None) -> Kept | None:
+            runtime: str = "chroot", attrs: Mapping | None = None,
+            config: BootseerConfig | None = None) -> Kept | None:
     """Reuse or start the node's kept zygote for this job; None when there is none to keep
     (``keep_s`` 0 and the cases said in one line: the zygote lives in the job's
     container). ``attrs``: the prepared image's (its tree, how it is mounted). ``env``
-    gets PYTHONPATH and the socket directory. PermissionError: a bad ``warm.dir``."""
+    gets PYTHONPATH and the socket directory. PermissionError: a bad ``warm.dir``.
+    ``config``: to mount a lazy image this run serves itself once more, for the zygote
+    (None: such an image is not kept, the zygote lives in the job's container)."""
     started, attrs = time.time(), attrs or {}
     if settings.keep_s <= 0:
         return None
@@ -205,7 +235,10 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
                     "(this run: %s); it lives in the job's container (hint: --runtime "
                     "chroot, or warm.keep_s = 0)", runtime)
         return None
-    if attrs.get("mount") not in KEEPABLE_MOUNTS:
+    hold = None
+    if attrs.get("mount") not in KEEPABLE_MOUNTS and config is not None:
+        hold = (config, image)   # the zygote's own mount of the same image (warmhold)
+    elif attrs.get("mount") not in KEEPABLE_MOUNTS:
         log.warning("warm: the image is served by this run (%s) and goes with it: the zygote "
                     "lives in the job's container (hint: --image-mode pull, or a node whose "
                     "kernel mounts erofs from a file)", attrs.get("mount"))
@@ -223,25 +256,30 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
                      options=options, per_run=per_run)
     modules_file = socket_path(routed.worker, workdir, {DIR_VAR: host})[:-len(".sock")] + ".modules"
     key["modules"] = _modules(modules_file)[1]
-    zygote_binds = [b for b in binds if not b.source.startswith(per_run)] + more
+    zygote_binds = _shared(binds, env, per_run) + more
 
     def start(why: str, wait: bool) -> str:
         stop(_read(record_path), host)
         return f"warm: {why}: " + _start(
             settings, host, record_path, key, modules_file, rootfs=rootfs, argv=argv,
             worker=routed.worker, env=env, workdir=workdir, binds=zygote_binds,
-            options=options, wait=wait)
+            options=options, wait=wait, hold=hold)
 
     def close() -> str:
         """A new module list (the capture wrote it during the job): the next start's zygote
         imports it, so it is started now, after the job, not while the next one imports."""
-        have = _modules(modules_file)[1]
-        if have == key["modules"]:
-            rss = _info(os.path.join(host, str(_read(record_path).get("socket", ""))))
+        have, record = _modules(modules_file)[1], _read(record_path)
+        alive = _alive(int(record.get("pid", 0))) and str(record.get("state", "x")) in \
+            _cmdline(int(record.get("pid", 0)))
+        if have == key["modules"] and alive:
+            rss = _info(os.path.join(host, str(record.get("socket", ""))))
             return (f"warm: zygote kept for {settings.keep_s:g} s idle "
                     f"({'?' if rss is None else rss.get('rss_mb')} MiB)")
+        why = "new module list" if have != key["modules"] else "the job recorded no module list"
         key["modules"] = have
-        return start("new module list", wait=False)
+        # A held image stays; the run's own root (a pulled tree) is removed as the run
+        # ends, so that zygote must have imported its list first.
+        return start(why, wait=hold is None)
     job_argv = ship.container_command(argv, max_rss_mb=settings.max_rss_mb,
                                       timeout_s=settings.timeout_s, kept=True)
     record_path = os.path.join(host, RECORD)
@@ -251,6 +289,15 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
         trace.emit("job.warm", started, time.time(), hit=True, scope="kept",
                    pid=int(record["pid"]))
         said, hit = f"warm: kept zygote {record['pid']} reused", True
+    elif not key["modules"] and any(k.startswith(jobenv.TRACE_PREFIX) for k in env):
+        # No module list yet: a zygote importing nothing would serve the workers, and a
+        # forked child runs no capture (the trace shim is the job's, not the zygote's),
+        # so no list would ever be recorded. The workers start cold and record it; the
+        # zygote is started at the job's end (close) importing it.
+        stop(record, host)
+        said, hit = (f"warm: {why}: no module list recorded yet: workers start cold and "
+                     f"record it, a zygote importing it is kept at the job's end"), False
+        trace.emit("job.warm", started, time.time(), hit=False, scope="kept", why=why)
     else:
         said, hit = start(why, wait=True), False
         trace.emit("job.warm", started, time.time(), hit=False, scope="kept", why=why)
@@ -260,9 +307,12 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
 
 def _start(settings, host: str, record_path: str, key: dict[str, str], modules_file: str, *,
            rootfs: str, argv: list[str], worker: list[str], env: dict[str, str], workdir: str,
-           binds: list[C.Bind], options: C.Options, wait: bool) -> str:
+           binds: list[C.Bind], options: C.Options, wait: bool,
+           hold: tuple[BootseerConfig, str] | None = None) -> str:
     """Start the zygote's own container, detached (it outlives this run); one line.
-    ``wait``: until it has imported (else the next start waits for it)."""
+    ``wait``: until it has imported (else the next start waits for it). ``hold``: (the
+    run's config, the image's reference): the zygote runs on a mount of its own, held
+    by a process that unmounts it once the zygote has ended."""
     sock = socket_path(worker, workdir, {DIR_VAR: host})
     modules = _modules(modules_file)[0]
     if os.path.exists(sock):
@@ -275,26 +325,40 @@ def _start(settings, host: str, record_path: str, key: dict[str, str], modules_f
                           ",".join(modules), "--idle", str(settings.keep_s), "--max-rss",
                           str(settings.max_rss_mb), "--", *worker])
     log_path = os.path.join(state, "log")
-    with open(log_path, "wb") as log:
-        # its own session and no parent-death signal: it outlives this run by design
-        proc = subprocess.Popen(C.chroot_command(c, state), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True)
+    holder = 0
+    if hold is not None:
+        folder = state + "-image"   # outside the state dir, which stop() removes
+        os.makedirs(folder)
+        c = dataclasses.replace(c, rootfs=os.path.join(folder, "root"))
+        try:
+            holder, pid = warmhold.start(warmhold.HoldSpec(
+                config=hold[0], ref=hold[1], folder=folder, container=c, state=state,
+                log=log_path))
+        except MountError as e:
+            shutil.rmtree(state, ignore_errors=True)
+            return f"no zygote (its image could not be mounted: {e}): workers start cold"
+    else:
+        with open(log_path, "wb") as log:
+            # its own session and no parent-death signal: it outlives this run by design
+            pid = subprocess.Popen(C.chroot_command(c, state), stdin=subprocess.DEVNULL,
+                                   stdout=log, stderr=log, start_new_session=True).pid
     with open(record_path + ".tmp", "w") as f:
-        json.dump({"pid": proc.pid, "key": key, "state": state,
+        json.dump({"pid": pid, "holder": holder, "key": key, "state": state,
                    "socket": os.path.basename(sock)}, f)
     os.replace(record_path + ".tmp", record_path)
+    held = f", on its own mount of the image (holder {holder})" if holder else ""
     if not wait:
-        return f"zygote {proc.pid} starting in a container of its own ({len(modules)} modules)"
+        return f"zygote {pid} starting in a container of its own ({len(modules)} modules{held})"
     deadline = time.monotonic() + READY_WAIT_S
     while time.monotonic() < deadline:
         with open(log_path, errors="replace") as f:
             text = f.read()
         if "zygote ready" in text:
-            return (f"zygote {proc.pid} started in a container of its own, kept "
-                    f"{settings.keep_s:g} s idle, {len(modules)} modules imported")
-        if proc.poll() is not None:
+            return (f"zygote {pid} started in a container of its own, kept "
+                    f"{settings.keep_s:g} s idle, {len(modules)} modules imported{held}")
+        if not _alive(pid):
             last = text.strip().splitlines()[-1:] or ["it exited"]
             return f"no zygote ({last[0]}): workers start cold"
         time.sleep(0.05)
-    stop({"pid": proc.pid, "state": state})
+    stop({"pid": pid, "holder": holder, "state": state})
     return "no zygote (not ready in time): workers start cold"
