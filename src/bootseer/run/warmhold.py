@@ -19,17 +19,16 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 from bootseer.config import BootseerConfig
 from bootseer.errors import MountError
+from bootseer.node import handoff
 from bootseer.run import container as C
 
 log = logging.getLogger(__name__)
@@ -57,27 +56,8 @@ def start(spec: HoldSpec, timeout_s: float = START_TIMEOUT_S) -> tuple[int, int]
     and the container was started. MountError: it could not mount (nothing is left)."""
     with open(os.path.join(spec.folder, "holder.log"), "wb") as err:
         # own session, no parent-death signal: it outlives this run by design
-        p = subprocess.Popen([sys.executable, "-m", "bootseer.run.warmhold", spec.state],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                             start_new_session=True, close_fds=True, cwd="/")
-    assert p.stdin is not None and p.stdout is not None
-    try:
-        p.stdin.write(pickle.dumps(spec))
-        p.stdin.close()
-    except BrokenPipeError:
-        pass   # died at once: said below
-    line, deadline = b"", time.monotonic() + timeout_s
-    while not line.endswith(b"\n") and time.monotonic() < deadline:
-        ready, _, _ = select.select([p.stdout], [], [], 0.2)
-        if ready:
-            chunk = os.read(p.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            line += chunk
-        elif p.poll() is not None:
-            break
-    p.stdout.close()
-    text = line.decode(errors="replace").strip()
+        p, text = handoff.start([sys.executable, "-m", "bootseer.run.warmhold", spec.state],
+                                spec, timeout_s=timeout_s, stderr=err)
     if not text.startswith("ok "):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)   # it unmounts what it mounted

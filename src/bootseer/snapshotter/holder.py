@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import pickle
-import select
 import signal
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from bootseer.config import BootseerConfig
 from bootseer.errors import MountError
-from bootseer.node import alive
+from bootseer.node import alive, handoff
 
 log = logging.getLogger(__name__)
 MARK, RECORD = "holder.alive", "holder.json"
@@ -87,28 +86,8 @@ class Holder:
         if Holder.adopt(spec.state) is not None:
             raise MountError(f"a live holder already serves {spec.mountpoint}")
         # own session, no parent-death signal, nothing inherited: it outlives us
-        p = subprocess.Popen([sys.executable, "-m", "bootseer.snapshotter.holder"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             start_new_session=True, close_fds=True, cwd="/")
-        assert p.stdin is not None and p.stdout is not None
-        try:
-            p.stdin.write(pickle.dumps(spec))
-            p.stdin.close()
-        except BrokenPipeError:
-            pass   # died at once: said below
-        line = b""
-        deadline = time.monotonic() + timeout_s
-        while not line.endswith(b"\n") and time.monotonic() < deadline:
-            ready, _, _ = select.select([p.stdout], [], [], 0.2)
-            if ready:
-                chunk = os.read(p.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                line += chunk
-            elif p.poll() is not None:
-                break
-        p.stdout.close()
-        text = line.decode(errors="replace").strip()
+        p, text = handoff.start([sys.executable, "-m", "bootseer.snapshotter.holder"], spec,
+                                timeout_s=timeout_s)
         if not text.startswith("ok"):
             if p.poll() is None:
                 p.kill()
