@@ -63,11 +63,13 @@ def restore(config: BootseerConfig, store, manifest: dict, prefix: str, key: str
     try:
         if "error" in made:
             raise made["error"]
-        write_json(state / RECORD, {"tree": tree, "meta": made["meta"],
-                                    "cuda": manifest.get("cuda"), "relocated": relocated})
         clear(prefix)   # what was there stays until the new environment is mountable
         mount_kernel(prefix, key, tree, made["meta"], blob_file(str(state / "blobfs")),
                      writable=writable, relocated=relocated, server=pid)
+        # after clear(): unmounting a previous lazy mount at the prefix (a killed fill's)
+        # removes its fill-record.json, the same path (the new fill waits for this one)
+        write_json(state / RECORD, {"tree": tree, "meta": made["meta"],
+                                    "cuda": manifest.get("cuda"), "relocated": relocated})
     except BaseException:
         _stop(pid)
         raise
