@@ -17,30 +17,25 @@ from tests.conftest import need
 
 def push_two_layers(registry, busybox_rootfs, tmp_path) -> str:
     """Layer 1: busybox + /data/a.txt + /data/keep.txt; layer 2 deletes a.txt (a whiteout)
-    and adds b.txt, so the rootfs is only right if the layers stack in order."""
-    need(shutil.which("buildah") is not None, "buildah is not installed")
+    and adds b.txt, so the rootfs is only right if the layers stack in order. The layers are
+    written as tars (no container runs to make them) and pushed by skopeo."""
+    import io
+    import tarfile
+
+    from tests.image.test_image import oci_layout, tar_layer
+    need(shutil.which("skopeo") is not None, "skopeo is not installed")
     ref = f"127.0.0.1:{registry.port}/test/layered:1"
     (busybox_rootfs / "data").mkdir(exist_ok=True)
     (busybox_rootfs / "data/a.txt").write_text("from layer one\n")
     (busybox_rootfs / "data/keep.txt").write_text("kept\n")
-    state = f"/tmp/bsl-{tmp_path.name[-6:]}"
-    b = ["buildah", "--root", f"{state}/r", "--runroot", f"{state}/rr", "--storage-driver", "vfs"]
-
-    def run(*args) -> str:
-        return subprocess.run([*b, *args], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    try:
-        c = run("from", "scratch")
-        run("copy", c, f"{busybox_rootfs}/", "/")
-        run("commit", "-q", c, "base")
-        c = run("from", "base")
-        run("run", "--isolation", "chroot", c, "--", "sh", "-c",
-            "rm /data/a.txt && echo 'from layer two' > /data/b.txt")
-        run("commit", "-q", c, "top")
-        run("push", "-q", "--tls-verify=false", "top", f"docker://{ref}")
-    finally:
-        subprocess.run(["umount", "-R", "-l", f"{state}/r"], capture_output=True)
-        shutil.rmtree(state, ignore_errors=True)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for entry in sorted(busybox_rootfs.iterdir()):
+            t.add(entry, arcname=entry.name)
+    top = tar_layer([("data/.wh.a.txt", b"", "f"), ("data/b.txt", b"from layer two\n", "f")])
+    layout = oci_layout(tmp_path / "layered-oci", [buf.getvalue(), top])
+    subprocess.run(["skopeo", "copy", "-q", "--dest-tls-verify=false", f"oci:{layout}",
+                    f"docker://{ref}"], check=True, capture_output=True)
     return ref
 
 

@@ -24,7 +24,7 @@ JOB = ["sh", "-c", "cat /data/b.txt /data/keep.txt; test -e /data/a.txt && echo 
 @pytest.fixture
 def converted(registry, busybox_rootfs, tmp_path):
     """(image, pause image, store, tree): the layered image converted into a local store."""
-    need(shutil.which("buildah") is not None, "buildah is not installed")
+    need(shutil.which("skopeo") is not None, "skopeo is not installed")
     pause = push_pause(None, f"127.0.0.1:{registry.port}", tmp_path)
     (busybox_rootfs / "data").mkdir(exist_ok=True)
     (busybox_rootfs / "data/payload.bin").write_bytes(os.urandom(3 << 20))

@@ -251,3 +251,49 @@ def test_exclusive_claim_has_one_winner_across_processes(registry):
     winners = [i for i, won in got.items() if won]
     assert len(winners) == 1
     assert b.get_ref("leases/build") == sha256_digest(f"claim {winners[0]}".encode())
+
+
+def _flaky_registry(answers: list[int]):
+    """A server answering each HEAD with the next status of ``answers`` (the last repeats),
+    as a registry does for a moment while another client's upload of the blob commits."""
+    seen: list[str] = []
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_HEAD(self):
+            seen.append(self.command)
+            status = answers[min(len(seen), len(answers)) - 1]
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(DATA) if status == 200 else 0))
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_a_stat_answered_5xx_for_a_moment_is_asked_again():
+    server, seen = _flaky_registry([500, 503, 200])
+    try:
+        b = OciBackend(f"oci://127.0.0.1:{server.server_address[1]}/bs/flaky")
+        assert b.stat(DIGEST) == len(DATA)
+        assert len(seen) == 3
+    finally:
+        server.shutdown()
+
+
+def test_a_registry_that_stays_5xx_fails_the_stat_after_a_few_tries():
+    from bootseer.errors import FetchError
+    server, seen = _flaky_registry([500])
+    try:
+        b = OciBackend(f"oci://127.0.0.1:{server.server_address[1]}/bs/flaky")
+        with pytest.raises(FetchError, match="HTTP 500"):
+            b.stat(DIGEST)
+        assert len(seen) == 4
+    finally:
+        server.shutdown()

@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import re
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -111,7 +112,14 @@ class OciBackend:
             except FetchError as e:
                 raise FetchError(f"{what or method} at {self.url} failed: {e}", url=e.url,
                                  digest=digest) from e
-        status, rh, data = self.auth.send(send, lambda r: (r[0], r[1]))
+        # A registry may answer 5xx for a moment while another client's upload of the same
+        # blob commits (its link file is rewritten in place): a read or stat is asked again.
+        attempts = 4 if method in ("GET", "HEAD") else 1
+        for attempt in range(1, attempts + 1):
+            status, rh, data = self.auth.send(send, lambda r: (r[0], r[1]))
+            if status not in (500, 502, 503, 504) or attempt == attempts:
+                break
+            time.sleep(0.1 * attempt)
         if status in (401, 403):
             raise self.auth.denied(status)
         return status, rh, data
