@@ -129,7 +129,8 @@ def test_known_manifest_every_node_joins_and_shares_the_origin(nodes, checkpoint
     from bootseer.peers import _shares
     for key in [k for k in _shares if k[1] == "node0"]:
         _shares.pop(key).close()   # that node is gone: nobody seeds
-    a, b = nodes(1, nodes=2, attempt=1).run(), nodes(2, nodes=2, attempt=1).run()
+    # as above: a long stall, so a node that starts late under load still takes its share
+    a, b = (nodes(i, nodes=2, attempt=1, stall_s=20.0).run() for i in (1, 2))
     figures = [a.wait(), b.wait()]
     assert [f["peers_role"] for f in figures] == ["peer", "peer"], figures
     for n in (a, b):

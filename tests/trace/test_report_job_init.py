@@ -78,3 +78,16 @@ def test_a_forked_worker_records_under_its_own_rank(tmp_path):
            "PYTHONPATH": ":".join(sys.path)}
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert r.stdout.split() == ["None", "3"], r.stderr
+
+
+def test_a_torchrun_launcher_served_warm_is_counted_apart_from_the_ranks(tmp_path):
+    _node(tmp_path, "n0", 0, imports_s=0.05, build_s=2.0, warm={"hit": True})
+    t = NodeTrace(tmp_path, "n0")   # torchrun itself: no rank, its own pid
+    t.span("job.warm", 1.0, 1.02, pid=400, hit=True, launcher="torch.distributed.run")
+    t.span("import.torch.distributed.elastic", 1.05, 1.3, pid=400)
+    t.write()
+    (view,) = attempts(load.load(tmp_path / "job").events)
+    s = summarize(view)
+    launcher = next(r for r in s.ranks if r["rank"] == "pid 400")
+    assert launcher["launcher"] == "torch.distributed.run" and launcher["warm"] == "hit"
+    assert "served warm 1 of 1 ranks, served warm 1 of 1 launchers" in text([s])

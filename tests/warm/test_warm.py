@@ -98,6 +98,23 @@ def test_signals_end_the_worker_as_cold(job, sig):
     assert results[0] == results[1] == -sig, err
 
 
+def test_a_launcher_killed_takes_its_served_child_with_it(job):
+    """A cold worker SIGKILLed is gone; so is the fork serving a launcher SIGKILLed (the
+    signal cannot be relayed), not left running where the job cannot see it."""
+    _work, _env, zygote, worker = job
+    zygote()
+    p = worker({"SLEEP": "30"})
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    child = _served_child(p.pid)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(10)
+    for _ in range(100):
+        if not os.path.exists(f"/proc/{child}"):
+            break
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}")
+
+
 def _served_child(launcher: int) -> int:
     """The zygote's child serving ``launcher`` (same stdout pipe as the launcher)."""
     target = os.readlink(f"/proc/{launcher}/fd/1")
@@ -306,9 +323,11 @@ def test_torchrun_workers_served_warm_give_the_cold_loss(job):
                          env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert _ready(z)
-        warm, err = lines([*torchrun, "--no-python", sys.executable, "-u", "-m",
-                           "bootseer.warm.worker", "--", "train.py"])
-        assert "cold start" not in err, err
+        from bootseer.warm.session import route
+        routed = route([*torchrun, "train.py"], env)
+        assert not isinstance(routed, str) and "--launch" in routed.argv
+        warm, err = lines(routed.argv)
+        assert "cold start" not in err, err   # neither torchrun itself nor a worker
         assert [ln.rsplit(" ppid", 1)[0] for ln in warm] == \
             [ln.rsplit(" ppid", 1)[0] for ln in cold]
         assert all(ln.endswith(f"ppid {z.pid}") for ln in warm)
@@ -322,8 +341,14 @@ def test_route_rewrites_python_and_torchrun_and_says_why_not():
     r = route(["torchrun", "--nproc-per-node", "2", "train.py", "--cfg", "c.yaml"],
               {"PATH": os.path.dirname(sys.executable)})
     assert isinstance(r, Routed) and r.worker == ["train.py", "--cfg", "c.yaml"]
-    assert r.argv[:4] == ["torchrun", "--nproc-per-node", "2", "--no-python"]
-    assert r.argv[5:10] == ["-u", "-m", "bootseer.warm.worker", "--", "train.py"]
+    # torchrun itself is served by the zygote too; its workers by the launcher
+    py = r.python
+    assert r.argv[:8] == [py, "-m", "bootseer.warm.worker", "--launch", "torch.distributed.run",
+                          "--", "--nproc-per-node", "2"]
+    assert r.argv[8:15] == ["--no-python", py, "-u", "-m", "bootseer.warm.worker", "--",
+                            "train.py"]
+    from bootseer.warm.worker import launched_worker
+    assert launched_worker(r.argv[6:]) == r.worker
     r = route(["python3", "train.py", "a"], {})
     assert isinstance(r, Routed) and r.argv == ["python3", "-m", "bootseer.warm.worker", "--",
                                                 "train.py", "a"]
@@ -334,6 +359,8 @@ def test_route_rewrites_python_and_torchrun_and_says_why_not():
     r = route(["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--monitor-interval",
                "0.5", "train.py", "a"], {})
     assert not isinstance(r, str) and r.worker == ["train.py", "a"], r
+    assert r.argv[:9] == ["python3", "-m", "bootseer.warm.worker", "--launch",
+                          "torch.distributed.run", "--", "--nnodes", "2", "--monitor-interval"]
     assert "module" in str(route(["torchrun", "--nnodes", "1", "-m", "pkg", "x.py"], {}))
 
 

@@ -180,6 +180,8 @@ def rank_rows(view: AttemptView) -> list[dict]:
             warm = warm_text(n.rank_warm.get(who))
             if warm is not None:
                 row["warm"] = warm
+                if n.rank_warm[who].get("launcher"):   # torchrun itself, not a rank
+                    row["launcher"] = n.rank_warm[who]["launcher"]
             rows.append(row)
     col = next((RANK_COLUMN[p] for p in COLLECTIVES
                 if any(RANK_COLUMN[p] in r for r in rows)), None)
@@ -202,12 +204,13 @@ def job_init_line(ranks: list[dict]) -> str | None:
         vals = [r[col] for r in ranks if r.get(col) is not None]
         if vals:
             parts.append(f"{col} {statistics.median(vals):.2f} s")
-    warm = [r["warm"] for r in ranks if r.get("warm")]
-    if warm:
-        hits = sum(1 for w in warm if w == "hit")
-        whys = sorted({w[len("miss: "):] for w in warm if w != "hit"})
-        parts.append(f"served warm {hits} of {len(warm)} ranks"
-                     + (f" (cold: {'; '.join(whys)})" if whys else ""))
+    for what, launchers in (("ranks", False), ("launchers", True)):
+        warm = [r["warm"] for r in ranks if r.get("warm") and bool(r.get("launcher")) == launchers]
+        if warm:
+            hits = sum(1 for w in warm if w == "hit")
+            whys = sorted({w[len("miss: "):] for w in warm if w != "hit"})
+            parts.append(f"served warm {hits} of {len(warm)} {what}"
+                         + (f" (cold: {'; '.join(whys)})" if whys else ""))
     return "job init (median over ranks): " + ", ".join(parts) if parts else None
 
 

@@ -34,9 +34,11 @@ class Routed:
 
 
 def route(argv: Sequence[str], env: Mapping[str, str]) -> Routed | str:
-    """``torchrun OPTS train.py ARGS`` -> ``torchrun OPTS --no-python PY -u -m
-    bootseer.warm.worker -- train.py ARGS``; ``python train.py ARGS`` -> ``python -m
-    bootseer.warm.worker -- train.py ARGS``; anything else: why it cannot be routed."""
+    """``torchrun OPTS train.py ARGS`` -> ``PY -m bootseer.warm.worker --launch
+    torch.distributed.run -- OPTS --no-python PY -u -m bootseer.warm.worker -- train.py
+    ARGS`` (torchrun itself and each of its workers forked from the zygote); ``python
+    train.py ARGS`` -> ``python -m bootseer.warm.worker -- train.py ARGS``; anything else:
+    why it cannot be routed."""
     argv = list(argv)
     script = next((i for i, a in enumerate(argv) if a.endswith(".py") and i > 0), None)
     if script is None:
@@ -51,7 +53,13 @@ def route(argv: Sequence[str], env: Mapping[str, str]) -> Routed | str:
         modules = [head[i + 1] for i, a in enumerate(head[:-1]) if a in ("-m", "--module")]
         if "--no-python" in head or any(m not in _TORCHRUN for m in modules):
             return "torchrun runs a module or no Python: its workers are not routed"
-        return Routed([*head, "--no-python", python, "-u", "-m", f"{_PKG}.worker", "--",
+        if modules:   # python [FLAGS] -m torch.distributed.run OPTS
+            at = head.index(modules[0])
+            flags, module, opts = head[1:at - 1], modules[0], head[at + 1:]
+        else:
+            flags, module, opts = [], "torch.distributed.run", head[1:]
+        return Routed([python, *flags, "-m", f"{_PKG}.worker", "--launch", module, "--",
+                       *opts, "--no-python", python, "-u", "-m", f"{_PKG}.worker", "--",
                        *worker], worker, python)
     if len(head) == 1 and os.path.basename(head[0]).startswith("python"):
         return Routed([head[0], "-m", f"{_PKG}.worker", "--", *worker], worker, head[0])

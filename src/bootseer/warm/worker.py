@@ -1,12 +1,17 @@
 """The worker launcher: what torchrun runs as a worker when starts are warm.
 
     python -m bootseer.warm.worker -- SCRIPT ARGS
+    python -m bootseer.warm.worker --launch torch.distributed.run -- OPTS WORKER
 
 Asks this node's zygote for a fork that takes over this process's stdio, argv,
 environment and cwd, relays SIGTERM/SIGINT/SIGHUP to it and ends as it ended (same exit
 code, same signal), so torchrun sees an ordinary worker. Any miss (no zygote, key differs,
 check failed, zygote gone, timeout) is said in one line and becomes a cold exec of the
 same command. Either way the outcome is traced as phase ``job.warm``.
+
+With ``--launch MODULE``, the fork runs ``python -m MODULE OPTS WORKER`` instead: torchrun
+itself, whose ``import torch`` the zygote has done too. ``WORKER`` (its ``--no-python PY -u
+-m ...worker -- SCRIPT ARGS``) names the script the zygote is keyed on.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ class Served:
     same_pidns: bool
 
 
-def _ask(cmd: list[str]) -> Served | str:
-    """A forked child serving ``cmd`` and the connection its exit status comes back on, or
+def _ask(cmd: list[str], run: list[str], module: str | None = None) -> Served | str:
+    """A forked child running ``run`` (``python run...``, or ``python -m module run...``)
+    from the zygote of worker ``cmd``, and the connection its exit status comes back on, or
     why the zygote cannot serve it."""
     try:
         path = socket_path(cmd, os.getcwd())
@@ -64,8 +70,9 @@ def _ask(cmd: list[str]) -> Served | str:
             sock.close()
             return "the zygote socket belongs to another user"
         unbuffered = bool(getattr(sys.stdout, "write_through", False))   # python -u
-        proto.send(sock, {"op": "fork", "argv": cmd, "env": dict(os.environ),
-                          "cwd": os.getcwd(), "unbuffered": unbuffered,
+        proto.send(sock, {"op": "fork", "argv": run, "module": module,
+                          "env": dict(os.environ), "cwd": os.getcwd(),
+                          "unbuffered": unbuffered,
                           "key": warm_key(cmd, os.environ, os.getcwd())},
                    [0, 1, 2, root])
         reply = proto.recv(sock, buf)
@@ -124,10 +131,25 @@ def _wait(served: Served) -> int:
     return int(reply["exit"])
 
 
+def launched_worker(opts: list[str]) -> list[str]:
+    """The worker command (SCRIPT ARGS) in a launcher's arguments: what follows ``--``
+    after ``-m ...warm.worker``; empty when there is none."""
+    for i in range(len(opts) - 2):
+        if opts[i] == "-m" and opts[i + 1].endswith("warm.worker") and opts[i + 2] == "--":
+            return opts[i + 3:]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     cmd = list(sys.argv[1:] if argv is None else argv)
+    module = None
+    if cmd[:1] == ["--launch"] and len(cmd) > 1:
+        module, cmd = cmd[1], cmd[2:]
     if cmd[:1] == ["--"]:
         cmd = cmd[1:]
+    run = cmd
+    if module is not None:
+        cmd = launched_worker(run)
     if not cmd:
         print("bootseer warm: no worker command (hint: python -m bootseer.warm.worker -- "
               "train.py ARGS)", file=sys.stderr)
@@ -136,13 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     # Held from before the fork until the relay is set up: a Ctrl-C or SIGTERM that comes
     # once the child runs must reach the child, not end the launcher and orphan it.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
-    served = _ask(cmd)
+    served = _ask(cmd, run, module)
+    role = {"launcher": module} if module else {}
     if isinstance(served, str):
-        trace.emit("job.warm", start, time.time(), hit=False, why=served)
+        trace.emit("job.warm", start, time.time(), hit=False, why=served, **role)
         print(f"bootseer warm: cold start ({served})", file=sys.stderr, flush=True)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)   # exec keeps the mask
-        os.execv(sys.executable, [sys.executable, *cmd])
-    trace.emit("job.warm", start, time.time(), hit=True, pid=served.pid)
+        os.execv(sys.executable, [sys.executable, *(["-m", module] if module else []), *run])
+    trace.emit("job.warm", start, time.time(), hit=True, pid=served.pid, **role)
     return _wait(served)
 
 

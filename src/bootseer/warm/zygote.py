@@ -16,6 +16,7 @@ import importlib
 import importlib.machinery
 import io
 import os
+import runpy
 import selectors
 import signal
 import socket
@@ -114,12 +115,17 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
                                              _stdio(1, "stdout", env, u),
                                              _stdio(2, "stderr", env, u))
         argv = list(msg["argv"])
-        sys.argv = argv
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        module = msg.get("module")
+        sys.argv = [module, *argv] if module else argv
+        # as `python -m` puts the working directory first, `python script` its directory
+        sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
         if "random" in sys.modules:
             sys.modules["random"].seed()  # a cold worker seeds from the OS too
         try:
-            _run_main(argv[0])
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                _run_main(argv[0])
             code = 0
         except SystemExit as e:
             if e.code is None:
@@ -283,8 +289,14 @@ class Zygote:
             msg = proto.recv(conn, buf)
         except (OSError, ValueError):
             msg = None
-        if msg is None:   # the launcher is gone; its child runs on and is reaped as usual
+        if msg is None:
+            # The launcher was killed (a SIGKILL is not relayed): so is its child, as a
+            # cold worker would be, and not left running where the job cannot see it.
             self.sel.unregister(conn)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             return
         if msg.get("op") == "signal" and msg.get("sig") in RELAYED:
             try:
