@@ -36,14 +36,15 @@ def rootfs(tmp_path_factory):
     return make_python_rootfs(tmp_path_factory.mktemp("keptroot"))
 
 
-def _start(rootfs: Path, tmp: Path, settings: WarmConfig, rank: str, env_extra=None):
+def _start(rootfs: Path, tmp: Path, settings: WarmConfig, rank: str, env_extra=None,
+           argv=("python3", "train.py", "7")):
     job, state = tmp / "job", tmp / f"state-{time.monotonic_ns()}"
     (state / "data").mkdir(parents=True)
     (state / "data/x").write_text(f"this run's {rank}")   # a per-run mount the zygote lacks
     env = {"RANK": rank, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     binds = [C.Bind(str(job), "/job"), C.Bind(str(state / "data"), "/data")]
     kept = warmkeep.prepare(settings, rootfs=str(rootfs), image="tree-1",
-                            argv=["python3", "train.py", "7"], env=env, workdir="/job",
+                            argv=list(argv), env=env, workdir="/job",
                             binds=binds, options=C.Options(), per_run=str(state))
     assert kept is not None
     c = C.Container(rootfs=str(rootfs), argv=kept.argv, workdir="/job", env=env,
@@ -108,6 +109,37 @@ def test_kept_zygote_serves_the_next_start_and_goes_after_keep_s(rootfs, tmp_pat
     # after keep_s idle seconds nothing is left running: the zygote and its namespace
     pid = _record(settings)["pid"]
     assert _gone(pid, settings.keep_s + 10), "the kept zygote outlived keep_s"
+
+
+# torchrun with --no-python, as far as a launcher matters here: run the worker, end as it
+FAKE_TORCHRUN = """\
+import subprocess, sys
+args = sys.argv[1:]
+sys.exit(subprocess.call(args[args.index("--no-python") + 1:]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_kept_zygote_serves_torchrun_itself_and_its_workers(rootfs, tmp_path):
+    """torchrun forked from a zygote in a container of its own lives in that container's
+    PID namespace but the job's root (its /proc is the job's): its workers still reach the
+    zygote and are signalled over the socket."""
+    job = tmp_path / "job"
+    (job / "torch/distributed").mkdir(parents=True)
+    for pkg in ("torch", "torch/distributed"):
+        (job / pkg / "__init__.py").write_text("")
+    (job / "torch/distributed/run.py").write_text(FAKE_TORCHRUN)
+    (job / "train.py").write_text(JOB)
+    settings = WarmConfig(keep_s=15.0, dir=str(tmp_path / "warm"), timeout_s=5.0)
+    argv = ("python3", "-m", "torch.distributed.run", "train.py", "7")
+    first = _start(rootfs, tmp_path, settings, "0", argv=argv)
+    assert first[1] == 7 and "rank 0 sees this run's 0" in first[2], first
+    pid = _record(settings)["pid"]
+    second = _start(rootfs, tmp_path, settings, "3", argv=argv)
+    assert second[0].hit and second[0].said == f"warm: kept zygote {pid} reused", second[0]
+    assert second[1] == 7 and second[2] == "rank 3 sees this run's 3\n", second
+    assert "cold start" not in second[3] and "Traceback" not in second[3], second[3]
+    warmkeep.stop(_record(settings))
 
 
 @pytest.mark.timeout(120)

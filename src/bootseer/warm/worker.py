@@ -89,8 +89,17 @@ def _ask(cmd: list[str], run: list[str], module: str | None = None) -> Served | 
     if not reply.get("ok"):
         sock.close()
         return str(reply.get("why", "refused"))
-    return Served(sock, int(reply["pid"]), buf,
-                  reply.get("pidns") == os.stat("/proc/self/ns/pid").st_ino)
+    return Served(sock, int(reply["pid"]), buf, reply.get("pidns") == _pidns())
+
+
+def _pidns() -> int | None:
+    """This process's PID namespace; None when the /proc it sees is another namespace's (a
+    launcher forked by a zygote kept in a container of its own, in the job's root): its
+    children are then signalled over the socket."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def _wait(served: Served) -> int:
