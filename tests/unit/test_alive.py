@@ -60,3 +60,19 @@ def test_a_mark_is_named_only_once_locked(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["mark"]
     m.release()
     assert not path.exists()
+
+
+def test_a_state_dir_closed_twice_or_removed_under_it_closes_quietly(tmp_path, caplog):
+    import os
+    import shutil
+    from pathlib import Path
+    state = alive.StateDir("bsmnt-", root=str(tmp_path), sweep=False)
+    (state.path / "scratch").mkdir()
+    state.close()
+    state.close()   # a second close finds nothing to do
+    assert not state.path.exists()
+    gone = alive.StateDir("bsmnt-", root=str(tmp_path), sweep=False)
+    shutil.rmtree(gone.path)   # removed by someone else: the close must not raise
+    gone.close()
+    assert "was removed before its owner closed it" in caplog.text
+    assert os.listdir(tmp_path) == [] and not Path(gone.path).exists()

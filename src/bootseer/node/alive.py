@@ -29,6 +29,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from bootseer.node import mounts as points
@@ -110,6 +111,7 @@ class StateDir:
             sweep_dead(root)
         self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
         self._mark: Mark | None = Mark(self.path / MARK)
+        self._closing = threading.Lock()
 
     def note_mount(self, mountpoint: str) -> None:
         """A mount this command made outside its directory: unmounted by the next command if
@@ -133,21 +135,29 @@ class StateDir:
     def close(self) -> None:
         """This command cleaned up after itself: remove the directory (unmounting what is
         still below it). The mark goes last, so a kill midway leaves a dead, swept state."""
-        if self._mark is None:
-            return
-        points.unmount_under(str(self.path))
-        for child in self.path.iterdir():
-            if child.name == MARK:
-                continue
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)
-        left = [c for c in self.path.iterdir() if c.name != MARK]
-        self._mark.release(remove=not left)   # what could not go now, a later sweep retries
-        self._mark = None
-        if not left:
-            os.rmdir(self.path)
+        with self._closing:   # one close at a time: a second one finds nothing to do
+            mark, self._mark = self._mark, None
+            if mark is None:
+                return
+            points.unmount_under(str(self.path))
+            try:
+                for child in self.path.iterdir():
+                    if child.name == MARK:
+                        continue
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child, ignore_errors=True)
+                    else:
+                        child.unlink(missing_ok=True)
+                left = [c for c in self.path.iterdir() if c.name != MARK]
+            except FileNotFoundError:
+                # gone already: cleaning up must not hide the error that brought us here
+                log.warning("state directory %s was removed before its owner closed it",
+                            self.path)
+                mark.release(remove=False)
+                return
+            mark.release(remove=not left)   # what could not go now, a later sweep retries
+            if not left:
+                os.rmdir(self.path)
 
     def __enter__(self) -> StateDir:
         return self
