@@ -37,7 +37,7 @@ def rootfs(tmp_path_factory):
 
 
 def _start(rootfs: Path, tmp: Path, settings: WarmConfig, rank: str, env_extra=None,
-           argv=("python3", "train.py", "7")):
+           argv=("python3", "train.py", "7"), runtime="chroot"):
     job, state = tmp / "job", tmp / f"state-{time.monotonic_ns()}"
     (state / "data").mkdir(parents=True)
     (state / "data/x").write_text(f"this run's {rank}")   # a per-run mount the zygote lacks
@@ -45,11 +45,12 @@ def _start(rootfs: Path, tmp: Path, settings: WarmConfig, rank: str, env_extra=N
     binds = [C.Bind(str(job), "/job"), C.Bind(str(state / "data"), "/data")]
     kept = warmkeep.prepare(settings, rootfs=str(rootfs), image="tree-1",
                             argv=list(argv), env=env, workdir="/job",
-                            binds=binds, options=C.Options(), per_run=str(state))
+                            binds=binds, options=C.Options(), per_run=str(state),
+                            runtime=runtime)
     assert kept is not None
     c = C.Container(rootfs=str(rootfs), argv=kept.argv, workdir="/job", env=env,
                     binds=binds + kept.binds)   # the forked child sees the job's mounts
-    r = C.start(c, runtime="chroot", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    r = C.start(c, runtime=runtime, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = r.proc.communicate(timeout=60)
         rc = r.wait()
@@ -109,6 +110,27 @@ def test_kept_zygote_serves_the_next_start_and_goes_after_keep_s(rootfs, tmp_pat
     # after keep_s idle seconds nothing is left running: the zygote and its namespace
     pid = _record(settings)["pid"]
     assert _gone(pid, settings.keep_s + 10), "the kept zygote outlived keep_s"
+
+
+@pytest.mark.timeout(180)
+def test_a_podman_job_is_served_by_the_kept_zygote(rootfs, tmp_path):
+    """The zygote's container is the chroot runtime's whatever the job's: a podman job's
+    workers reach it through the bound socket directory and its forks chroot into the
+    podman container's root (its mounts: this run's /data)."""
+    need("podman" in C.available_runtimes(), "podman is needed")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job/train.py").write_text(JOB)
+    settings = WarmConfig(keep_s=30.0, dir=str(tmp_path / "warm"), timeout_s=5.0)
+    first = _start(rootfs, tmp_path, settings, "0", runtime="podman")
+    assert first[1] == 7 and "rank 0 sees this run's 0" in first[2], first
+    assert first[4].startswith("warm: zygote kept for 30 s idle ("), first[4]
+    pid = _record(settings)["pid"]
+    second = _start(rootfs, tmp_path, settings, "4", runtime="podman")
+    assert second[0].hit and second[0].said == f"warm: kept zygote {pid} reused", second[0]
+    assert second[1] == 7 and second[2] == "rank 4 sees this run's 4\n", second
+    assert "cold start" not in second[3], second[3]
+    warmkeep.stop(_record(settings))
+    assert _gone(pid, 10)
 
 
 # torchrun with --no-python, as far as a launcher matters here: run the worker, end as it
@@ -337,19 +359,18 @@ def test_stale_zygote_serving_a_running_job_finishes_it(rootfs, tmp_path):
     warmkeep.stop(_record(settings))
 
 
-def test_kept_zygote_needs_the_chroot_runtime(tmp_path, caplog):
+def test_kept_zygote_needs_root_and_the_chroot_or_podman_runtime(tmp_path, caplog):
     """Another runtime: one line with a hint, and the zygote lives in the job's container."""
     settings = WarmConfig(keep_s=30.0, dir=str(tmp_path / "warm"))
     with caplog.at_level("WARNING", logger="bootseer.run.warmkeep"):
         kept = warmkeep.prepare(settings, rootfs=str(tmp_path), image="tree-1",
                                 argv=["python3", "train.py"], env={}, workdir="/job", binds=[],
                                 options=C.Options(), per_run=str(tmp_path / "x"),
-                                runtime="podman")
+                                runtime="rootless")
     assert kept is None and not (tmp_path / "warm").exists()
     assert [r.getMessage() for r in caplog.records] == [
-        "warm: a zygote is kept between containers with --runtime chroot only (this run: "
-        "podman); it lives in the job's container (hint: --runtime chroot, or "
-        "warm.keep_s = 0)"]
+        "warm: a zygote is kept between containers by root with --runtime chroot or podman "
+        "only (this run: rootless); it lives in the job's container (hint: warm.keep_s = 0)"]
 
 
 INTERRUPTED = """\

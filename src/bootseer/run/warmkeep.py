@@ -230,10 +230,12 @@ def prepare(settings, *, rootfs: str, image: str, argv: list[str], env: dict[str
     started, attrs = time.time(), attrs or {}
     if settings.keep_s <= 0:
         return None
-    if runtime != "chroot":
-        log.warning("warm: a zygote is kept between containers with --runtime chroot only "
-                    "(this run: %s); it lives in the job's container (hint: --runtime "
-                    "chroot, or warm.keep_s = 0)", runtime)
+    # The zygote's own container is the chroot runtime's (root: mount namespaces, chroot);
+    # a podman job's workers reach it the same way, through the bound socket directory.
+    if runtime not in ("chroot", "podman") or os.geteuid() != 0:
+        log.warning("warm: a zygote is kept between containers by root with --runtime "
+                    "chroot or podman only (this run: %s); it lives in the job's container "
+                    "(hint: warm.keep_s = 0)", runtime)
         return None
     hold = None
     if attrs.get("mount") not in KEEPABLE_MOUNTS and config is not None:
