@@ -378,3 +378,22 @@ def test_an_environment_restored_again_at_the_same_prefix_is_another_key(tmp_pat
     (prefix / ENV_MARKER).write_text('{"key": "sha256:bbb"}')
     assert key_difference(before, warm_key(["train.py"], env, str(tmp_path))) == \
         "key differs: installed.BOOTSEER_ENV_PREFIX"
+
+
+def test_the_supervisor_serves_the_launcher_itself_only_with_its_own_interpreter(tmp_path):
+    """Asking the zygote from the supervisor saves an interpreter start; another python,
+    or one with flags of its own, is run as its own process."""
+    from bootseer.warm.supervisor import _launcher_args
+    here = os.path.dirname(sys.executable)
+    env = {"PATH": here}
+    name = os.path.basename(sys.executable)
+    run = [name, "-m", "bootseer.warm.worker", "--launch", "torch.distributed.run", "--",
+           "--nnodes", "2", "--no-python", name, "-u", "-m", "bootseer.warm.worker", "--",
+           "train.py"]
+    assert _launcher_args(run, env) == run[3:]
+    assert _launcher_args([name, "-X", "dev", *run[1:]], env) is None
+    other = tmp_path / "python3"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    assert _launcher_args(["python3", *run[1:]], {"PATH": str(tmp_path)}) is None
+    assert _launcher_args([name, "train.py"], env) is None

@@ -15,17 +15,31 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
-from bootseer.warm.session import Session, route
+from bootseer.warm import worker
+from bootseer.warm.session import _PKG, Session, route
 
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _say(line: str) -> None:
     print(f"bootseer {line}", file=sys.stderr, flush=True)
+
+
+def _launcher_args(run: list[str], env: dict[str, str]) -> list[str] | None:
+    """The launcher's arguments when ``run`` (``PY -m ...warm.worker ARGS``) can be served
+    by this process: ``PY`` is this interpreter, with no flags of its own. Asking the
+    zygote from here saves an interpreter start on the way to the job."""
+    if len(run) < 3 or run[1:3] != ["-m", f"{_PKG}.worker"]:
+        return None
+    exe = shutil.which(run[0], path=env.get("PATH"))
+    if exe is None or os.path.realpath(exe) != os.path.realpath(sys.executable):
+        return None
+    return run[3:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         kept = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
         env.update(kept.job_env())
         run = routed.argv
+        here = _launcher_args(run, env)
+        if here is not None:   # a miss execs the command cold from here, as the launcher
+            os.environ.clear()
+            os.environ.update(env)
+            rc = worker.main(here)
+            _say(f"warm: zygote kept ({kept.memory_mb()} MiB held)")
+            return rc
     else:
         session = Session(routed, env, os.getcwd(), max_rss_mb=args.max_rss, keep_s=0)
         session.env.update(session.job_env())
