@@ -26,9 +26,9 @@ Starts, each on fresh nodes (empty node caches, no environment) unless said:
   ideal, warm-up      the ideal's nodes with --warm and kept zygotes (not reported)
   ideal, warm         the ideal start with warm workers from the zygotes kept by the
                       warm-up
-Warm starts run with --runtime chroot: a zygote is kept between containers with the chroot
-runtime only (the cold starts use the default runtime). Kept zygotes are stopped by PID
-once no later start uses their nodes, and at the end.
+Warm starts run with the cold starts' runtime (the default: podman where installed), their
+zygotes kept between containers. Kept zygotes are stopped by PID once no later start uses
+their nodes, and at the end.
 Prints time to ready (max over nodes), each start's startup overhead (its time to ready
 minus the ideal's) and the ratio of overheads to the conventional start's, spread
 (slowest/median) and each node's wait at rendezvous for the last node; writes
@@ -54,10 +54,9 @@ from bootseer.demo import scenario as S
 from bootseer.demo import tables
 from bootseer.demo.scenario import Start
 
-# A zygote kept between containers (warm.keep_s) needs the chroot runtime (docs/warm-start.md).
 # The warm starts share one rendezvous id: a kept zygote serves only the same command
 # (a job's restart runs the same torchrun command line); each start has its own store.
-WARM_FLAGS = ["--warm", "--runtime", "chroot"]
+WARM_FLAGS = ["--warm"]
 WARM_ENV = {"BOOTSEER_WARM_KEEP_S": "600"}
 LARGE_TRAIN_ARGS = ["--dim", "1024", "--layers", "8", "--vocab", "16384"]
 STARTS = [Start("conventional", ["--baseline"], attempt=0),
