@@ -397,3 +397,27 @@ def test_the_supervisor_serves_the_launcher_itself_only_with_its_own_interpreter
     other.chmod(0o755)
     assert _launcher_args(["python3", *run[1:]], {"PATH": str(tmp_path)}) is None
     assert _launcher_args([name, "train.py"], env) is None
+
+
+def test_an_idle_zygote_is_the_first_to_go_under_memory_pressure(job, tmp_path):
+    """It asks the OOM killer to pick it first (its children get the worker's setting
+    back) and ends itself while idle when the node's available memory runs low."""
+    work, env, zygote, worker = job
+    z = zygote()
+    assert int(open(f"/proc/{z.pid}/oom_score_adj").read()) == 1000
+    p = worker({"SLEEP": "30"})
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    child = _served_child(p.pid)
+    assert open(f"/proc/{child}/oom_score_adj").read() == open("/proc/self/oom_score_adj").read()
+    p.kill()
+    p.wait(10)
+    # a node with less available than asked for: the idle zygote drops itself
+    low = subprocess.Popen([sys.executable, "-m", "bootseer.warm.zygote", "--low-memory-mb",
+                            str(1 << 40), "--", "other.py"], cwd=work, env=env,
+                           stderr=subprocess.PIPE, text=True)
+    assert low.wait(20) == 0
+    err = low.stderr.read() if low.stderr else ""
+    assert "zygote: dropped (memory pressure:" in err, err
+    from bootseer.warm.key import socket_path
+    assert not os.path.exists(socket_path(["other.py"], str(work), env))   # removed as it went
+    assert z.poll() is None   # the default floor (5 % of memory): this node is not short

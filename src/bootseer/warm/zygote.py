@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 
@@ -35,6 +36,51 @@ def rss_mb() -> int:
     """This process's resident memory in MiB (reported as what an idle zygote holds)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+
+
+# An idle zygote is what a node under memory pressure should give up first: it asks the
+# OOM killer to pick it first, and ends itself when the node's available memory runs low.
+PRESSURE_CHECK_S = 2.0
+LOW_MEMORY_FRACTION = 0.05
+"""Below this share of MemTotal available, an idle zygote ends (``--low-memory-mb``)."""
+OOM_FIRST = 1000
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                out[name] = int(rest.split()[0]) // 1024   # kB -> MiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def memory_low(low_mb: int) -> str | None:
+    """Why the node is short of memory for an idle zygote (None: it is not). ``low_mb`` 0:
+    ``LOW_MEMORY_FRACTION`` of MemTotal."""
+    info = _meminfo()
+    if "MemAvailable" not in info or "MemTotal" not in info:
+        return None
+    floor = low_mb or int(info["MemTotal"] * LOW_MEMORY_FRACTION)
+    if info["MemAvailable"] < floor:
+        return f"memory pressure: {info['MemAvailable']} MiB available < {floor} MiB"
+    return None
+
+
+def _oom_score_adj(value: int | None = None) -> int | None:
+    """This process's OOM score adjustment, set to ``value`` first when given (best
+    effort: None when /proc refuses)."""
+    try:
+        if value is not None:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(value))
+        with open("/proc/self/oom_score_adj") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _children() -> set[int]:
@@ -103,6 +149,8 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
         for fd in fds:
             if fd > 2:
                 os.close(fd)
+        if msg.get("oom_score_adj") is not None:   # the worker's, not the zygote's
+            _oom_score_adj(int(msg["oom_score_adj"]))
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -205,8 +253,10 @@ def _gone(conn: socket.socket) -> bool:
 
 class Zygote:
     def __init__(self, path: str, key: dict[str, str], max_rss_mb: int, idle_s: float,
-                 cmd: list[str] | None = None):
+                 cmd: list[str] | None = None, low_memory_mb: int = 0):
         self.path, self.key, self.max_rss_mb, self.idle_s = path, key, max_rss_mb, idle_s
+        self.low_memory_mb = low_memory_mb
+        self.oom_adj: int | None = None   # what forked children get back (set in listen)
         self.cmd, self.cwd = list(cmd or []), os.getcwd()
         self.inode: int | None = None   # its socket's, once it listens
         self.sel = selectors.DefaultSelector()
@@ -224,6 +274,8 @@ class Zygote:
         self.inode = os.stat(self.path).st_ino
         self.listener.listen(64)
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
+        self.oom_adj = _oom_score_adj()
+        _oom_score_adj(OOM_FIRST)
 
     def serve(self) -> int:
         """Take workers (after :meth:`listen`) until stopped, idle or unsafe."""
@@ -231,13 +283,25 @@ class Zygote:
         try:
             # done (stopped, unsafe, too big): no new worker, but running ones are still
             # reaped and reported, so that their launchers end as they did
+            idle_since = time.monotonic()
             while not (self.done and not self.pidfds):
                 if self.done:
                     self._close_listener()
                 idle = not self.conns and not self.pidfds
-                events = self.sel.select(self.idle_s if idle and self.idle_s > 0 else None)
+                now = time.monotonic()
+                if not idle:
+                    idle_since = now
+                timeout = PRESSURE_CHECK_S if idle else None
+                if idle and self.idle_s > 0:
+                    timeout = max(0.0, min(PRESSURE_CHECK_S, idle_since + self.idle_s - now))
+                events = self.sel.select(timeout)
                 if not events and idle:
-                    break
+                    if self.idle_s > 0 and time.monotonic() - idle_since >= self.idle_s:
+                        break
+                    low = memory_low(self.low_memory_mb)
+                    if low is not None:
+                        print(f"zygote: dropped ({low})", file=sys.stderr, flush=True)
+                        break
                 for sk, _ in events:
                     self._event(sk)
         finally:
@@ -358,6 +422,7 @@ class Zygote:
             self._drop(conn)
             return
         _flush()
+        msg["oom_score_adj"] = self.oom_adj
         pid = os.fork()
         if pid == 0:
             close = [self.listener.fileno(), *self.conns, *self.pidfds, self.sel.fileno(),
@@ -379,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=0, help="exit after S seconds without work")
     p.add_argument("--max-rss", type=int, default=0, metavar="MB",
                    help="refuse to fork and exit once holding more than MB")
+    p.add_argument("--low-memory-mb", type=int, default=0, metavar="MB",
+                   help="end when idle and the node has less than MB available (default: "
+                        f"{LOW_MEMORY_FRACTION:.0%} of its memory)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- SCRIPT ARGS (the worker command)")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -387,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(cmd[0])))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     z = Zygote(socket_path(cmd, os.getcwd()), warm_key(cmd, os.environ, os.getcwd()),
-               args.max_rss, args.idle, cmd)
+               args.max_rss, args.idle, cmd, args.low_memory_mb)
     for name in filter(None, args.modules.split(",")):
         try:
             importlib.import_module(name)
