@@ -11,6 +11,7 @@ mount's ``/sys/class/bdi/<major:minor>/read_ahead_kb`` is raised so the kernel s
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import multiprocessing
 import os
@@ -32,7 +33,9 @@ log = logging.getLogger("bootseer.mount")
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
-def operations(view: TreeView):
+def operations(view: TreeView, on_init: Callable[[], None] | None = None):
+    """The FUSE operations serving ``view``; ``on_init``: called once the kernel has
+    connected (mounted, and libfuse's signal handlers installed)."""
     import mfusepy
     # A user's mount is open to that user alone (no allow_other), whose processes are the
     # only ones that can reach it: every file is shown as theirs, as a rootless container
@@ -42,6 +45,10 @@ def operations(view: TreeView):
 
     class Ops(mfusepy.Operations):
         use_ns = False
+
+        def init(self, path):
+            if on_init is not None:
+                on_init()
 
         def _call(self, path, fn, *args):
             try:
@@ -121,9 +128,6 @@ def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> 
     libfuse.settle()   # before mfusepy looks for the library (with a compiler, else)
     import mfusepy
     os.setsid()
-    # The mount must not outlive the process that made it (a SIGKILLed `image mount`):
-    # SIGTERM when it dies, which libfuse's handler turns into an unmount.
-    procs.die_with_parent(parent_pid, signal.SIGTERM)
     view = build_view_or_exit(view_factory, ready)
     ready.send("ok")
     ready.close()
@@ -136,7 +140,12 @@ def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> 
     # imports stat many paths that do not exist; negative caching saves each a round trip.
     # max_idle_threads: libfuse's default (UINT_MAX, "unset") is warned about by its own loop
     try:
-        mfusepy.FUSE(operations(view), mountpoint, foreground=True, ro=True, nosuid=True,
+        # The mount must not outlive the process that made it (a SIGKILLed `image mount`):
+        # SIGTERM when it dies, asked for once mounted, when libfuse's handler is there
+        # to turn it into an unmount (before, a SIGTERM would end this process with the
+        # mount left behind); a parent already gone is signalled for at once.
+        on_init = functools.partial(procs.die_with_parent, parent_pid, signal.SIGTERM)
+        mfusepy.FUSE(operations(view, on_init), mountpoint, foreground=True, ro=True, nosuid=True,
                      nodev=True, allow_other=os.geteuid() == 0, default_permissions=True,
                      fsname=name,
                      kernel_cache=True, attr_timeout=3600, entry_timeout=3600,
