@@ -421,3 +421,32 @@ def test_an_idle_zygote_is_the_first_to_go_under_memory_pressure(job, tmp_path):
     from bootseer.warm.key import socket_path
     assert not os.path.exists(socket_path(["other.py"], str(work), env))   # removed as it went
     assert z.poll() is None   # the default floor (5 % of memory): this node is not short
+
+
+def test_a_forked_child_traces_as_a_cold_worker_would(job, tmp_path):
+    """A zygote started without the job's trace settings (kept between containers): the
+    child installs the capture the worker's environment turns on, so its rank's phases
+    reach the trace."""
+    work, env, _zygote, worker = job
+    from bootseer.trace import auto
+    (work / "later.py").write_text("import colorsys\nprint('ok', flush=True)\n")
+    env["PYTHONPATH"] = f"{auto.site_dir()}:{env['PYTHONPATH']}"   # as bootseer run sets it
+    z = subprocess.Popen([sys.executable, "-m", "bootseer.warm.zygote", "--modules", "json",
+                          "--idle", "30", "--", "later.py"], cwd=work, env=env,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert _ready(z)
+        traced = tmp_path / "trace"
+        p = subprocess.run([sys.executable, "-m", "bootseer.warm.worker", "--", "later.py"],
+                           cwd=work, capture_output=True, text=True, timeout=20,
+                           env={**env, "RANK": "3", "BOOTSEER_TRACE_AUTO": "1",
+                                "BOOTSEER_TRACE_LOCATION": str(traced)})
+        assert p.returncode == 0 and p.stdout == "ok\n" and "cold start" not in p.stderr
+        events = [__import__("json").loads(line) for f in traced.rglob("*.jsonl")
+                  for line in f.read_text().splitlines() if line.strip()]
+        served = next(e["attrs"]["pid"] for e in events if e["phase"] == "job.warm")
+        child = [e for e in events if e["pid"] == served]   # the fork's own events
+        assert [(e["phase"], e["rank"]) for e in child] == [("python.start", 3)], events
+    finally:
+        z.terminate()
+        z.wait(10)

@@ -162,6 +162,10 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
         sys.stdin, sys.stdout, sys.stderr = (_stdio(0, "stdin", env, u),
                                              _stdio(1, "stdout", env, u),
                                              _stdio(2, "stderr", env, u))
+        # the job's root and path entries: ones the zygote found missing may be there
+        sys.path_importer_cache.clear()
+        importlib.invalidate_caches()
+        _start_capture()
         argv = list(msg["argv"])
         module = msg.get("module")
         sys.argv = [module, *argv] if module else argv
@@ -195,6 +199,23 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
     finally:
         _flush()
         os._exit(code & 0xFF)
+
+
+def _start_capture() -> None:
+    """The job's trace capture in a forked child, as the worker's own interpreter would
+    have installed it at its start (sitecustomize) when the worker's environment turns it
+    on: a zygote kept between containers runs without the job's trace settings. Silent on
+    failure, like the capture itself; a no-op where the zygote has it installed."""
+    try:
+        try:
+            from bootseer_shim import auto, jobenv  # shipped into the job's image
+        except ImportError:
+            from bootseer import jobenv
+            from bootseer.trace import auto
+        if jobenv.capture_on():
+            auto.install()
+    except Exception:  # noqa: BLE001 - tracing must never break the job
+        pass
 
 
 def _run_main(script: str) -> None:
