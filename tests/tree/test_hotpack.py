@@ -144,7 +144,9 @@ def test_a_block_failing_its_block_digest_is_dropped(tmp_path, recorded):
     pre = figures["prefetch"]
     assert pre["pack_dropped_blocks"] == 1
     assert pre["pack_blocks"] == profile["pack"]["blocks"] - 1
-    assert pre["fetched_chunks"] == 1   # the chunk of the dropped block, whole
+    # the chunk of the dropped block, whole, by the prefetch: unless the job read it first
+    # (on demand, then the prefetch finds it local); its bytes are right either way
+    assert pre["fetched_chunks"] <= 1
 
 
 def test_a_tree_without_a_block_table_keeps_the_chunk_path(tmp_path, need_root):
