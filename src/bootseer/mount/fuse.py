@@ -141,9 +141,9 @@ def _serve(view_factory, mountpoint: str, name: str, ready, parent_pid: int) -> 
     # max_idle_threads: libfuse's default (UINT_MAX, "unset") is warned about by its own loop
     try:
         # The mount must not outlive the process that made it (a SIGKILLed `image mount`):
-        # SIGTERM when it dies, asked for once mounted, when libfuse's handler is there
-        # to turn it into an unmount (before, a SIGTERM would end this process with the
-        # mount left behind); a parent already gone is signalled for at once.
+        # SIGTERM when it dies, asked for once mounted, when libfuse's handler is there to
+        # turn it into an unmount (a SIGTERM that came while libfuse mounted would end this
+        # process with the mount left behind); a parent already gone is signalled at once.
         on_init = functools.partial(procs.die_with_parent, parent_pid, signal.SIGTERM)
         mfusepy.FUSE(operations(view, on_init), mountpoint, foreground=True, ro=True, nosuid=True,
                      nodev=True, allow_other=os.geteuid() == 0, default_permissions=True,

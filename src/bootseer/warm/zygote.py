@@ -146,6 +146,9 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
         if len(fds) > 3 and _other_root(fds[3]):
             os.fchdir(fds[3])   # the worker's container: its mounts, not the zygote's
             os.chroot(".")
+            # path entries the zygote found missing (the job's own binds) may be here
+            sys.path_importer_cache.clear()
+            importlib.invalidate_caches()
         for fd in fds:
             if fd > 2:
                 os.close(fd)
@@ -162,9 +165,6 @@ def _become(msg: dict, fds: list[int], close: list[int]) -> None:
         sys.stdin, sys.stdout, sys.stderr = (_stdio(0, "stdin", env, u),
                                              _stdio(1, "stdout", env, u),
                                              _stdio(2, "stderr", env, u))
-        # the job's root and path entries: ones the zygote found missing may be there
-        sys.path_importer_cache.clear()
-        importlib.invalidate_caches()
         _start_capture()
         argv = list(msg["argv"])
         module = msg.get("module")
