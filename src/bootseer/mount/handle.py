@@ -56,6 +56,7 @@ class MountHandle:
         self.proc: Any = proc or (below.proc if below is not None else _NoServer(mountpoint))
         self.state, self.below, self._hold, self._term = state, below, hold, term
         self.stopped = threading.Event()   # set at unmount: helpers of the mount end
+        self.after: list[threading.Thread] = []   # work of the mount's: ended by unmount
 
     @property
     def backend(self) -> str:
@@ -100,6 +101,8 @@ class MountHandle:
         if self.state is not None:
             self.state.close()
             self.state = None
+        for helper in self.after:
+            helper.join(timeout)
 
     def __enter__(self):
         return self

@@ -131,12 +131,14 @@ UNUSED = "blob-server-unused"
 session then writes no figures or profile there (the mount that serves the tree does)."""
 
 
-def stop_blob_server(starting: Future[MountHandle]) -> None:
+def stop_blob_server(starting: Future[MountHandle]) -> threading.Thread:
     """Stop a blob server :func:`start_blob_server` started that no mount uses: in a
-    thread of its own, which waits for the start to end (the interpreter's exit waits
-    for it, so nothing is left mounted) and unmounts what it mounted."""
-    threading.Thread(target=_stop_unused, args=(starting,),
-                     name="bootseer-blob-server-stop").start()
+    thread of its own (returned), which waits for the start to end (the interpreter's
+    exit waits for it, so nothing is left mounted) and unmounts what it mounted."""
+    stopping = threading.Thread(target=_stop_unused, args=(starting,),
+                                name="bootseer-blob-server-stop")
+    stopping.start()
+    return stopping
 
 
 def _stop_unused(starting: Future[MountHandle]) -> None:
@@ -225,8 +227,8 @@ def _erofs_mount(config: BootseerConfig, tree: ErofsTree, mountpoint: str,
         # command on the node (noted at once)
         handle = MountHandle(mountpoint, Serving.EROFS_LOCAL,
                              state=alive.note_mount(mountpoint), hold=held)
-        if early is not None:
-            stop_blob_server(early)
+        if early is not None:   # gone by the time this mount is unmounted
+            handle.after.append(stop_blob_server(early))
         tree.on_local(state)
         log.info("%s: EROFS on the local blob at %s", tree.name[:19], mountpoint)
         return handle
