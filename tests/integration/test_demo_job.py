@@ -27,9 +27,11 @@ JOIN_TIMEOUT_S = 8
 def checkpoint(tmp_path_factory):
     """A tiny model's checkpoint saved by two ranks (one shard file each)."""
     ckpt = tmp_path_factory.mktemp("ckpt") / "step"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", "2", TRAIN, "--init", str(ckpt), *TINY],
-                   check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", TRAIN, "--init", str(ckpt), *TINY],
+                       capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     return ckpt
 

@@ -284,6 +284,7 @@ dist.all_reduce(t)
 # one write per line: two workers share the pipe, and print() writes the end of line apart
 os.write(1, f"rank {dist.get_rank()} loss {loss.item():.6f} sum {t.item():.6f} "
             f"ppid {os.getppid()}\\n".encode())
+dist.barrier()
 dist.destroy_process_group()
 """
 

@@ -102,7 +102,7 @@ def main():
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=args.init)
         if rank == 0:
             print(f"saved a checkpoint of {dist.get_world_size()} shards to {args.init}")
-        dist.destroy_process_group()
+        leave()
         return
     model_state, optim_state = get_state_dict(model, optim)   # allocates optimizer state
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
@@ -116,6 +116,13 @@ def main():
     print(f"ready: rank {rank}/{dist.get_world_size()} resumed, loss={loss:.3f}, "
           f"joined in {joined_s:.1f}s, shard load {load_s:.1f}s, "
           f"process {time.time() - T0:.1f}s", flush=True)
+    leave()
+
+
+def leave():
+    """Leave the group only once every rank is done with it: gloo aborts a rank (SIGABRT at
+    teardown) whose peer closed its connections while it still held them."""
+    dist.barrier()
     dist.destroy_process_group()
 
 
