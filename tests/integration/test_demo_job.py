@@ -68,6 +68,26 @@ def _no_process_left(nodes, grace_s: float = 10):
         assert left == {}, f"processes left on {host.name}"
 
 
+def test_the_items_every_rank_reads_are_those_torch_stores_whole(checkpoint):
+    """The items a node holds rather than stages (ckpt/share.py), read inert from the real
+    FSDP2 save's ``.metadata``, are the ones torch's own metadata stores whole (bytes, and
+    tensors in one chunk of their full size: the optimizer's step counters)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from bootseer.ckpt.named_files import dcp_shared_items
+    meta = FileSystemReader(str(checkpoint)).read_metadata()
+    want = []
+    for index, info in meta.storage_data.items():
+        md = meta.state_dict_metadata[index.fqn]
+        if isinstance(md, BytesStorageMetadata) or (
+                len(md.chunks) == 1 and md.chunks[0].sizes == md.size):
+            want.append((info.relative_path, info.offset, info.length))
+    got = dcp_shared_items((checkpoint / ".metadata").read_bytes())
+    assert got == sorted(want) and any(".step" in k for k in meta.state_dict_metadata)
+    assert 0 < len(got) < len(meta.storage_data)
+
+
 def test_two_nodes_rendezvous_load_their_shards_and_step(cluster, checkpoint, tmp_path):
     job = _job(cluster)
     results = S.wait_nodes(_launch(job, tmp_path, checkpoint, "first"), timeout_s=120)

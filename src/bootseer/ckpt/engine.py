@@ -18,6 +18,11 @@ not). Any other read is random: unless its stripes are staged or already coming,
 fetched as the exact range asked for (no stripe, no read-ahead, nothing staged), which
 keeps ``torch.load``'s zip directory lookups and mmap faults from pulling whole stripes.
 
+A file a node reads only a few scattered items of (ckpt/share.py) is *held* instead: those
+exact ranges are fetched at once and kept in memory, reads inside them are served from
+there without a cursor or read-ahead, and the first read elsewhere tells the planner that
+this node reads the file after all.
+
 ``mode="single"`` is the baseline to beat, Hadoop fuse-dfs: one buffer per open file, one
 request in flight, no read-ahead, no staging.
 """
@@ -40,6 +45,7 @@ from bootseer.store.fetch import Hedge, Policy, Priority
 from bootseer.store.replicas import Replicas
 
 MAX_CURSORS = 32  # per file; DCP reads one cursor per tensor it slices, mmap a few
+HOLD_MAX_BYTES = 256 << 20   # per engine: held ranges live in memory until the engine closes
 MODES = ("striped", "single")
 DEMAND_PARTS = 8                  # a demanded stripe nobody asked for yet goes out in parts
 DEMAND_PART_MIN_BYTES = 256 << 10
@@ -109,7 +115,16 @@ class Engine:
         self.births = itertools.count(1)     # cursors, in the order they appear
         self._files: dict[str, StripedFile] = {}
         self._lock = threading.Lock()
+        self.held_bytes = 0
         self.closed = False
+
+    def take_hold(self, nbytes: int) -> bool:
+        """Room for ``nbytes`` more of held ranges (never more than HOLD_MAX_BYTES)."""
+        with self._lock:
+            if self.held_bytes + nbytes > HOLD_MAX_BYTES:
+                return False
+            self.held_bytes += nbytes
+            return True
 
     def file(self, source) -> StripedFile:
         """The striped reader of ``source`` (one per file version, shared)."""
@@ -175,6 +190,14 @@ class _InFlight:
         self.future, self.landed, self.demanded = future, threading.Event(), demanded
 
 
+class _Held:
+    """An exact range fetched ahead of the reads that want it (not staged)."""
+    __slots__ = ("start", "end", "future")
+
+    def __init__(self, start: int, end: int, future: Future):
+        self.start, self.end, self.future = start, end, future
+
+
 class StripedFile:
     """Reads of one remote file version. Thread-safe."""
 
@@ -187,6 +210,45 @@ class StripedFile:
         self._failed: dict[int, BaseException] = {}
         self._cursors: list[_Cursor] = []
         self._lock = threading.Lock()
+        self._holds: list[_Held] = []
+        self._on_other_read = None
+
+    # -- held ranges ----------------------------------------------------------------------------
+    def hold(self, ranges: list[tuple[int, int]], on_other_read) -> bool:
+        """Fetch ``ranges`` (sorted, disjoint) as they are and serve reads inside them from
+        memory; ``on_other_read()`` runs once, at the first read that starts outside them.
+        False (nothing held) when the engine's room for held ranges is used up."""
+        if not ranges or not self.engine.take_hold(sum(b - a for a, b in ranges)):
+            return False
+        futures = self.engine.fetcher.submit_many([(self.source, a, b) for a, b in ranges],
+                                                  priority=Priority.DEMAND)
+        with self._lock:
+            self._holds = [_Held(a, b, f) for (a, b), f in zip(ranges, futures, strict=True)]
+            self._on_other_read = on_other_read
+        return True
+
+    def _held_read(self, offset: int, end: int) -> bytes | None:
+        """``[offset, end)`` from the held ranges; None: read it as any other read."""
+        if not self._holds:
+            return None
+        with self._lock:
+            inside = next((h for h in self._holds if h.start <= offset < h.end), None)
+            hook = None
+            if inside is None:
+                hook, self._on_other_read = self._on_other_read, None
+        if hook is not None:
+            hook()
+        if inside is None:
+            return None
+        if inside.future.exception() is not None:   # a reader's own read gets its own error
+            with self._lock:
+                self._holds = [h for h in self._holds if h is not inside]
+            return None
+        data = inside.future.result()[offset - inside.start:end - inside.start]
+        if end > inside.end:   # the kernel's read-ahead past it: exact, no cursor, no stripes
+            data += self.engine.fetcher.read(self.source, inside.end, end)
+        self.engine.consumed(self.source, offset, offset + len(data))
+        return data
 
     # -- stripes ------------------------------------------------------------------------------
     def issue(self, idx: int, *, demand: bool, order: int | None = None
@@ -277,6 +339,9 @@ class StripedFile:
         end = min(self.size, offset + size)
         if offset >= end:
             return b""
+        held = self._held_read(offset, end)
+        if held is not None:
+            return held
         cursor, direct = self._prepare(offset, end)
         if direct is not None:
             return direct
@@ -289,6 +354,10 @@ class StripedFile:
         end = min(self.size, offset + len(buf))
         if offset >= end:
             return 0
+        direct = self._held_read(offset, end)
+        if direct is not None:
+            buf[:len(direct)] = direct
+            return len(direct)
         cursor, direct = self._prepare(offset, end)
         if direct is not None:
             buf[:len(direct)] = direct

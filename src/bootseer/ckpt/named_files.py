@@ -99,6 +99,30 @@ def dcp_sharded(data: bytes) -> bool:
     return False
 
 
+def dcp_shared_items(data: bytes) -> list[tuple[str, int, int]]:
+    """(relative_path, offset, length) of the items every rank of a sharded DCP load reads:
+    objects stored as bytes and tensors stored whole (an optimizer's step counters, a
+    replicated buffer). DCP spreads them over the ranks' files, so a rank touches each
+    file for them although it loads the parts of only its own."""
+    meta = _dcp_metadata(data)
+    tensors, storage = meta.get("state_dict_metadata"), meta.get("storage_data")
+    if not isinstance(tensors, dict) or not isinstance(storage, dict):
+        raise NotCheckpointMetadata("no state_dict_metadata or storage_data "
+                                    "(not a torch DCP checkpoint?)")
+    shared: list[tuple[str, int, int]] = []
+    for key, info in storage.items():
+        item = tensors.get(_state(key).get("fqn"))
+        state = _state(item) if item is not None else {}
+        chunks, size = state.get("chunks"), _shape(state.get("size"))
+        whole = (not isinstance(chunks, list) or size is None   # bytes: read whole by all
+                 or (len(chunks) == 1 and _shape(_state(chunks[0]).get("sizes")) == size))
+        s = _state(info)
+        path, offset, length = s.get("relative_path"), s.get("offset"), s.get("length")
+        if whole and isinstance(path, str) and _count(offset) and _count(length):
+            shared.append((path, offset, length))
+    return sorted(shared)
+
+
 def _shape(size: object) -> tuple | None:
     """A ``torch.Size`` stand-in's dimensions."""
     args = getattr(size, "args", None)

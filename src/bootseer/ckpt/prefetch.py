@@ -147,10 +147,16 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
         with engine.internal_reads():   # the plan's reads are not the load's
             ranges, kind = plans.metadata_plan(remote.url, sizes,
                                                opener=lambda url: ckpt_open(url, engine=engine))
-    if node_reads is not None and node_reads.auto and not _stored_in_parts(engine, remote, sizes):
-        log.info("checkpoint %s: every rank reads it whole: this node stages every file",
-                 redact.url(remote.url))
-        node_reads = None
+    held: dict = {}
+    if node_reads is not None:
+        from bootseer.ckpt import share
+        metadata = _dcp_metadata(engine, remote, sizes)
+        if node_reads.auto and not (metadata and share.sharded(metadata)):
+            log.info("checkpoint %s: every rank reads it whole: this node stages every file",
+                     redact.url(remote.url))
+            node_reads = None
+        elif metadata:
+            held = share.held_ranges(metadata, sizes)
     wanted_files = set(sources)
     if world is not None:
         ranges = plans.split(ranges, rank or 0, world)
@@ -158,7 +164,7 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
         partial: list = []
         if node_reads is not None:
             wanted_files, partial = _node_share(engine, node_reads, sources, ranges,
-                                                exact=kind == "profile")
+                                                exact=kind == "profile", held=held)
             ranges = [r for r in ranges if r.path in wanted_files]
         ranges = ranges + plans.file_plan({p: n for p, n in sizes.items() if p in wanted_files})
         ranges += partial   # what this node read last time of files it reads in part
@@ -178,28 +184,28 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
     return Prefetch(engine, spans, start_after=start_after, peers=peers), kind
 
 
-def _stored_in_parts(engine, remote, sizes: dict) -> bool:
-    """A DCP checkpoint whose tensors are stored in parts (ckpt.share.sharded)."""
-    from bootseer.ckpt import share
+def _dcp_metadata(engine, remote, sizes: dict) -> bytes | None:
+    """A DCP checkpoint's ``.metadata`` (None: there is none, or it cannot be read)."""
     from bootseer.ckpt.api import open as ckpt_open
     if ".metadata" not in sizes:
-        return False
+        return None
     try:
         with engine.internal_reads(), \
                 ckpt_open(remote.url.rstrip("/") + "/.metadata", engine=engine) as f:
-            data = f.read()
+            return f.read()
     except OSError:
-        return False
-    return share.sharded(data)
+        return None
 
 
 def _node_share(engine, node_reads, sources: dict, ranges: list, *,
-                exact: bool) -> tuple[set[str], list]:
+                exact: bool, held: dict) -> tuple[set[str], list]:
     """What is staged at once: (files whole: the small ones and those this node read whole
     last time, the ranges it read of the others); from then on, a large file the job
     starts reading streams from its first read: the ranges the recorded access profile
     says were read of it (``exact``: the plan is such a profile; its other bytes are
-    read on demand), else the whole file."""
+    read on demand), else the whole file. A file with ``held`` ranges (the items every
+    rank reads, ckpt.share.held_ranges) is held instead, and streamed only once a read
+    lands elsewhere in it."""
     from bootseer.ckpt import plan as plans
     history = node_reads.load(sources) or frozenset()
     read = plans.merge([plans.Range(*r) for r in sorted(node_reads.ranges)])
@@ -208,23 +214,32 @@ def _node_share(engine, node_reads, sources: dict, ranges: list, *,
         covered[r.path] = covered.get(r.path, 0) + r.length
     whole = {p for p, s in sources.items() if s.size <= SMALL_FILE_BYTES} | \
         {p for p in history if covered.get(p, 0) >= sources[p].size}
+
+    def stream(rel: str) -> None:
+        src = sources[rel]
+        order = [r for r in ranges if r.path == rel]
+        if not (exact and order):
+            order.append(plans.Range(rel, 0, src.size))
+        Prefetch(engine, [Span(src, r.start, r.end) for r in order])
+
+    def hold(rel: str) -> bool:
+        return rel in held and engine.file(sources[rel]).hold(
+            held[rel], functools.partial(stream, rel))
+
     partial = [r for r in read if r.path not in whole]
+    held_now = {p for p in {r.path for r in partial} if hold(p)}
+    partial = [r for r in partial if r.path not in held_now]
     node_reads.take(whole | history)
     large = sum(s.size for s in sources.values() if s.size > SMALL_FILE_BYTES)
     now = sum(sources[p].size for p in whole if sources[p].size > SMALL_FILE_BYTES) + \
-        sum(r.length for r in partial)
+        sum(r.length for r in partial) + sum(b - a for p in held_now for a, b in held[p])
     log.info("checkpoint %s: this node stages %d of %d large bytes now (%s), the rest as "
              "its ranks read it", redact.url(node_reads.root_url), now, large,
              "what it read last time" if history else "no load here yet")
 
     def on_new(rel: str) -> None:
-        src = sources.get(rel)
-        if src is None or engine.closed:
-            return
-        order = [r for r in ranges if r.path == rel]
-        if not (exact and order):
-            order.append(plans.Range(rel, 0, src.size))
-        Prefetch(engine, [Span(src, r.start, r.end) for r in order])
+        if rel in sources and not engine.closed and not hold(rel):
+            stream(rel)
     node_reads.planned(on_new)
     return whole, partial
 

@@ -15,6 +15,13 @@ With a node share, a node's prefetch takes
   model loads the same parts of a shard), else the whole file, in the background, while
   the reads that came first are served on demand.
 
+DCP spreads the items every rank loads (objects stored as bytes, tensors stored whole such
+as an optimizer's step counters) over all the ranks' files, so every rank opens every file.
+Of a file that holds such items, a node first *holds* only them (ckpt/engine.py: exact
+ranges, in memory, each with a reader's buffer past its end), and streams the file once a
+read lands elsewhere in it: a file its ranks only take those items from costs their bytes,
+not the file's stripes.
+
 Which ranks a node runs is known only after the rendezvous (torchrun's c10d backend hands
 out ranks in joining order), so the node learns its files from its own reads, never from a
 guess: a node whose ranks change between starts reads its new files on demand and streams
@@ -39,10 +46,13 @@ from pathlib import Path
 from bootseer import redact
 from bootseer.ckpt import profile
 from bootseer.ckpt.listing import clean
+from bootseer.ckpt.view import BLKSIZE
 
 log = logging.getLogger(__name__)
 DIR = "node-reads-v1"
 MODES = ("auto", "reads", "all")
+PAGE = 4096
+HOLD_MARGIN = BLKSIZE + 2 * PAGE   # what a buffered read of an item asks past the item
 
 
 def applies(mode: str, nodes: int) -> bool:
@@ -61,6 +71,29 @@ def sharded(metadata: bytes) -> bool:
         return dcp_sharded(metadata)
     except NotCheckpointMetadata:
         return False
+
+
+def held_ranges(metadata: bytes, sizes: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
+    """Per file, the ranges a node holds for the items every rank reads (DCP's shared items,
+    from the page each starts in to a reader's buffer past its end, merged). A file the
+    ranges would cover a quarter of or more is left out: it is streamed as a whole."""
+    from bootseer.ckpt.named_files import NotCheckpointMetadata, dcp_shared_items
+    try:
+        items = dcp_shared_items(metadata)
+    except NotCheckpointMetadata:
+        return {}
+    out: dict[str, list[tuple[int, int]]] = {}
+    for path, offset, length in items:
+        size = sizes.get(path)
+        if size is None or offset + length > size:
+            continue
+        a, b = offset - offset % PAGE, min(size, offset + length + HOLD_MARGIN)
+        ranges = out.setdefault(path, [])
+        if ranges and a <= ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], b))
+        else:
+            ranges.append((a, b))
+    return {p: rs for p, rs in out.items() if 4 * sum(b - a for a, b in rs) < sizes[p]}
 
 
 def history_path(staging_dir: str | os.PathLike, root_url: str) -> Path:

@@ -64,7 +64,7 @@ def operations(view: TreeView, on_init: Callable[[], None] | None = None):
             return {"st_mode": a.mode, "st_size": a.size, "st_uid": uid, "st_gid": gid,
                     "st_mtime": a.mtime, "st_atime": a.mtime, "st_ctime": a.mtime,
                     "st_nlink": a.nlink, "st_rdev": a.rdev,
-                    "st_blocks": (a.size + 511) // 512, "st_blksize": 1 << 20}
+                    "st_blocks": (a.size + 511) // 512, "st_blksize": a.blksize}
 
         def readdir(self, path, fh):
             return [".", "..", *self._call(path, view.readdir, path)]

@@ -18,6 +18,8 @@ class Attr:
     nlink: int = 1
     ino: int = 0
     rdev: int = 0
+    blksize: int = 1 << 20
+    """``st_blksize``: the buffer a reader's ``open()`` fills per read (Python's, stdio's)."""
 
     @property
     def is_dir(self) -> bool:

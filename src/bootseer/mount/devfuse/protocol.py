@@ -78,7 +78,7 @@ def attr_bytes(a: Attr, ino: int) -> bytes:
     sec = int(a.mtime)
     nsec = int((a.mtime - sec) * 1e9)
     return ATTR.pack(ino, a.size, (a.size + 511) // 512, sec, sec, sec, nsec, nsec, nsec,
-                     a.mode, a.nlink, a.uid, a.gid, a.rdev, 1 << 20, 0)
+                     a.mode, a.nlink, a.uid, a.gid, a.rdev, a.blksize, 0)
 
 
 def entry_bytes(nodeid: int, a: Attr | None, timeout: int) -> bytes:
