@@ -218,8 +218,10 @@ def _node_share(engine, node_reads, sources: dict, ranges: list, *,
     def stream(rel: str) -> None:
         src = sources[rel]
         order = [r for r in ranges if r.path == rel]
-        if not (exact and order):
-            order.append(plans.Range(rel, 0, src.size))
+        # a profile that read only the held items of this file (a node whose ranks did not
+        # own it) says nothing of the part a read elsewhere in it now asks for
+        if not (exact and order) or all(_inside(r, held.get(rel, ())) for r in order):
+            order = [plans.Range(rel, 0, src.size)]
         Prefetch(engine, [Span(src, r.start, r.end) for r in order])
 
     def hold(rel: str) -> bool:
@@ -242,6 +244,10 @@ def _node_share(engine, node_reads, sources: dict, ranges: list, *,
             stream(rel)
     node_reads.planned(on_new)
     return whole, partial
+
+
+def _inside(r, spans) -> bool:
+    return any(a <= r.start and r.end <= b for a, b in spans)
 
 
 def start_plan_soon(engine, remote, **kw) -> threading.Thread:
