@@ -24,6 +24,11 @@ def _run(code: str, **env: str) -> str:
 def test_settled_library_is_the_one_mfusepy_finds_itself():
     settled = _run("from bootseer.mount import libfuse; libfuse.settle(); " + LOADED)
     assert settled and settled == _run(LOADED)
+    # and neither ldconfig nor a compiler ran to find it
+    assert _run("import subprocess; from bootseer.mount import libfuse\n"
+                "def no(*a, **k): raise AssertionError(a)\n"
+                "subprocess.run = subprocess.Popen = no\n"
+                "libfuse.settle(); " + LOADED) == settled
 
 
 def test_a_library_the_environment_names_is_kept():
@@ -31,5 +36,22 @@ def test_a_library_the_environment_names_is_kept():
                "print(os.environ.get('FUSE_LIBRARY_NAME'))", FUSE_LIBRARY_PATH="/x/libfuse.so")
     assert got == "None"
     got = _run("import os; from bootseer.mount import libfuse; libfuse.settle(); "
-               "print(os.environ.get('FUSE_LIBRARY_NAME'))", FUSE_LIBRARY_NAME="fuse")
-    assert got == "fuse"
+               "print(os.environ.get('FUSE_LIBRARY_NAME'), os.environ.get('FUSE_LIBRARY_PATH'))",
+               FUSE_LIBRARY_NAME="fuse")
+    assert got == "fuse None"
+
+
+def test_libfuse_2_where_installed_is_left_to_mfusepy(tmp_path, monkeypatch):
+    from bootseer.mount import libfuse
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "libfuse3.so.3").touch()
+    monkeypatch.setattr(libfuse, "_library_dirs", lambda: [str(tmp_path / "a"),
+                                                           str(tmp_path / "missing")])
+    assert libfuse._in_library_dirs() == "fuse3"
+    (tmp_path / "b" / "libfuse.so.2.9.9").touch()
+    monkeypatch.setattr(libfuse, "_library_dirs", lambda: [str(tmp_path / "a"),
+                                                           str(tmp_path / "b")])
+    assert libfuse._in_library_dirs() == "fuse2"
+    monkeypatch.setattr(libfuse, "_library_dirs", lambda: [str(tmp_path / "missing")])
+    assert libfuse._in_library_dirs() is None
