@@ -187,30 +187,29 @@ def test_a_shard_read_in_part_is_staged_in_part(checkpoint, tmp_path):
         engine.close()
 
 
+def dcp_types():
+    """torch, its ``_StorageInfo`` and its DCP metadata module (skips without torch)."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed.checkpoint import metadata
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    return torch, _StorageInfo, metadata
+
+
 def dcp_metadata(sharded: bool) -> bytes:
     """A DCP ``.metadata`` as torch writes it: a tensor stored in two parts (an FSDP save)
     or whole (a replicated model), and a bytes item."""
     import pickle
 
-    torch = pytest.importorskip("torch")
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
-        Metadata,
-        MetadataIndex,
-        TensorProperties,
-        TensorStorageMetadata,
-    )
+    torch, info, m = dcp_types()
     size = torch.Size([8, 4])
-    parts = [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([4, 4])),
-             ChunkStorageMetadata(torch.Size([4, 0]), torch.Size([4, 4]))] if sharded else \
-        [ChunkStorageMetadata(torch.Size([0, 0]), size)]
-    storage = {MetadataIndex("w", c.offsets): _StorageInfo(f"__{i}_0.distcp", 0, 64)
+    parts = [m.ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([4, 4])),
+             m.ChunkStorageMetadata(torch.Size([4, 0]), torch.Size([4, 4]))] if sharded else \
+        [m.ChunkStorageMetadata(torch.Size([0, 0]), size)]
+    storage = {m.MetadataIndex("w", c.offsets): info(f"__{i}_0.distcp", 0, 64)
                for i, c in enumerate(parts)}
-    return pickle.dumps(Metadata(
-        state_dict_metadata={"w": TensorStorageMetadata(TensorProperties(), size, parts),
-                             "step": BytesStorageMetadata()},
+    return pickle.dumps(m.Metadata(
+        state_dict_metadata={"w": m.TensorStorageMetadata(m.TensorProperties(), size, parts),
+                             "step": m.BytesStorageMetadata()},
         storage_data=storage))
 
 

@@ -16,7 +16,7 @@ import pytest
 from bootseer.ckpt import staging
 from bootseer.ckpt.share import HOLD_MARGIN, PAGE, held_ranges, history_path
 from bootseer.config import BootseerConfig
-from tests.ckpt.test_node_share import complete, log_size, sent, wait_for
+from tests.ckpt.test_node_share import complete, dcp_types, log_size, sent, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.torch]
 MiB = 1 << 20
@@ -31,26 +31,18 @@ START_WINDOW = 512 << 10   # the kernel reads ahead this much at a file's start 
 
 def dcp_metadata() -> bytes:
     """A ``.metadata`` as torch writes it, of :data:`SHARDED` and :data:`SHARED`."""
-    torch = pytest.importorskip("torch")
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
-        Metadata,
-        MetadataIndex,
-        TensorProperties,
-        TensorStorageMetadata,
-    )
-    parts = [ChunkStorageMetadata(torch.Size([r * 4, 0]), torch.Size([4, 8])) for r in range(4)]
-    whole = ChunkStorageMetadata(torch.Size([0]), torch.Size([75]))
-    storage = {MetadataIndex("w", c.offsets): _StorageInfo(f, o, n)
+    torch, info, m = dcp_types()
+    parts = [m.ChunkStorageMetadata(torch.Size([r * 4, 0]), torch.Size([4, 8]))
+             for r in range(4)]
+    whole = m.ChunkStorageMetadata(torch.Size([0]), torch.Size([75]))
+    storage = {m.MetadataIndex("w", c.offsets): info(f, o, n)
                for c, (_, f, o, n) in zip(parts, SHARDED, strict=True)}
-    storage[MetadataIndex("b", whole.offsets)] = _StorageInfo(*SHARED[0][1:])
-    storage[MetadataIndex("lr")] = _StorageInfo(*SHARED[1][1:])
-    return pickle.dumps(Metadata(state_dict_metadata={
-        "w": TensorStorageMetadata(TensorProperties(), torch.Size([16, 8]), parts),
-        "b": TensorStorageMetadata(TensorProperties(), torch.Size([75]), [whole]),
-        "lr": BytesStorageMetadata()}, storage_data=storage))
+    storage[m.MetadataIndex("b", whole.offsets)] = info(*SHARED[0][1:])
+    storage[m.MetadataIndex("lr")] = info(*SHARED[1][1:])
+    return pickle.dumps(m.Metadata(state_dict_metadata={
+        "w": m.TensorStorageMetadata(m.TensorProperties(), torch.Size([16, 8]), parts),
+        "b": m.TensorStorageMetadata(m.TensorProperties(), torch.Size([75]), [whole]),
+        "lr": m.BytesStorageMetadata()}, storage_data=storage))
 
 
 @pytest.fixture

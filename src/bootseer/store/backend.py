@@ -6,10 +6,21 @@ them (cache.py, fetch.py). A backend must be safe to call from many threads at o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import BinaryIO, Protocol, runtime_checkable
 
+from bootseer.errors import BlobNotFound, FetchError
 from bootseer.store.digest import Digest
+
+
+def head_size(status: int, headers: Mapping[str, str], digest: Digest, url: str) -> int:
+    """A blob's size from the answer to an HTTP ``HEAD`` of it at the store ``url``."""
+    if status == 404:
+        raise BlobNotFound(f"blob {digest} not found at {url}", digest=digest, url=url)
+    if status != 200 or "content-length" not in headers:
+        raise FetchError(f"HEAD of blob {digest} at {url}: HTTP {status}", digest=digest,
+                         url=url)
+    return int(headers["content-length"])
 
 
 @runtime_checkable

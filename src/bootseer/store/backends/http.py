@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from bootseer.errors import BlobNotFound, FetchError, ReadOnlyStore, StoreError
 from bootseer.store import http
+from bootseer.store.backend import head_size
 from bootseer.store.backends import check_ref_name
 from bootseer.store.digest import Digest, hex_of, parse
 
@@ -50,13 +51,7 @@ class HttpBackend:
                                               timeout=self.timeout)
         except FetchError as e:
             raise self._fail(e, f"stat of blob {digest}", digest) from e
-        if status == 404:
-            raise BlobNotFound(f"blob {digest} not found at {self.url}", digest=digest,
-                               url=self.url)
-        if status != 200 or "content-length" not in headers:
-            raise FetchError(f"HEAD of blob {digest} at {self.url}: HTTP {status}",
-                             digest=digest, url=self.url)
-        return int(headers["content-length"])
+        return head_size(status, headers, digest, self.url)
 
     def exists(self, digest: Digest) -> bool:
         try:

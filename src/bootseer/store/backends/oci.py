@@ -35,6 +35,7 @@ from typing import BinaryIO
 
 from bootseer.errors import BlobNotFound, DigestMismatch, FetchError, StoreError
 from bootseer.store import http
+from bootseer.store.backend import head_size
 from bootseer.store.backends import check_ref_name
 from bootseer.store.claim import claim_by_read_back
 from bootseer.store.digest import Digest, parse, sha256_digest
@@ -131,13 +132,7 @@ class OciBackend:
     def stat(self, digest: Digest) -> int:
         status, rh, _ = self._request("HEAD", self._blob_url(digest), what=f"stat of {digest}",
                                       digest=digest)
-        if status == 404:
-            raise BlobNotFound(f"blob {digest} not found in {self.url}", digest=digest,
-                               url=self.url)
-        if status != 200 or "content-length" not in rh:
-            raise FetchError(f"HEAD of blob {digest} at {self.url}: HTTP {status}",
-                             digest=digest, url=self.url)
-        return int(rh["content-length"])
+        return head_size(status, rh, digest, self.url)
 
     def exists(self, digest: Digest) -> bool:
         try:
