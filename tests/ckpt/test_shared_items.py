@@ -123,7 +123,8 @@ def test_a_file_read_for_its_shared_items_only_is_held_then_streamed(need_fuse, 
 
 def test_a_held_range_that_failed_is_read_again(checkpoint, tmp_path):
     """A held range whose fetch failed is dropped: the reader gets the right bytes by an
-    ordinary read; a read outside every held range runs the hook once."""
+    ordinary read; a read outside every held range runs the hook once. A file staged
+    whole already is never held (its reads are local)."""
     from bootseer.ckpt.engine import Engine
     from bootseer.ckpt.listing import RemoteDir
     from bootseer.config import CkptConfig
@@ -141,3 +142,8 @@ def test_a_held_range_that_failed_is_read_again(checkpoint, tmp_path):
         assert f.read(10, 5000) == want[10:5010] and calls == []
         assert f.read(4 * 8192, 10) == want[4 * 8192:4 * 8192 + 10] and calls == [1]
         assert f.read(5 * 8192, 10) == want[5 * 8192:5 * 8192 + 10] and calls == [1]
+        staged = engine.file(sources[FILES[3]])
+        for idx in range(staged.staged.nstripes):
+            staged.wait_staged(idx)
+        assert not staged.hold([(0, 8192)], lambda: calls.append(2))
+        assert engine.held_bytes == 2 * 8192   # the first file's holds only

@@ -217,8 +217,10 @@ class StripedFile:
     def hold(self, ranges: list[tuple[int, int]], on_other_read) -> bool:
         """Fetch ``ranges`` (sorted, disjoint) as they are and serve reads inside them from
         memory; ``on_other_read()`` runs once, at the first read that starts outside them.
-        False (nothing held) when the engine's room for held ranges is used up."""
-        if not ranges or not self.engine.take_hold(sum(b - a for a, b in ranges)):
+        False (nothing held) when the file is staged already (its reads are local) or the
+        engine's room for held ranges is used up."""
+        if not ranges or self.staged.complete or \
+                not self.engine.take_hold(sum(b - a for a, b in ranges)):
             return False
         futures = self.engine.fetcher.submit_many([(self.source, a, b) for a, b in ranges],
                                                   priority=Priority.DEMAND)
