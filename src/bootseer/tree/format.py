@@ -20,13 +20,20 @@ module is the only one that sees the JSON.
 
 from __future__ import annotations
 
-import gc
 import json
 from collections.abc import Callable
 from typing import Any
 
 from bootseer.tree import validate
-from bootseer.tree.toc import KIND, VERSION, ChunkRef, Entry, Toc, TreeFormatError
+from bootseer.tree.toc import (
+    KIND,
+    VERSION,
+    ChunkRef,
+    Entry,
+    Toc,
+    TreeFormatError,
+    records_without_cycles,
+)
 
 _OPTIONAL = ("target", "rdev", "xattrs")
 
@@ -46,16 +53,8 @@ def encode(toc: Toc) -> bytes:
 def decode(blob: bytes, digest: str = "") -> Toc:
     """The TOC in ``blob``, checked (``validate``: the store is untrusted) before any
     record is made of it."""
-    # A TOC is one dict and one record per path and per chunk, none of them part of a
-    # reference cycle: the cyclic collector, which would otherwise run again and again
-    # over the growing heap while they are made, waits until the TOC is whole.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with records_without_cycles():
         return _decode(blob, digest)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _decode(blob: bytes, digest: str) -> Toc:

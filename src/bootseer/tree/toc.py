@@ -5,6 +5,8 @@ into the stored bytes and back; ``bootseer.tree.validate`` checks a stored TOC f
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -18,6 +20,20 @@ TYPES = frozenset("fdlhcbp")   # file, dir, symlink, hard link, char/block devic
 class TreeFormatError(BootseerError, ValueError):
     """A blob is not a TOC this bootseer reads, or its TOC breaks a rule of the format."""
 
+
+
+@contextlib.contextmanager
+def records_without_cycles() -> Iterator[None]:
+    """While a TOC's records (one per path and per chunk, none in a reference cycle) or
+    tables of them are made: the cyclic collector, which would otherwise run again and
+    again over the growing heap, waits until they are whole."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 @dataclass(frozen=True, slots=True)
 class ChunkRef:

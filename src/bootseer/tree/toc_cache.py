@@ -15,7 +15,6 @@ used: the TOC is decoded from its verified blob as before, and the file written 
 from __future__ import annotations
 
 import atexit
-import gc
 import hashlib
 import logging
 import marshal
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from bootseer.node import partfile
 from bootseer.tree.format import new_entry, new_ref
-from bootseer.tree.toc import Toc
+from bootseer.tree.toc import Toc, records_without_cycles
 
 log = logging.getLogger(__name__)
 MAGIC = b"bootseer.toc-decoded.v1\n"
@@ -80,21 +79,17 @@ def _parse(data: bytes, tree: str, path: Path) -> Toc | None:
     if hashlib.sha256(payload).hexdigest().encode() != want:
         log.warning("decoded TOC %s does not match its sum: not used", path)
         return None
-    collecting = gc.isenabled()
-    gc.disable()   # as format.decode: no cycles among the records made here
     try:
-        chunk_size, packs, entries, meta, erofs, blocks = marshal.loads(payload)
-        return Toc(chunk_size, packs, tuple([
-            new_entry(p, ty, mode, uid, gid, mtime, size, target, rdev, xattrs,
-                      None if chunks is None else tuple([new_ref(*c) for c in chunks]))
-            for p, ty, mode, uid, gid, mtime, size, target, rdev, xattrs, chunks in entries]),
-            meta, erofs, blocks)
+        with records_without_cycles():
+            chunk_size, packs, entries, meta, erofs, blocks = marshal.loads(payload)
+            return Toc(chunk_size, packs, tuple([
+                new_entry(p, ty, mode, uid, gid, mtime, size, target, rdev, xattrs,
+                          None if chunks is None else tuple([new_ref(*c) for c in chunks]))
+                for p, ty, mode, uid, gid, mtime, size, target, rdev, xattrs, chunks
+                in entries]), meta, erofs, blocks)
     except (ValueError, EOFError, TypeError) as e:   # sum right, shape wrong: another writer
         log.warning("decoded TOC %s cannot be read (%s): not used", path, e)
         return None
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def encode(tree: str, toc: Toc) -> bytes:
