@@ -124,7 +124,8 @@ def test_a_file_read_for_its_shared_items_only_is_held_then_streamed(need_fuse, 
 def test_a_held_range_that_failed_is_read_again(checkpoint, tmp_path):
     """A held range whose fetch failed is dropped: the reader gets the right bytes by an
     ordinary read; a read outside every held range runs the hook once. A file staged
-    whole already is never held (its reads are local)."""
+    whole already is never held (its reads are local), and one staged whole since it was
+    held gives its held memory back."""
     from bootseer.ckpt.engine import Engine
     from bootseer.ckpt.listing import RemoteDir
     from bootseer.config import CkptConfig
@@ -142,8 +143,13 @@ def test_a_held_range_that_failed_is_read_again(checkpoint, tmp_path):
         assert f.read(10, 5000) == want[10:5010] and calls == []
         assert f.read(4 * 8192, 10) == want[4 * 8192:4 * 8192 + 10] and calls == [1]
         assert f.read(5 * 8192, 10) == want[5 * 8192:5 * 8192 + 10] and calls == [1]
+        assert engine.held_bytes == 8192   # the failed one went back
         staged = engine.file(sources[FILES[3]])
         for idx in range(staged.staged.nstripes):
             staged.wait_staged(idx)
         assert not staged.hold([(0, 8192)], lambda: calls.append(2))
-        assert engine.held_bytes == 2 * 8192   # the first file's holds only
+        assert engine.held_bytes == 8192
+        for idx in range(f.staged.nstripes):   # the held file streamed whole
+            f.wait_staged(idx)
+        assert f.read(10, 5000) == want[10:5010]
+        assert engine.held_bytes == 0 and calls == [1]

@@ -45,7 +45,7 @@ from bootseer.store.fetch import Hedge, Policy, Priority
 from bootseer.store.replicas import Replicas
 
 MAX_CURSORS = 32  # per file; DCP reads one cursor per tensor it slices, mmap a few
-HOLD_MAX_BYTES = 256 << 20   # per engine: held ranges live in memory until the engine closes
+HOLD_MAX_BYTES = 256 << 20   # per engine: held ranges live in memory until their file is staged
 MODES = ("striped", "single")
 DEMAND_PARTS = 8                  # a demanded stripe nobody asked for yet goes out in parts
 DEMAND_PART_MIN_BYTES = 256 << 10
@@ -125,6 +125,10 @@ class Engine:
                 return False
             self.held_bytes += nbytes
             return True
+
+    def give_hold(self, nbytes: int) -> None:
+        with self._lock:
+            self.held_bytes -= nbytes
 
     def file(self, source) -> StripedFile:
         """The striped reader of ``source`` (one per file version, shared)."""
@@ -233,6 +237,9 @@ class StripedFile:
         """``[offset, end)`` from the held ranges; None: read it as any other read."""
         if not self._holds:
             return None
+        if self.staged.complete:   # streamed whole since: reads are local, holds not needed
+            self._drop(self._holds)
+            return None
         with self._lock:
             inside = next((h for h in self._holds if h.start <= offset < h.end), None)
             hook = None
@@ -243,14 +250,24 @@ class StripedFile:
         if inside is None:
             return None
         if inside.future.exception() is not None:   # a reader's own read gets its own error
-            with self._lock:
-                self._holds = [h for h in self._holds if h is not inside]
+            self._drop([inside])
             return None
         data = inside.future.result()[offset - inside.start:end - inside.start]
         if end > inside.end:   # the kernel's read-ahead past it: exact, no cursor, no stripes
-            data += self.engine.fetcher.read(self.source, inside.end, end)
+            data += (self.staged.pread(inside.end, end - inside.end)
+                     if self.staged.has_range(inside.end, end)
+                     else self.engine.fetcher.read(self.source, inside.end, end))
         self.engine.consumed(self.source, offset, offset + len(data))
         return data
+
+    def _drop(self, holds: list[_Held]) -> None:
+        """Forget ``holds``: their memory goes back to the engine's room for held ranges."""
+        with self._lock:
+            gone = [h for h in self._holds if h in holds]
+            self._holds = [h for h in self._holds if h not in holds]
+            if not self._holds:
+                self._on_other_read = None
+        self.engine.give_hold(sum(h.end - h.start for h in gone))
 
     # -- stripes ------------------------------------------------------------------------------
     def issue(self, idx: int, *, demand: bool, order: int | None = None
