@@ -153,3 +153,39 @@ def test_a_held_range_that_failed_is_read_again(checkpoint, tmp_path):
             f.wait_staged(idx)
         assert f.read(10, 5000) == want[10:5010]
         assert engine.held_bytes == 0 and calls == [1]
+
+
+@pytest.mark.parametrize("read_elsewhere", [False, True])
+def test_the_history_holds_a_file_read_for_its_shared_items_only(checkpoint, tmp_path,
+                                                                read_elsewhere):
+    """At a start, a file the node's last load read only the shared items of (each read
+    began in one) is held, not staged; one it also read another part of (ranks of another
+    world size) has what it read staged in stripes, as before."""
+    from bootseer.ckpt.engine import Engine
+    from bootseer.ckpt.listing import RemoteDir
+    from bootseer.ckpt.prefetch import start_plan
+    from bootseer.ckpt.share import NodeReads
+    from bootseer.config import CkptConfig
+    src, server = checkpoint
+    url = f"{server.url}/"
+    sources = RemoteDir(url).walk()
+    stripe = 256 << 10
+    ranges = [[FILES[1], 0, 512 << 10], [FILES[1], 2 * MiB, 2 * MiB + 135168]]
+    if read_elsewhere:
+        ranges.append([FILES[1], MiB, MiB + 1000])
+    with Engine(CkptConfig(stripe_bytes=stripe), staging=str(tmp_path / "staging")) as engine:
+        path = history_path(engine.staging.dir, url)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"v": 1, "url": url, "files": {
+            FILES[1]: sources[FILES[1]].key}, "ranges": ranges}))
+        prefetch, _ = start_plan(engine, RemoteDir(url), node_reads=NodeReads(
+            engine.staging.dir, url))
+        assert prefetch.join(30)
+        striped = {start for u, start, _ in prefetch.issued if u.endswith(FILES[1])}
+        held = engine.file(sources[FILES[1]])._holds
+        if read_elsewhere:
+            assert not held and striped == {0, stripe, MiB, 2 * MiB}
+        else:
+            assert [(h.start, h.end) for h in held] == held_ranges(
+                dcp_metadata(), dict.fromkeys(FILES, SIZE))[FILES[1]]
+            assert striped == set()

@@ -229,7 +229,12 @@ def _node_share(engine, node_reads, sources: dict, ranges: list, *,
             held[rel], functools.partial(stream, rel))
 
     partial = [r for r in read if r.path not in whole]
-    held_now = {p for p in {r.path for r in partial} if hold(p)}
+    # a file this node read only the held items of (each of its reads began in one: the
+    # rest is a reader's buffer and the kernel's read-ahead) is held; one it read other
+    # parts of (ranks that load another world size's shards) has those parts staged
+    outside = {r.path for r in partial
+               if not any(a <= r.start < b for a, b in held.get(r.path, ()))}
+    held_now = {p for p in {r.path for r in partial} - outside if hold(p)}
     partial = [r for r in partial if r.path not in held_now]
     node_reads.take(whole | history)
     large = sum(s.size for s in sources.values() if s.size > SMALL_FILE_BYTES)
