@@ -41,13 +41,16 @@ def test_each_start_sums_its_own_nodes_marks():
 def test_the_checkpoint_bytes_each_node_staged_per_byte_its_ranks_read():
     from bootseer.demo.tables import ckpt_staged_per_read
     second = [result("node0", 2000.0), result("node1", 2000.0)]
-    events = [{"kind": "span", "phase": "ckpt.load", "node": "node0", "start": 2010.0,
+    events = [{"kind": "span", "phase": "ckpt.load", "node": "node0", "start": 2009.0,
+               "rank": 0, "attrs": {"mode": "dcp"}},   # the job's own phase: no figure
+              {"kind": "span", "phase": "ckpt.load", "node": "node0", "start": 2010.0,
                "attrs": {"staged_per_read": 1.02}},
               {"kind": "span", "phase": "ckpt.load", "node": "node1", "start": 2011.0,
                "attrs": {"staged_per_read": 1.3}},
               {"kind": "span", "phase": "ckpt.load", "node": "node1", "start": 1011.0,
                "attrs": {"staged_per_read": 4.0}}]   # an earlier start's
     assert ckpt_staged_per_read(events, second) == 1.3   # the most of any node
+    assert ckpt_staged_per_read(events[:2], second[:1]) == 1.02   # past the job's own
     assert ckpt_staged_per_read([], second) is None   # read from a staged copy: no report
     table = render([("prefetches", second)], events)
     assert "ckpt staged/read" in table.splitlines()[0] and "1.30" in table.splitlines()[2]

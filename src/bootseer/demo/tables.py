@@ -56,25 +56,29 @@ def fmt(v: float | None, unit: str = "s") -> str:
     return f"{v:.2f}" if unit == "x" else f"{v:.1f}"
 
 
-def _window(events: list[dict], r: NodeResult, phase: str = "image.window") -> dict | None:
-    """The node's ``phase`` event of this start: its node, inside the run's span."""
+def _windows(events: list[dict], r: NodeResult, phase: str = "image.window") -> list[dict]:
+    """The attributes of the node's ``phase`` events of this start: its node, inside the
+    run's span."""
     t0 = r.summary.get("t0")
     if t0 is None:
-        return None
+        return []
     end = t0 + max((p["end"] for p in r.summary.get("phases", {}).values()), default=0) + 5
-    for e in events:
-        if e.get("phase") == phase and e.get("node") == r.node \
-                and t0 <= e.get("start", 0) <= end:
-            return e.get("attrs") or {}
-    return None
+    return [e.get("attrs") or {} for e in events
+            if e.get("phase") == phase and e.get("node") == r.node
+            and t0 <= e.get("start", 0) <= end]
+
+
+def _window(events: list[dict], r: NodeResult, phase: str = "image.window") -> dict | None:
+    """The node's first ``phase`` event of this start (None: none)."""
+    return next(iter(_windows(events, r, phase)), None)
 
 
 def ckpt_staged_per_read(events: list[dict], results: list[NodeResult]) -> float | None:
     """The most bytes a node of this start brought in per checkpoint byte its ranks read
     (its mount's ``ckpt.load`` report; None where the job read a staged copy instead)."""
-    found = [v for r in results
-             if isinstance(v := (_window(events, r, "ckpt.load") or {}).get("staged_per_read"),
-                           (int, float))]
+    # the node's mount reports it; the job's own ckpt.load phase (its ranks' trace) does not
+    found = [v for r in results for attrs in _windows(events, r, "ckpt.load")
+             if isinstance(v := attrs.get("staged_per_read"), (int, float))]
     return float(max(found)) if found else None
 
 
