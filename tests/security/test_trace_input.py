@@ -149,6 +149,20 @@ def test_events_with_bad_numbers_are_rejected_and_counted(tmp_path, bad):
     assert "rejected 1 event(s)" in r.stdout + r.stderr
 
 
+def test_an_event_is_malformed_before_it_is_out_of_range_whatever_its_order():
+    """A wrong type anywhere makes an event malformed, even after an out-of-range number
+    (the check is one pass over the event's own fields, in their order)."""
+    good = {"job": "j", "attempt": 0, "node": "n", "phase": "p", "start": 1.0, "end": 2.0}
+    assert load._check(good) == load._GOOD
+    assert load._check({**good, "start": float("nan")}) == load._OUT_OF_RANGE
+    rest = {k: v for k, v in good.items() if k != "start"}
+    assert load._check({"start": float("nan"), **rest, "pid": "7"}) == load._MALFORMED
+    assert load._check({"gpus": 1 << 70, **good, "rank": True}) == load._MALFORMED
+    assert load._check({**good, "node": None}) == load._MALFORMED   # required
+    assert load._check({**good, "rank": None, "extra": [1]}) == load._GOOD   # optional, unknown
+    assert load._check({**good, "attrs": {"b": float("inf")}}) == load._OUT_OF_RANGE
+
+
 def test_cluster_reader_refuses_bad_numbers_and_non_regular_files(tmp_path):
     from bootseer.report import cluster
     good = {"kind": "attempt", "job": "j", "attempt": 0, "gpus": 8, "nodes": 1, "t": 0.0,
