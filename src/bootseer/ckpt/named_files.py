@@ -86,7 +86,18 @@ def dcp_sharded(data: bytes) -> bool:
     """Whether a DCP ``.metadata`` stores any tensor in parts (an FSDP or tensor-parallel
     save: each rank loads its own) rather than every tensor whole (a replicated model,
     which every rank loads whole)."""
-    tensors = _dcp_metadata(data).get("state_dict_metadata")
+    return _sharded(_dcp_metadata(data))
+
+
+def dcp_node_reads(data: bytes) -> tuple[bool, list[tuple[str, int, int]]]:
+    """:func:`dcp_sharded` and :func:`dcp_shared_items` of one ``.metadata``, read once (it
+    holds an item per rank and tensor: millions in a large job)."""
+    meta = _dcp_metadata(data)
+    return _sharded(meta), _shared_items(meta)
+
+
+def _sharded(meta: dict) -> bool:
+    tensors = meta.get("state_dict_metadata")
     if not isinstance(tensors, dict):
         raise NotCheckpointMetadata("no state_dict_metadata (not a torch DCP checkpoint?)")
     for item in tensors.values():
@@ -104,7 +115,10 @@ def dcp_shared_items(data: bytes) -> list[tuple[str, int, int]]:
     objects stored as bytes and tensors stored whole (an optimizer's step counters, a
     replicated buffer). DCP spreads them over the ranks' files, so a rank touches each
     file for them although it loads the parts of only its own."""
-    meta = _dcp_metadata(data)
+    return _shared_items(_dcp_metadata(data))
+
+
+def _shared_items(meta: dict) -> list[tuple[str, int, int]]:
     tensors, storage = meta.get("state_dict_metadata"), meta.get("storage_data")
     if not isinstance(tensors, dict) or not isinstance(storage, dict):
         raise NotCheckpointMetadata("no state_dict_metadata or storage_data "

@@ -147,16 +147,15 @@ def start_plan(engine, remote, *, rank: int | None = None, world: int | None = N
         with engine.internal_reads():   # the plan's reads are not the load's
             ranges, kind = plans.metadata_plan(remote.url, sizes,
                                                opener=lambda url: ckpt_open(url, engine=engine))
-    held: dict = {}
+    held: dict = {}   # file -> the ranges held for the items every rank reads (ckpt.share)
     if node_reads is not None:
         from bootseer.ckpt import share
         metadata = _dcp_metadata(engine, remote, sizes)
-        if node_reads.auto and not (metadata and share.sharded(metadata)):
+        sharded, held = share.from_metadata(metadata, sizes) if metadata else (False, {})
+        if node_reads.auto and not sharded:
             log.info("checkpoint %s: every rank reads it whole: this node stages every file",
                      redact.url(remote.url))
             node_reads = None
-        elif metadata:
-            held = share.held_ranges(metadata, sizes)
     wanted_files = set(sources)
     if world is not None:
         ranges = plans.split(ranges, rank or 0, world)

@@ -57,31 +57,34 @@ HOLD_MARGIN = BLKSIZE + 2 * PAGE   # what a buffered read of an item asks past t
 
 def applies(mode: str, nodes: int) -> bool:
     """Whether a mount may stage this node's reads only (``ckpt.stage``, the job's nodes);
-    under ``auto`` the checkpoint's metadata decides (:func:`sharded`)."""
+    under ``auto`` the checkpoint's metadata decides (:func:`from_metadata`)."""
     return mode == "reads" or (mode == "auto" and nodes >= 2)
 
 
-def sharded(metadata: bytes) -> bool:
-    """Under ``auto``: whether each rank loads its own part, so that a node stages its
-    ranks' reads. Only a DCP ``.metadata`` that stores tensors in parts says so; one that
-    stores every tensor whole (a replicated model), safetensors and other files are read
-    whole by every rank: staged whole, the job's peers sharing them."""
-    from bootseer.ckpt.named_files import NotCheckpointMetadata, dcp_sharded
+def from_metadata(metadata: bytes, sizes: dict[str, int]
+                  ) -> tuple[bool, dict[str, list[tuple[int, int]]]]:
+    """From one reading of a checkpoint's ``.metadata``: under ``auto``, whether each rank
+    loads its own part, so that a node stages its ranks' reads (only a DCP ``.metadata``
+    that stores tensors in parts says so; one that stores every tensor whole, safetensors
+    and other files are read whole by every rank: staged whole, the job's peers sharing
+    them); and the :func:`held_ranges`."""
+    from bootseer.ckpt.named_files import NotCheckpointMetadata, dcp_node_reads
     try:
-        return dcp_sharded(metadata)
+        sharded, items = dcp_node_reads(metadata)
     except NotCheckpointMetadata:
-        return False
+        return False, {}
+    return sharded, _held(items, sizes)
 
 
 def held_ranges(metadata: bytes, sizes: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
     """Per file, the ranges a node holds for the items every rank reads (DCP's shared items,
     from the page each starts in to a reader's buffer past its end, merged). A file the
     ranges would cover a quarter of or more is left out: it is streamed as a whole."""
-    from bootseer.ckpt.named_files import NotCheckpointMetadata, dcp_shared_items
-    try:
-        items = dcp_shared_items(metadata)
-    except NotCheckpointMetadata:
-        return {}
+    return from_metadata(metadata, sizes)[1]
+
+
+def _held(items: list[tuple[str, int, int]], sizes: dict[str, int]
+          ) -> dict[str, list[tuple[int, int]]]:
     out: dict[str, list[tuple[int, int]]] = {}
     for path, offset, length in items:
         size = sizes.get(path)

@@ -21,7 +21,6 @@ class TreeFormatError(BootseerError, ValueError):
     """A blob is not a TOC this bootseer reads, or its TOC breaks a rule of the format."""
 
 
-
 @contextlib.contextmanager
 def records_without_cycles() -> Iterator[None]:
     """While a TOC's records (one per path and per chunk, none in a reference cycle) or
@@ -34,6 +33,7 @@ def records_without_cycles() -> Iterator[None]:
     finally:
         if collecting:
             gc.enable()
+
 
 @dataclass(frozen=True, slots=True)
 class ChunkRef:
