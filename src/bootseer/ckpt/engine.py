@@ -29,6 +29,7 @@ request in flight, no read-ahead, no staging.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import threading
@@ -241,7 +242,11 @@ class StripedFile:
             self._drop(self._holds)
             return None
         with self._lock:
-            inside = next((h for h in self._holds if h.start <= offset < h.end), None)
+            # sorted and disjoint: only the last one starting at or before ``offset`` can
+            # hold it (a bisection: every read of the file asks, its own part's too)
+            holds = self._holds
+            i = bisect.bisect_right(holds, offset, key=lambda h: h.start) - 1
+            inside = holds[i] if i >= 0 and offset < holds[i].end else None
             hook = None
             if inside is None:
                 hook, self._on_other_read = self._on_other_read, None
