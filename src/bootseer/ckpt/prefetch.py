@@ -214,9 +214,13 @@ def _node_share(engine, node_reads, sources: dict, ranges: list, *,
     whole = {p for p, s in sources.items() if s.size <= SMALL_FILE_BYTES} | \
         {p for p in history if covered.get(p, 0) >= sources[p].size}
 
+    planned: dict[str, list] = {}   # the plan's ranges per file, in plan order
+    for r in ranges:
+        planned.setdefault(r.path, []).append(r)
+
     def stream(rel: str) -> None:
         src = sources[rel]
-        order = [r for r in ranges if r.path == rel]
+        order = planned.get(rel, [])
         # a profile that read only the held items of this file (a node whose ranks did not
         # own it) says nothing of the part a read elsewhere in it now asks for
         if not (exact and order) or all(_inside(r, held.get(rel, ())) for r in order):
